@@ -1,0 +1,341 @@
+"""A local single-node Apache Kafka broker (KRaft, combined broker+controller) run from release jars.
+
+The jars are resolved once by Maven from `resources/kafka-pom.xml` into a cache directory outside
+the clone; every start formats fresh KRaft storage in the data directory and runs `java -cp`.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import hashlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Callable
+
+KAFKA_MAIN = "kafka.Kafka"
+STORAGE_TOOL = "kafka.tools.StorageTool"
+PID_FILE = "broker.pid"
+ADDRESS_FILE = "bootstrap.servers"
+LOG_FILE = "broker.log"
+
+
+class BrokerError(RuntimeError):
+    """The local broker could not be fetched, started, or stopped; the message says which step."""
+
+
+def default_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "rlstream"
+
+
+@dataclass(frozen=True)
+class BrokerConfig:
+    """Where and how to run the local broker; ports of None mean 'pick a free one'."""
+
+    data_dir: Path
+    port: int | None = None
+    controller_port: int | None = None
+    cache_dir: Path = field(default_factory=default_cache_dir)
+    heap: str = "512m"
+    start_timeout_s: float = 90.0
+    stop_timeout_s: float = 20.0
+    # Owned brokers die with the Python process that started them (tests, demo); a broker
+    # started by `rlstream broker start` is detached and outlives the command.
+    detached: bool = False
+    extra_properties: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class BrokerHandle:
+    pid: int
+    bootstrap_servers: str
+    data_dir: Path
+    log_path: Path
+
+
+def _pom_text() -> bytes:
+    return resources.files("streams").joinpath("resources/kafka-pom.xml").read_bytes()
+
+
+def jars_dir(cache_dir: Path) -> Path:
+    """The cache directory for the current pom: keyed by its content so an edited pom refetches."""
+    digest = hashlib.sha256(_pom_text()).hexdigest()[:12]
+    return Path(cache_dir) / f"kafka-jars-{digest}"
+
+
+def _require(tool: str, why: str) -> str:
+    path = shutil.which(tool)
+    if path is None:
+        raise BrokerError(f"{tool} not found on PATH: {why}")
+    return path
+
+
+def ensure_kafka_jars(cache_dir: Path, *, log: Callable[[str], None] = print) -> Path:
+    """Return the directory of Kafka jars, fetching them with Maven the first time."""
+    target = jars_dir(cache_dir)
+    if (target / ".complete").exists():
+        return target
+    mvn = _require("mvn", "Maven is needed once to fetch the Kafka jars (install Maven 3)")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    log(f"fetching Kafka jars with Maven into {target} (once)")
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=".fetch-") as tmp:
+        pom = Path(tmp) / "pom.xml"
+        pom.write_bytes(_pom_text())
+        out = Path(tmp) / "libs"
+        cmd = [mvn, "-q", "-B", "-f", str(pom), "dependency:copy-dependencies",
+               "-DincludeScope=runtime", f"-DoutputDirectory={out}"]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0 or not any(out.glob("kafka_2.13-*.jar")):
+            tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-20:])
+            raise BrokerError(f"Maven failed to fetch the Kafka jars (exit {proc.returncode}):\n{tail}")
+        (out / ".complete").write_text("ok\n")
+        if target.exists():
+            shutil.rmtree(target)
+        out.rename(target)
+    return target
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _check_port_free(port: int) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError as exc:
+            raise BrokerError(f"port {port} on 127.0.0.1 is in use ({exc.strerror}); "
+                              "choose another with --port or omit it to pick a free one") from None
+
+
+def server_properties(data_dir: Path, port: int, controller_port: int,
+                      extra: tuple[tuple[str, str], ...] = ()) -> str:
+    props = {
+        "process.roles": "broker,controller",
+        "node.id": "1",
+        "controller.quorum.voters": f"1@127.0.0.1:{controller_port}",
+        "listeners": f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
+        "advertised.listeners": f"PLAINTEXT://127.0.0.1:{port}",
+        "controller.listener.names": "CONTROLLER",
+        "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+        "inter.broker.listener.name": "PLAINTEXT",
+        "log.dirs": str(data_dir / "kraft-logs"),
+        # One node: internal topics must not ask for more replicas than exist, or
+        # transactions and group offsets never become available.
+        "offsets.topic.replication.factor": "1",
+        "offsets.topic.num.partitions": "8",
+        "transaction.state.log.replication.factor": "1",
+        "transaction.state.log.min.isr": "1",
+        "transaction.state.log.num.partitions": "8",
+        "min.insync.replicas": "1",
+        "auto.create.topics.enable": "false",
+        "group.initial.rebalance.delay.ms": "0",
+        # Lets tests and crash drills use short consumer sessions and transaction timeouts.
+        "group.min.session.timeout.ms": "1000",
+        "transaction.abort.timed.out.transaction.cleanup.interval.ms": "1000",
+        "num.partitions": "1",
+    }
+    props.update(dict(extra))
+    return "".join(f"{k}={v}\n" for k, v in props.items())
+
+
+def _die_with_parent() -> None:
+    # Linux only: the JVM gets SIGTERM when the process that started it dies, even by SIGKILL.
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def _log_tail(path: Path, lines: int = 25) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no broker log)"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie child still answers kill(0); look at its state.
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return True
+
+
+def broker_answers(bootstrap: str, timeout_s: float = 2.0) -> bool:
+    """True when the broker answers a metadata request."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap, "socket.connection.setup.timeout.ms": 1000})
+    try:
+        md = admin.list_topics(timeout=timeout_s)
+        return len(md.brokers) > 0
+    except Exception:
+        return False
+
+
+def start_broker(config: BrokerConfig, *, log: Callable[[str], None] = print) -> BrokerHandle:
+    """Format fresh KRaft storage, start the JVM and wait until it answers metadata requests."""
+    java = _require("java", "Java 17 or newer is needed to run the Kafka broker")
+    data_dir = Path(config.data_dir).resolve()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    running = read_handle(data_dir)
+    if running is not None:
+        raise BrokerError(f"a broker is already running from {data_dir} (pid {running.pid}, "
+                          f"{running.bootstrap_servers}); stop it first")
+    libs = ensure_kafka_jars(config.cache_dir, log=log)
+    port = config.port or free_port()
+    _check_port_free(port)
+    controller_port = config.controller_port or free_port()
+    _check_port_free(controller_port)
+
+    shutil.rmtree(data_dir / "kraft-logs", ignore_errors=True)
+    props = data_dir / "server.properties"
+    props.write_text(server_properties(data_dir, port, controller_port, config.extra_properties))
+    log4j = data_dir / "log4j2.yaml"
+    log4j.write_bytes(resources.files("streams").joinpath("resources/log4j2.yaml").read_bytes())
+    log_path = data_dir / LOG_FILE
+    classpath = f"{libs}/*"
+    jvm = [java, f"-Xmx{config.heap}", "-Xms128m", "-XX:+UseG1GC", "-Djava.awt.headless=true",
+           f"-Dlog4j2.configurationFile={log4j}", "-cp", classpath]
+
+    fmt = subprocess.run(jvm + [STORAGE_TOOL, "format", "-t", str(uuid.uuid4()), "-c", str(props)],
+                         capture_output=True, text=True)
+    if fmt.returncode != 0:
+        raise BrokerError(f"formatting KRaft storage in {data_dir} failed:\n"
+                          f"{(fmt.stdout + fmt.stderr)[-2000:]}")
+
+    with open(log_path, "ab") as out:
+        proc = subprocess.Popen(
+            jvm + [KAFKA_MAIN, str(props)], stdout=out, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, start_new_session=config.detached,
+            preexec_fn=None if config.detached else _die_with_parent,
+        )
+    bootstrap = f"127.0.0.1:{port}"
+    handle = BrokerHandle(pid=proc.pid, bootstrap_servers=bootstrap, data_dir=data_dir, log_path=log_path)
+    (data_dir / PID_FILE).write_text(f"{proc.pid}\n")
+    (data_dir / ADDRESS_FILE).write_text(bootstrap + "\n")
+
+    deadline = time.monotonic() + config.start_timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            _forget(data_dir)
+            raise BrokerError(f"the broker JVM exited with code {proc.returncode} during start; "
+                              f"last lines of {log_path}:\n{_log_tail(log_path)}")
+        if broker_answers(bootstrap, timeout_s=1.0):
+            return handle
+        time.sleep(0.3)
+    stop_broker(data_dir, timeout_s=config.stop_timeout_s)
+    raise BrokerError(f"the broker did not answer metadata requests within {config.start_timeout_s:.0f}s; "
+                      f"last lines of {log_path}:\n{_log_tail(log_path)}")
+
+
+def read_handle(data_dir: Path) -> BrokerHandle | None:
+    """The broker recorded in data_dir if its process is still alive, else None."""
+    data_dir = Path(data_dir)
+    try:
+        pid = int((data_dir / PID_FILE).read_text().strip())
+        bootstrap = (data_dir / ADDRESS_FILE).read_text().strip()
+    except (OSError, ValueError):
+        return None
+    if not _pid_alive(pid):
+        return None
+    return BrokerHandle(pid=pid, bootstrap_servers=bootstrap, data_dir=data_dir, log_path=data_dir / LOG_FILE)
+
+
+def _forget(data_dir: Path) -> None:
+    for name in (PID_FILE, ADDRESS_FILE):
+        (data_dir / name).unlink(missing_ok=True)
+
+
+def stop_broker(data_dir: Path, *, timeout_s: float = 20.0) -> bool:
+    """Shut the broker down gracefully, killing it after timeout_s; False if none was running."""
+    data_dir = Path(data_dir)
+    handle = read_handle(data_dir)
+    if handle is None:
+        _forget(data_dir)
+        return False
+    os.kill(handle.pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and _pid_alive(handle.pid):
+        _reap(handle.pid)
+        time.sleep(0.1)
+    if _pid_alive(handle.pid):
+        os.kill(handle.pid, signal.SIGKILL)
+        while _pid_alive(handle.pid):
+            _reap(handle.pid)
+            time.sleep(0.05)
+    _reap(handle.pid)
+    _forget(data_dir)
+    return True
+
+
+def _reap(pid: int) -> None:
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+
+
+@dataclass(frozen=True)
+class BrokerStatus:
+    running: bool
+    ready: bool
+    bootstrap_servers: str | None
+    pid: int | None
+
+
+def broker_status(data_dir: Path) -> BrokerStatus:
+    handle = read_handle(Path(data_dir))
+    if handle is None:
+        return BrokerStatus(False, False, None, None)
+    return BrokerStatus(True, broker_answers(handle.bootstrap_servers), handle.bootstrap_servers, handle.pid)
+
+
+class LocalBroker:
+    """A broker owned by this Python process: started on enter, stopped on exit or at interpreter exit."""
+
+    def __init__(self, config: BrokerConfig, *, log: Callable[[str], None] = print):
+        self.config = config
+        self._log = log
+        self.handle: BrokerHandle | None = None
+
+    @property
+    def bootstrap_servers(self) -> str:
+        if self.handle is None:
+            raise BrokerError("the local broker is not running")
+        return self.handle.bootstrap_servers
+
+    def start(self) -> "LocalBroker":
+        self.handle = start_broker(self.config, log=self._log)
+        atexit.register(self.stop)
+        return self
+
+    def stop(self) -> None:
+        if self.handle is not None:
+            stop_broker(self.handle.data_dir, timeout_s=self.config.stop_timeout_s)
+            self.handle = None
+
+    def __enter__(self) -> "LocalBroker":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

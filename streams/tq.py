@@ -1,0 +1,203 @@
+"""TransferQueue on Ray: starting or attaching to it, and a small KV client for the staging and train partitions.
+
+`KVStore` is the narrow interface the workers use; `TQStore` implements it over TQ's KV API and
+`InMemoryStore` over a dict, for unit tests of pure logic only.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any, Mapping, Protocol, Sequence
+
+import psutil
+import torch
+from tensordict import TensorDict
+
+STAGING = "staging"
+TRAIN = "train"
+
+
+class MissingKeysError(KeyError):
+    """Some requested keys are not in the partition; `missing` lists them."""
+
+    def __init__(self, partition: str, missing: Sequence[str]):
+        self.partition = partition
+        self.missing = list(missing)
+        super().__init__(f"{len(self.missing)} key(s) missing from TQ partition {partition!r}: "
+                         f"{', '.join(self.missing[:5])}{' ...' if len(self.missing) > 5 else ''}")
+
+
+class KVStore(Protocol):
+    def put(self, partition: str, keys: Sequence[str], fields: TensorDict, tags: Sequence[Mapping[str, Any]]) -> None: ...
+
+    def get(self, partition: str, keys: Sequence[str], select: Sequence[str] | None = None) -> TensorDict: ...
+
+    def present(self, partition: str, keys: Sequence[str]) -> set[str]: ...
+
+    def list(self, partition: str) -> dict[str, dict[str, Any]]: ...
+
+    def clear(self, partition: str, keys: Sequence[str]) -> None: ...
+
+
+@dataclass(frozen=True)
+class TQConfig:
+    """How to reach Ray and size TQ; address None starts a local Ray instance unless one is running."""
+
+    address: str | None = None
+    num_storage_units: int = 2
+    # TQ's controller and each storage unit ask Ray for one CPU, and reassembler actors one each;
+    # logical CPUs above the physical count only oversubscribe cores that mostly wait on I/O.
+    num_cpus: int = 16
+    namespace: str = "rlstream"
+
+
+def _tq_threads() -> str:
+    # TQ sizes its tensor-aggregation thread pool from TQ_NUM_THREADS (default 8) and warns on
+    # every call when that exceeds the physical cores; set it once, for us and for Ray actors.
+    return str(max(1, min(8, psutil.cpu_count(logical=False) or 1)))
+
+
+class TQSession:
+    """Ray and TQ as started or attached by `init_tq`; `close` stops only what this process started."""
+
+    def __init__(self, started_ray: bool, started_tq: bool):
+        self.started_ray = started_ray
+        self.started_tq = started_tq
+
+    def close(self) -> None:
+        import ray
+        import transfer_queue as tq
+
+        if self.started_tq:
+            tq.close()
+        if self.started_ray and ray.is_initialized():
+            ray.shutdown()
+
+
+def init_tq(config: TQConfig = TQConfig()) -> TQSession:
+    """Start or attach to Ray, then create or attach to the TQ controller and its storage units."""
+    os.environ.setdefault("TQ_NUM_THREADS", _tq_threads())
+    import ray
+
+    started_ray = False
+    if not ray.is_initialized():
+        env = {"env_vars": {"TQ_NUM_THREADS": os.environ["TQ_NUM_THREADS"]}}
+        if config.address is not None:
+            ray.init(address=config.address, namespace=config.namespace, runtime_env=env,
+                     logging_level=logging.WARNING, log_to_driver=False)
+        else:
+            ray.init(num_cpus=config.num_cpus, include_dashboard=False, namespace=config.namespace,
+                     runtime_env=env, logging_level=logging.WARNING, log_to_driver=False)
+            started_ray = True
+    import transfer_queue as tq
+    from transfer_queue import interface
+
+    logging.getLogger("transfer_queue").setLevel(logging.ERROR)
+    had_controller = _controller_exists()
+    tq.init({"backend": {"SimpleStorage": {"num_data_storage_units": config.num_storage_units}}})
+    return TQSession(started_ray, started_tq=not had_controller and interface._TQ_STORAGE is not None)
+
+
+def _controller_exists() -> bool:
+    import ray
+
+    try:
+        ray.get_actor("TransferQueueController", namespace="transfer_queue")
+        return True
+    except ValueError:
+        return False
+
+
+def ray_address() -> str:
+    """The address another process uses to attach to the running Ray instance."""
+    import ray
+
+    return ray.get_runtime_context().gcs_address
+
+
+class TQStore:
+    """KVStore over TQ's module-level KV API (the process must have called `init_tq`)."""
+
+    def __init__(self) -> None:
+        import transfer_queue as tq
+
+        self._tq = tq
+
+    def put(self, partition: str, keys: Sequence[str], fields: TensorDict,
+            tags: Sequence[Mapping[str, Any]]) -> None:
+        if not keys:
+            return
+        self._tq.kv_batch_put(keys=list(keys), partition_id=partition, fields=fields,
+                              tags=[dict(t) for t in tags])
+
+    def get(self, partition: str, keys: Sequence[str], select: Sequence[str] | None = None) -> TensorDict:
+        """Rows in the order of `keys`; raises MissingKeysError naming absent keys instead of returning fewer rows."""
+        keys = list(keys)
+        if not keys:
+            raise ValueError("get needs at least one key")
+        meta = self._tq.get_client().kv_retrieve_meta(keys=keys, partition_id=partition, create=False)
+        if meta.size != len(keys):
+            present = self.present(partition, keys)
+            raise MissingKeysError(partition, [k for k in keys if k not in present])
+        return self._tq.kv_batch_get(keys=keys, partition_id=partition,
+                                     select_fields=list(select) if select is not None else None)
+
+    def present(self, partition: str, keys: Sequence[str]) -> set[str]:
+        listed = self.list(partition)
+        return {k for k in keys if k in listed}
+
+    def list(self, partition: str) -> dict[str, dict[str, Any]]:
+        return dict(self._tq.kv_list(partition_id=partition).get(partition, {}))
+
+    def clear(self, partition: str, keys: Sequence[str]) -> None:
+        if keys:
+            self._tq.kv_clear(keys=list(keys), partition_id=partition)
+
+
+class InMemoryStore:
+    """KVStore over a dict, for unit tests of pure logic; integration tests use TQStore."""
+
+    def __init__(self) -> None:
+        self._rows: dict[str, dict[str, tuple[dict[str, torch.Tensor], dict[str, Any]]]] = {}
+
+    def put(self, partition: str, keys: Sequence[str], fields: TensorDict,
+            tags: Sequence[Mapping[str, Any]]) -> None:
+        part = self._rows.setdefault(partition, {})
+        for i, key in enumerate(keys):
+            row = {name: _row(fields.get(name), i).clone() for name in fields.keys()}
+            part[key] = (row, dict(tags[i]) if tags else {})
+
+    def get(self, partition: str, keys: Sequence[str], select: Sequence[str] | None = None) -> TensorDict:
+        part = self._rows.get(partition, {})
+        missing = [k for k in keys if k not in part]
+        if missing:
+            raise MissingKeysError(partition, missing)
+        names = list(select) if select is not None else list(part[keys[0]][0])
+        out: dict[str, torch.Tensor] = {}
+        for name in names:
+            rows = [part[k][0][name] for k in keys]
+            if all(r.shape == rows[0].shape for r in rows):
+                out[name] = torch.stack(rows)
+            else:
+                out[name] = torch.nested.nested_tensor(rows, layout=torch.jagged)
+        return TensorDict(out, batch_size=[len(keys)])
+
+    def present(self, partition: str, keys: Sequence[str]) -> set[str]:
+        part = self._rows.get(partition, {})
+        return {k for k in keys if k in part}
+
+    def list(self, partition: str) -> dict[str, dict[str, Any]]:
+        return {k: dict(tag) for k, (_, tag) in self._rows.get(partition, {}).items()}
+
+    def clear(self, partition: str, keys: Sequence[str]) -> None:
+        part = self._rows.get(partition, {})
+        for k in keys:
+            part.pop(k, None)
+
+
+def _row(value: torch.Tensor, i: int) -> torch.Tensor:
+    if value.is_nested:
+        return value.unbind()[i]
+    return value[i]

@@ -1,0 +1,57 @@
+"""Shared, session-scoped integration fixtures: one real Kafka broker and one Ray/TQ for the whole suite."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+
+import pytest
+
+from streams.broker import BrokerConfig, LocalBroker
+from streams.config import KafkaConfig
+from streams.topics import TopicSpec, create_topics
+
+
+@pytest.fixture(scope="session")
+def broker(tmp_path_factory) -> LocalBroker:
+    data_dir = Path(tmp_path_factory.mktemp("kafka"))
+    with LocalBroker(BrokerConfig(data_dir=data_dir)) as b:
+        yield b
+
+
+@pytest.fixture(scope="session")
+def kafka(broker) -> KafkaConfig:
+    return KafkaConfig(broker.bootstrap_servers)
+
+
+@pytest.fixture(scope="session")
+def tq_session():
+    from streams.tq import TQConfig, init_tq
+
+    session = init_tq(TQConfig())
+    yield session
+    session.close()
+
+
+@pytest.fixture(scope="session")
+def tq_store(tq_session):
+    from streams.tq import TQStore
+
+    return TQStore()
+
+
+@pytest.fixture
+def unique() -> str:
+    """A short unique name, so tests sharing the session broker never share topics or groups."""
+    return uuid.uuid4().hex[:10]
+
+
+@pytest.fixture
+def make_topic(kafka, unique):
+    def make(name: str = "t", partitions: int = 1, **config: str) -> str:
+        topic = f"test.{unique}.{name}"
+        create_topics(kafka, [TopicSpec(topic, partitions, config)])
+        return topic
+
+    return make
