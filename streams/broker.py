@@ -184,6 +184,12 @@ def broker_answers(bootstrap: str, timeout_s: float = 2.0) -> bool:
     """True when the broker answers a metadata request."""
     from confluent_kafka.admin import AdminClient
 
+    # A plain TCP probe first: a client pointed at a closed port logs an error every few ms.
+    host, _, port = bootstrap.split(",")[0].rpartition(":")
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError:
+        return False
     admin = AdminClient({"bootstrap.servers": bootstrap, "socket.connection.setup.timeout.ms": 1000})
     try:
         md = admin.list_topics(timeout=timeout_s)

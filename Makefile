@@ -1,0 +1,30 @@
+# Two commands for a fresh machine: `make demo` and `make test`. Both create or reuse .venv and
+# fetch the Kafka jars into ~/.cache/rlstream once; pip's cache serves torch on later installs.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.rlstream-installed
+
+.PHONY: test demo bench jars clean-venv
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --progress-bar off -e '.[dev]'
+	@touch $@
+
+jars: $(STAMP)
+	$(BIN)/rlstream broker fetch
+
+test: jars
+	$(BIN)/python -m pytest -q -rs
+
+demo: jars
+	$(BIN)/rlstream demo
+
+bench: jars
+	$(BIN)/python bench/bench_schemas.py
+	$(BIN)/python bench/bench_pipeline.py
+
+clean-venv:
+	rm -rf $(VENV)
