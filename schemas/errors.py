@@ -1,0 +1,16 @@
+"""The one exception type that decoding and validating a wire message can raise."""
+
+from __future__ import annotations
+
+
+class SchemaError(ValueError):
+    """A message failed to decode or validate; `path` names the offending field, `reason` says why."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"{path}: {reason}")
+        self.path = path
+        self.reason = reason
+
+    def __reduce__(self):
+        # ValueError's default pickling would call __init__ with the formatted message only.
+        return (type(self), (self.path, self.reason))
