@@ -1,0 +1,60 @@
+"""`DeadLetter`: an input the pipeline could not use, kept byte for byte with where it came from."""
+
+from __future__ import annotations
+
+from schemas.codec import Message
+from schemas.errors import SchemaError
+from schemas.validate import at_least, non_empty
+
+DECODE_ERROR = "decode_error"
+VALIDATION_ERROR = "validation_error"
+METADATA_VIOLATION = "metadata_violation"
+DUPLICATE_RECEIPT = "duplicate_receipt"
+LATE_RECEIPT = "late_receipt"
+ALL_ROLLOUTS_FAILED = "all_rollouts_failed"
+GROUP_TIMEOUT = "group_timeout"
+INCONSISTENT_GROUP = "inconsistent_group"
+
+ERROR_KINDS = frozenset(
+    {
+        DECODE_ERROR,
+        VALIDATION_ERROR,
+        METADATA_VIOLATION,
+        DUPLICATE_RECEIPT,
+        LATE_RECEIPT,
+        ALL_ROLLOUTS_FAILED,
+        GROUP_TIMEOUT,
+        INCONSISTENT_GROUP,
+    }
+)
+
+
+class DeadLetter(Message, frozen=True, tag="dead_letter"):
+    """The untouched `original` bytes, their source record position, and why they were refused.
+
+    `error_kind` is one of `ERROR_KINDS`; `to_dict()` shows `original` and `source_key` as base64.
+    """
+
+    source_topic: str
+    source_partition: int
+    source_offset: int
+    source_key: bytes | None
+    original: bytes
+    error_kind: str
+    message: str
+    worker_id: str
+    time_ms: int
+    redrive_count: int = 0
+
+    def _validate(self) -> None:
+        non_empty("dead_letter.source_topic", self.source_topic)
+        at_least("dead_letter.source_partition", self.source_partition, 0)
+        at_least("dead_letter.source_offset", self.source_offset, 0)
+        if self.error_kind not in ERROR_KINDS:
+            raise SchemaError(
+                "dead_letter.error_kind",
+                f"unknown error kind {self.error_kind!r}; expected one of {sorted(ERROR_KINDS)}",
+            )
+        non_empty("dead_letter.worker_id", self.worker_id)
+        at_least("dead_letter.time_ms", self.time_ms, 0)
+        at_least("dead_letter.redrive_count", self.redrive_count, 0)
