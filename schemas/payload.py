@@ -1,0 +1,324 @@
+"""Producer-side payload helpers: violation counts and masks, `record_to_train_batch`, and the
+jagged `pack_payload` / `unpack_payload` pair that moves rows through TQ.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+
+from schemas.jagged import jagged_parts, make_jagged, offsets_from_lengths, pad, unpad
+
+VIOLATION_TAG_KEYS = (
+    "num_invalid_tool_calls",
+    "num_malformed_thinking",
+    "num_assistant_messages",
+    "num_routed_experts_backfilled",
+)
+_VIOLATION_COUNTS_KEY = "violation_counts"
+_INVALID_MASK = "invalid_tool_call_mask"
+_MALFORMED_MASK = "malformed_thinking_mask"
+ROW_SHAPES_SUFFIX = "__row_shapes"
+# Per-row fields that are never token-aligned, even when their width happens to equal L.
+_PER_ROW_FIELDS = frozenset({"prompt_ids_for_adv"})
+
+
+@dataclass(frozen=True, eq=False)
+class Completion:
+    """One rollout of a prompt group; a completion with a `rejection_reason` is a placeholder row."""
+
+    message_log: list[dict[str, Any]]
+    reward: float
+    truncated: bool
+    mask_sample: bool
+    rejection_reason: str | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class PromptGroupRecord:
+    """A prompt group ready to become training rows (holds tensors; never sent over the wire)."""
+
+    prompt_ids: torch.Tensor
+    completions: tuple[Completion, ...]
+    loss_multiplier: float = 1.0
+
+
+def _is_generated(message: Mapping[str, Any]) -> bool:
+    # Field presence is the marker: only turns the model sampled carry generation_logprobs.
+    return message.get("role") == "assistant" and "generation_logprobs" in message
+
+
+def _violation_counts(message_log: Sequence[Mapping[str, Any]]) -> dict[str, int]:
+    """Count invalid tool calls / malformed thinking over flagged generated assistant turns."""
+    counts = dict.fromkeys(VIOLATION_TAG_KEYS, 0)
+    for message in message_log:
+        if _is_generated(message):
+            counts["num_assistant_messages"] += 1
+            counts["num_invalid_tool_calls"] += bool(message.get("invalid_tool_call", False))
+            counts["num_malformed_thinking"] += bool(message.get("malformed_thinking", False))
+            counts["num_routed_experts_backfilled"] += bool(
+                message.get("routed_experts_backfilled", False)
+            )
+    return counts
+
+
+def _add_message_violation_masks(message_logs: Sequence[list[dict[str, Any]]]) -> None:
+    """Attach token-aligned masks for generated assistant violations to every message.
+
+    Must run before anything fills missing generation_logprobs on prompt and environment
+    messages: the presence of that field is what marks a turn as generated.
+    """
+    for message_log in message_logs:
+        for message in message_log:
+            length = int(message["token_ids"].shape[0])
+            generated = _is_generated(message)
+            message[_INVALID_MASK] = torch.full(
+                (length,), generated and bool(message.get("invalid_tool_call", False))
+            )
+            message[_MALFORMED_MASK] = torch.full(
+                (length,), generated and bool(message.get("malformed_thinking", False))
+            )
+
+
+def record_to_train_batch(
+    record: PromptGroupRecord,
+    *,
+    pad_value_dict: Mapping[str, int],
+    include_message_violation_fields: bool,
+) -> dict[str, Any]:
+    """Convert one prompt group's record into N rows padded to the group's longest row.
+
+    Token-aligned fields are padded with `pad_value_dict.get(field, 0)`. A placeholder row holds
+    one pad token, a zero reward and sample_mask 0. The caller's message dicts are not modified.
+    """
+    completions = record.completions
+    if not completions:
+        raise ValueError("a prompt group needs at least one completion")
+    pad_id = int(pad_value_dict.get("input_ids", 0))
+    # Shallow copies: the violation masks land on these, not on the caller's messages.
+    logs = [
+        None if c.rejection_reason is not None else [dict(m) for m in c.message_log]
+        for c in completions
+    ]
+    if include_message_violation_fields:
+        _add_message_violation_masks([log for log in logs if log is not None])
+    experts_like = next(
+        (m["routed_experts"] for log in logs if log for m in log if "routed_experts" in m), None
+    )
+    rows: dict[str, list[torch.Tensor]] = {"input_ids": [], "generation_logprobs": [],
+                                           "token_mask": []}
+    if include_message_violation_fields:
+        rows[_INVALID_MASK], rows[_MALFORMED_MASK] = [], []
+    if experts_like is not None:
+        rows["routed_experts"] = []
+    counts: list[dict[str, int]] = []
+    for completion, log in zip(completions, logs):
+        if log is None:
+            _append_placeholder(rows, pad_id, experts_like)
+            counts.append(dict.fromkeys(VIOLATION_TAG_KEYS, 0))
+            continue
+        if not log or sum(int(m["token_ids"].shape[0]) for m in log) == 0:
+            raise ValueError("a completion that is not a placeholder must hold at least one token")
+        row_counts = _violation_counts(log)
+        row_counts["num_routed_experts_backfilled"] += _append_row(rows, log, experts_like)
+        counts.append(row_counts)
+
+    n = len(completions)
+    lengths = torch.tensor([int(r.shape[0]) for r in rows["input_ids"]], dtype=torch.int64)
+    offsets, width = offsets_from_lengths(lengths), int(lengths.max())
+    batch: dict[str, Any] = {
+        name: pad(torch.cat(parts), offsets, width, pad_value_dict.get(name, 0))
+        for name, parts in rows.items()
+    }
+    valid = [c.rejection_reason is None for c in completions]
+    multiplier = float(record.loss_multiplier)
+    prompt = record.prompt_ids.to(torch.int64).reshape(1, -1)
+    out = {
+        "input_ids": batch["input_ids"],
+        "input_lengths": lengths,
+        "generation_logprobs": batch["generation_logprobs"],
+        "token_mask": batch["token_mask"],
+        "sample_mask": torch.tensor(
+            [multiplier if ok and c.mask_sample else 0.0 for ok, c in zip(valid, completions)],
+            dtype=torch.float32,
+        ),
+        "prompt_ids_for_adv": prompt.repeat(n, 1),
+        "mask_sample": torch.tensor([c.mask_sample for c in completions], dtype=torch.bool),
+        "truncated": torch.tensor([c.truncated for c in completions], dtype=torch.bool),
+        "total_reward": torch.tensor(
+            [float(c.reward) if ok else 0.0 for ok, c in zip(valid, completions)],
+            dtype=torch.float32,
+        ),
+        _VIOLATION_COUNTS_KEY: counts,
+    }
+    for name in (_INVALID_MASK, _MALFORMED_MASK, "routed_experts"):
+        if name in batch:
+            out[name] = batch[name]
+    return out
+
+
+def _append_placeholder(
+    rows: dict[str, list[torch.Tensor]], pad_id: int, experts_like: torch.Tensor | None
+) -> None:
+    # One pad token, so that every row has input_length >= 1 and nothing is learned from it.
+    rows["input_ids"].append(torch.tensor([pad_id], dtype=torch.int64))
+    rows["generation_logprobs"].append(torch.zeros(1, dtype=torch.float32))
+    for name in ("token_mask", _INVALID_MASK, _MALFORMED_MASK):
+        if name in rows:
+            rows[name].append(torch.zeros(1, dtype=torch.bool))
+    if experts_like is not None:
+        rows["routed_experts"].append(experts_like.new_zeros((1, *experts_like.shape[1:])))
+
+
+def _append_row(
+    rows: dict[str, list[torch.Tensor]],
+    log: list[dict[str, Any]],
+    experts_like: torch.Tensor | None,
+) -> int:
+    """Append one completion's concatenated messages; return how many messages were backfilled."""
+    backfilled = 0
+    ids, logprobs, token_mask, experts = [], [], [], []
+    for message in log:
+        tokens = message["token_ids"]
+        if tokens.dim() != 1:
+            raise ValueError(f"token_ids must be 1-D, got shape {tuple(tokens.shape)}")
+        length = int(tokens.shape[0])
+        ids.append(tokens.to(torch.int64))
+        generated = _is_generated(message)
+        if generated:
+            lp = message["generation_logprobs"]
+            if lp.shape != tokens.shape:
+                raise ValueError(f"generation_logprobs shape {tuple(lp.shape)} != {length} tokens")
+            logprobs.append(lp.to(torch.float32))
+        else:
+            logprobs.append(torch.zeros(length, dtype=torch.float32))
+        token_mask.append(torch.full((length,), generated))
+        if experts_like is not None:
+            routed = message.get("routed_experts")
+            if routed is None:
+                routed = experts_like.new_zeros((length, *experts_like.shape[1:]))
+                backfilled += 1
+            elif routed.shape[0] != length or routed.shape[1:] != experts_like.shape[1:]:
+                raise ValueError(
+                    f"routed_experts shape {tuple(routed.shape)} does not fit {length} tokens "
+                    f"x {tuple(experts_like.shape[1:])}"
+                )
+            experts.append(routed.to(experts_like.dtype))
+    rows["input_ids"].append(torch.cat(ids))
+    rows["generation_logprobs"].append(torch.cat(logprobs))
+    rows["token_mask"].append(torch.cat(token_mask))
+    for name in (_INVALID_MASK, _MALFORMED_MASK):
+        if name in rows:
+            rows[name].append(torch.cat([m[name] for m in log]))
+    if experts_like is not None:
+        rows["routed_experts"].append(torch.cat(experts))
+    return backfilled
+
+
+def pack_payload(
+    train_batch: Mapping[str, Any],
+    *,
+    weight_version: int,
+    group_id: str,
+    prompt_idx: int,
+) -> tuple[list[str], TensorDict, list[dict[str, Any]]]:
+    """Pack N padded rows into (sample_ids, fields, tags) for a TQ put.
+
+    Token-aligned fields (dim 1 == the padded width) become jagged nested tensors cut to each
+    row's input length; a field with more than one dim per row is flattened to 1-D per row and its
+    row shape recorded in the tag `<field>__row_shapes`. Other tensors stay as they are.
+    """
+    lengths = torch.as_tensor(train_batch["input_lengths"]).to(torch.int64).reshape(-1)
+    n = int(lengths.numel())
+    input_ids = train_batch.get("input_ids")
+    width = int(input_ids.shape[1]) if input_ids is not None else int(lengths.max(initial=0))
+    if n and int(lengths.max()) > width:
+        raise ValueError(f"an input length exceeds the padded width {width}")
+    offsets = offsets_from_lengths(lengths)
+
+    fields: dict[str, torch.Tensor] = {}
+    row_shapes: dict[str, list[int]] = {}
+    for name, value in train_batch.items():
+        if name == _VIOLATION_COUNTS_KEY:
+            continue
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f"train_batch[{name!r}] is a {type(value).__name__}, not a tensor")
+        if value.dim() == 0 or value.shape[0] != n:
+            raise ValueError(f"train_batch[{name!r}] has shape {tuple(value.shape)}, not [{n}, ...]")
+        if value.dim() >= 2 and value.shape[1] == width and name not in _PER_ROW_FIELDS:
+            rest = list(value.shape[2:])
+            values = unpad(value, offsets).reshape(-1)
+            per_token = math.prod(rest)
+            # Token fields of one row width share one offsets tensor, hence one ragged dimension.
+            fields[name] = make_jagged(values, offsets if per_token == 1 else offsets * per_token)
+            if rest:
+                row_shapes[name] = rest
+        else:
+            fields[name] = value
+
+    counts = train_batch.get(_VIOLATION_COUNTS_KEY)
+    length_list = lengths.tolist()
+    tags = []
+    for i in range(n):
+        tag: dict[str, Any] = {
+            "weight_version": weight_version,
+            "prompt_idx": prompt_idx,
+            "group_id": group_id,
+            "rollout_index": i,
+        }
+        row_counts = counts[i] if counts is not None else {}
+        for key in VIOLATION_TAG_KEYS:
+            tag[key] = int(row_counts.get(key, 0))
+        for name, rest in row_shapes.items():
+            tag[name + ROW_SHAPES_SUFFIX] = [length_list[i], *rest]
+        tags.append(tag)
+    sample_ids = [f"{group_id}_g{i}" for i in range(n)]
+    return sample_ids, _tensordict(fields, n), tags
+
+
+def unpack_payload(
+    fields: Mapping[str, torch.Tensor] | TensorDictBase,
+    tags: Sequence[Mapping[str, Any]],
+    *,
+    pad_value_dict: Mapping[str, int],
+) -> dict[str, torch.Tensor]:
+    """Turn jagged rows (of one or several groups) back into padded tensors for the trainer.
+
+    Each jagged field is padded to its longest row with `pad_value_dict.get(field, 0)`
+    (`prompt_ids_for_adv` falls back to the input_ids pad); regular tensors pass through.
+    """
+    out: dict[str, torch.Tensor] = {}
+    for name in list(fields.keys()):
+        value = fields.get(name)
+        if not isinstance(value, torch.Tensor) or not value.is_nested:
+            out[name] = value
+            continue
+        values, offsets = jagged_parts(value)
+        rest = list(values.shape[1:])
+        shape_key = name + ROW_SHAPES_SUFFIX
+        if tags and shape_key in tags[0]:
+            rest = [int(d) for d in tags[0][shape_key][1:]]
+            for i, tag in enumerate(tags):
+                if [int(d) for d in tag[shape_key][1:]] != rest:
+                    raise ValueError(f"rows of {name!r} disagree on their shape: row {i} {tag[shape_key]}")
+            per_token = math.prod(rest)
+            values, offsets = values.reshape(-1, *rest), offsets // per_token
+        width = int(offsets.diff().max()) if offsets.numel() > 1 else 0
+        fill = pad_value_dict.get(name, 0)
+        if name in _PER_ROW_FIELDS:
+            fill = pad_value_dict.get(name, pad_value_dict.get("input_ids", 0))
+        out[name] = pad(values, offsets, width, fill)
+    return out
+
+
+def _tensordict(fields: dict[str, torch.Tensor], n: int) -> TensorDict:
+    # Every value was built here with first dim n; the checked constructor costs ~60 us a group.
+    new_unsafe = getattr(TensorDict, "_new_unsafe", None)
+    if new_unsafe is not None:
+        return new_unsafe(fields, batch_size=torch.Size([n]))
+    return TensorDict(fields, batch_size=[n])  # pragma: no cover
