@@ -1,0 +1,146 @@
+"""`build_group`: the pure heart of finalization, from a group's receipts and staged segments to
+packed rows, tags and counts; every rollout yields a row, failed ones as placeholders.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from tensordict import TensorDict
+
+from schemas.linearize import LinearizedRollout, Rejection, linearize
+from schemas.payload import Completion, PromptGroupRecord, pack_payload, record_to_train_batch
+from schemas.receipt import Receipt
+from schemas.request import RolloutReassemblerActorConfig
+
+
+@dataclass(frozen=True, eq=False)
+class GroupBuild:
+    """Packed rows of one prompt group (sample IDs, TQ fields, tags) and what the record reports."""
+
+    sample_ids: list[str]
+    fields: TensorDict
+    tags: list[dict[str, Any]]
+    rejection_reasons: tuple[str | None, ...]
+    group_min_wv: int
+    group_max_wv: int
+    valid_row_count: int
+    total_row_count: int
+    canonical_output_tokens: int
+    all_failed: bool
+
+
+def build_group(
+    *,
+    group_id: str,
+    prompt_idx: int,
+    group_size: int,
+    receipts: Sequence[Receipt | None],
+    segments: Mapping[str, Mapping[str, torch.Tensor]],
+    config: RolloutReassemblerActorConfig,
+    fallback_weight_version: int = 0,
+    loss_multiplier: float = 1.0,
+) -> GroupBuild:
+    """Linearize each rollout (receipts indexed by rollout_index; None = missing), keep failures
+    as placeholder rows, and pack the group stamped with its lowest weight version.
+
+    A row longer than `config.max_seq_len` is cut to that length and marked truncated (not
+    rejected): its prefix is still on-policy data. Routed experts are kept only when
+    `config.router_replay_enabled`. The prompt is the first valid rollout's (one pad token if none).
+    """
+    if len(receipts) != group_size:
+        raise ValueError(f"got {len(receipts)} receipt slots for a group of {group_size}")
+    completions: list[Completion] = []
+    rollouts: list[LinearizedRollout | None] = []
+    for index, receipt in enumerate(receipts):
+        result = _linearize_slot(index, receipt, group_id, prompt_idx, group_size, segments)
+        if isinstance(result, Rejection):
+            completions.append(Completion([], 0.0, False, False, rejection_reason=result.reason))
+            rollouts.append(None)
+            continue
+        log, cut = _truncate(result.message_log, config.max_seq_len)
+        if not config.router_replay_enabled:
+            log = [{k: v for k, v in m.items() if k != "routed_experts"} for m in log]
+        completions.append(
+            Completion(log, receipt.reward, receipt.truncated or cut, receipt.mask_sample)
+        )
+        rollouts.append(result)
+
+    valid = [r for r in rollouts if r is not None]
+    prompt = valid[0].prompt_ids if valid else torch.tensor([config.pad_token_id])
+    record = PromptGroupRecord(prompt, tuple(completions), loss_multiplier)
+    batch = record_to_train_batch(
+        record,
+        pad_value_dict={"input_ids": config.pad_token_id},
+        include_message_violation_fields=True,
+    )
+    if not config.router_replay_enabled:
+        batch.pop("routed_experts", None)
+    min_wv = min((r.min_wv for r in valid), default=fallback_weight_version)
+    max_wv = max((r.max_wv for r in valid), default=fallback_weight_version)
+    sample_ids, fields, tags = pack_payload(
+        batch, weight_version=min_wv, group_id=group_id, prompt_idx=prompt_idx
+    )
+    lengths = batch["input_lengths"].tolist()
+    return GroupBuild(
+        sample_ids=sample_ids,
+        fields=fields,
+        tags=tags,
+        rejection_reasons=tuple(c.rejection_reason for c in completions),
+        group_min_wv=min_wv,
+        group_max_wv=max_wv,
+        valid_row_count=len(valid),
+        total_row_count=group_size,
+        canonical_output_tokens=sum(
+            n for n, r in zip(lengths, rollouts) if r is not None
+        ),
+        all_failed=not valid,
+    )
+
+
+def _linearize_slot(
+    index: int,
+    receipt: Receipt | None,
+    group_id: str,
+    prompt_idx: int,
+    group_size: int,
+    segments: Mapping[str, Mapping[str, torch.Tensor]],
+) -> LinearizedRollout | Rejection:
+    if receipt is None:
+        return Rejection("missing_receipt", f"no receipt for rollout {index}")
+    expected = (group_id, index, group_size, prompt_idx)
+    got = (receipt.group_id, receipt.rollout_index, receipt.group_size, receipt.prompt_idx)
+    if got != expected:
+        # A receipt in the wrong slot would silently swap rewards between rows.
+        return Rejection(
+            "invalid_receipt",
+            f"slot {index}: (group_id, rollout_index, group_size, prompt_idx) is {got}, "
+            f"expected {expected}",
+        )
+    return linearize(receipt, segments)
+
+
+def _truncate(log: list[dict[str, Any]], limit: int) -> tuple[list[dict[str, Any]], bool]:
+    """Cut a message log to at most `limit` tokens; say whether anything was cut."""
+    total = sum(int(m["token_ids"].shape[0]) for m in log)
+    if total <= limit:
+        return log, False
+    out, remaining = [], limit
+    for message in log:
+        length = int(message["token_ids"].shape[0])
+        if remaining <= 0:
+            break
+        if length <= remaining:
+            out.append(message)
+        else:
+            out.append(
+                {
+                    k: v[:remaining] if isinstance(v, torch.Tensor) and v.dim() >= 1 else v
+                    for k, v in message.items()
+                }
+            )
+        remaining -= length
+    return out, True
