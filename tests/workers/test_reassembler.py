@@ -1,0 +1,109 @@
+"""The reassembler worker against the real broker and real TQ: exactly-once finalization of prompt groups."""
+
+import time
+
+import msgpack
+import torch
+
+from schemas.deadletter import DECODE_ERROR, METADATA_VIOLATION, VALIDATION_ERROR
+from schemas.payload import VIOLATION_TAG_KEYS
+from streams.producer import AckedProducer, Outgoing
+from streams.tq import STAGING, TRAIN
+from tests.workers.pipeline_helpers import (SMALL, dead_letters, drive, finalized_records, publish_groups,
+                                            setup_topics)
+from workers.reassembler import ReassemblerConfig, ReassemblerWorker
+
+
+def _worker(kafka, tq_store, names, worker_id="w0", **kw):
+    return ReassemblerWorker(kafka, tq_store, ReassemblerConfig(topics=names, worker_id=worker_id,
+                                                                group_id=f"reassemblers.{names.prefix}", **kw))
+
+
+def _staged_keys(groups):
+    return [c.staging_key for g in groups.values() for r in g for c in r.receipt.manifest]
+
+
+def test_200_groups_of_8_finalize_exactly_once_with_tensors_equal_to_staged(kafka, tq_store, unique):
+    names = setup_topics(kafka, f"re-{unique}")
+    groups = publish_groups(kafka, tq_store, names, 200)
+    worker = _worker(kafka, tq_store, names)
+    try:
+        drive([worker], lambda: len(finalized_records(kafka, names)) >= 200, timeout_s=180)
+    finally:
+        worker.close()
+    records = finalized_records(kafka, names)
+    assert sorted(r.group_id for r in records) == sorted(groups)
+    for rec in records:
+        assert len(rec.sample_ids) == 8 and rec.valid_row_count == 8
+        assert rec.sample_ids == tuple(f"{rec.group_id}_g{i}" for i in range(8))
+        for i, tag in enumerate(rec.tags):
+            assert tag["group_id"] == rec.group_id and tag["rollout_index"] == i
+            assert tag["prompt_idx"] == rec.prompt_idx and tag["weight_version"] == 1
+            assert all(k in tag for k in VIOLATION_TAG_KEYS)
+
+    # The packed rows in TQ train are the staged call deltas, concatenated in call order.
+    some = sorted(groups)[:20]
+    sample_ids = [f"{gid}_g{i}" for gid in some for i in range(8)]
+    got = tq_store.get(TRAIN, sample_ids, select=["input_ids", "token_mask", "generation_logprobs"])
+    rows = zip(got["input_ids"].unbind(), got["token_mask"].unbind(), got["generation_logprobs"].unbind())
+    expected = [r for gid in some for r in groups[gid]]
+    for (ids, mask, lps), rollout in zip(rows, expected):
+        assert torch.equal(ids, torch.cat([s["token_ids"] for s in rollout.segments]))
+        assert torch.equal(mask, torch.cat([s["token_mask"] for s in rollout.segments]))
+        assert torch.equal(lps, torch.cat([s["generation_logprobs"] for s in rollout.segments]))
+    assert tq_store.present(STAGING, _staged_keys(groups)) == set()
+    tq_store.clear(TRAIN, [f"{gid}_g{i}" for gid in groups for i in range(8)])
+
+
+def test_poison_receipts_are_dead_lettered_and_neighbours_finalize(kafka, tq_store, unique):
+    names = setup_topics(kafka, f"poison-{unique}", partitions=1)
+    groups = publish_groups(kafka, tq_store, names, 3, prefix="a")
+    good = next(iter(groups.values()))[0].receipt
+    body = msgpack.unpackb(good.to_bytes())
+    future = dict(body, schema_version=[9, 0])
+    smuggled = dict(body, token_ids=list(range(64)))
+    AckedProducer(kafka).send([
+        Outgoing(names.receipts, b"x", b"\x93\xff\x00garbage"),
+        Outgoing(names.receipts, b"y", msgpack.packb(future)),
+        Outgoing(names.receipts, b"z", msgpack.packb(smuggled)),
+    ])
+    groups.update(publish_groups(kafka, tq_store, names, 3, prefix="b"))
+    worker = _worker(kafka, tq_store, names)
+    try:
+        drive([worker], lambda: len(finalized_records(kafka, names)) >= 6 and len(dead_letters(kafka, names)) >= 3,
+              timeout_s=120)
+    finally:
+        worker.close()
+    letters = {d.source_key: d for d in dead_letters(kafka, names)}
+    assert letters[b"x"].error_kind == DECODE_ERROR
+    assert letters[b"y"].error_kind == VALIDATION_ERROR and "schema_version" in letters[b"y"].message
+    assert letters[b"z"].error_kind == METADATA_VIOLATION and "token_ids" in letters[b"z"].message
+    assert letters[b"x"].original == b"\x93\xff\x00garbage"
+    assert sorted(r.group_id for r in finalized_records(kafka, names)) == sorted(groups)
+
+
+def test_missing_segment_gives_placeholder_and_incomplete_group_finalizes_at_deadline(kafka, tq_store, unique):
+    names = setup_topics(kafka, f"deadline-{unique}", partitions=1)
+    from workers.publisher import RolloutPublisher
+    from workers.synthetic import make_group
+
+    broken = make_group("broken", 0, 3, shape=SMALL)
+    partial = make_group("partial", 1, 3, shape=SMALL)
+    pub = RolloutPublisher(kafka, tq_store, names.receipts)
+    pub.publish(broken + partial[:5])
+    pub.close()
+    tq_store.clear(STAGING, [broken[2].receipt.manifest[0].staging_key])
+    worker = _worker(kafka, tq_store, names, group_timeout_s=3.0)
+    start = time.monotonic()
+    try:
+        drive([worker], lambda: len(finalized_records(kafka, names)) >= 2, timeout_s=60)
+    finally:
+        worker.close()
+    recs = {r.group_id: r for r in finalized_records(kafka, names)}
+    assert recs["broken"].rejection_reasons[2] == "missing_staging_row"
+    assert recs["broken"].valid_row_count == 7 and recs["broken"].total_row_count == 8
+    assert recs["partial"].rejection_reasons[5:] == ("missing_receipt",) * 3
+    assert recs["partial"].valid_row_count == 5 and recs["partial"].metrics["timed_out"] == 1.0
+    assert time.monotonic() - start >= 3.0
+    masks = tq_store.get(TRAIN, list(recs["partial"].sample_ids), select=["sample_mask"])["sample_mask"]
+    assert masks.tolist() == [1.0] * 5 + [0.0] * 3

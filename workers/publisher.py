@@ -1,0 +1,84 @@
+"""`RolloutPublisher`: what a rollout worker calls to stage a rollout's tensors in TQ and publish its receipt."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+import torch
+from tensordict import TensorDict
+
+from schemas.metadata_guard import assert_metadata_only
+from schemas.receipt import Receipt
+from streams.config import KafkaConfig
+from streams.producer import AckedProducer, Outgoing
+from streams.tq import STAGING, KVStore
+
+SEGMENT_FIELDS = ("token_ids", "token_mask", "generation_logprobs")
+ROUTED_EXPERTS = "routed_experts"
+
+
+@dataclass(frozen=True)
+class StagedRollout:
+    """A receipt plus, per manifest entry, the call's token deltas to stage under its staging key."""
+
+    receipt: Receipt
+    segments: Sequence[Mapping[str, torch.Tensor]]
+
+
+def segments_to_fields(segments: Sequence[Mapping[str, torch.Tensor]]) -> tuple[TensorDict, list[dict]]:
+    """Stack call deltas as jagged rows; routed experts [len, k] are flattened with k kept in the tag."""
+    n = len(segments)
+    fields: dict[str, torch.Tensor] = {
+        name: torch.nested.nested_tensor([s[name] for s in segments], layout=torch.jagged)
+        for name in SEGMENT_FIELDS
+    }
+    tags: list[dict] = [{} for _ in range(n)]
+    if all(ROUTED_EXPERTS in s for s in segments) and n:
+        fields[ROUTED_EXPERTS] = torch.nested.nested_tensor(
+            [s[ROUTED_EXPERTS].reshape(-1) for s in segments], layout=torch.jagged)
+        for tag, s in zip(tags, segments):
+            tag["routed_experts_k"] = int(s[ROUTED_EXPERTS].shape[-1])
+    return TensorDict(fields, batch_size=[n]), tags
+
+
+class RolloutPublisher:
+    """Stages each call's deltas under `{rollout_id}/{call_id}` and then publishes the receipt, acked.
+
+    The order is the contract: a receipt is never visible before its tensors are staged.
+    """
+
+    def __init__(self, kafka: KafkaConfig, store: KVStore, receipts_topic: str, *,
+                 staging_partition: str = STAGING):
+        self._producer = AckedProducer(kafka)
+        self._store = store
+        self._topic = receipts_topic
+        self._staging = staging_partition
+
+    def stage(self, rollouts: Sequence[StagedRollout]) -> None:
+        """Put every call segment of the rollouts into TQ staging (one put per field layout)."""
+        by_layout: dict[bool, list[tuple[str, Mapping[str, torch.Tensor], Mapping]]] = {}
+        for r in rollouts:
+            if len(r.segments) != len(r.receipt.manifest):
+                raise ValueError(f"rollout {r.receipt.rollout_id}: {len(r.segments)} segment(s) for "
+                                 f"{len(r.receipt.manifest)} manifest entries")
+            for call, seg in zip(r.receipt.manifest, r.segments):
+                tag = {"rollout_id": r.receipt.rollout_id, "call_id": call.call_id,
+                       "group_id": r.receipt.group_id, "weight_version": call.weight_version}
+                by_layout.setdefault(ROUTED_EXPERTS in seg, []).append((call.staging_key, seg, tag))
+        for rows in by_layout.values():
+            fields, extra = segments_to_fields([seg for _, seg, _ in rows])
+            tags = [{**tag, **e} for (_, _, tag), e in zip(rows, extra)]
+            self._store.put(self._staging, [k for k, _, _ in rows], fields, tags)
+
+    def publish(self, rollouts: Sequence[StagedRollout], *, timeout_s: float = 30.0) -> list[tuple[int, int]]:
+        """Stage, then publish the receipts keyed by group_id; returns (partition, offset) per receipt."""
+        for r in rollouts:
+            assert_metadata_only(r.receipt, path="receipt")
+        self.stage([r for r in rollouts if r.receipt.manifest])
+        return self._producer.send(
+            [Outgoing(self._topic, r.receipt.group_id.encode(), r.receipt.to_bytes()) for r in rollouts],
+            timeout_s=timeout_s)
+
+    def close(self) -> None:
+        self._producer.close()
