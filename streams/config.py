@@ -24,8 +24,10 @@ class KafkaConfig:
     def producer(self, *, transactional_id: str | None = None, **overrides: object) -> dict[str, object]:
         """Idempotent producer settings; transactional when an id is given."""
         conf = self.common()
+        # murmur2 is the Java clients' partitioner: keyed records land where Kafka Streams or a
+        # Java producer would put them, which co-partitioning across clients depends on.
         conf.update({"enable.idempotence": True, "acks": "all", "linger.ms": 5,
-                     "compression.type": "lz4"})
+                     "compression.type": "lz4", "partitioner": "murmur2_random"})
         if transactional_id is not None:
             conf["transactional.id"] = transactional_id
         conf.update(overrides)
