@@ -27,6 +27,9 @@ class GroupState(Message, frozen=True, tag="group_state"):
     first_seen_ms: int
     outcome: str | None = None
     finalized_at_ms: int = 0
+    # Staging keys of a closed group until they are cleared: a successor that restores a closed
+    # entry with keys clears them, so a crash between commit and clear leaks nothing.
+    staging_keys: tuple[str, ...] = ()
 
     def _validate(self) -> None:
         non_empty("group_state.group_id", self.group_id)
