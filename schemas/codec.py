@@ -57,7 +57,7 @@ class Message(msgspec.Struct, frozen=True, kw_only=True, tag_field="kind"):
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able builtins for printing: tuples become lists, bytes become base64 strings."""
-        return msgspec.to_builtins(self)
+        return _lists(msgspec.to_builtins(self))
 
 
 class _Header(msgspec.Struct):
@@ -109,6 +109,15 @@ def decode(data: bytes, cls: type[T], *, max_bytes: int = MAX_MESSAGE_BYTES) -> 
         return decoder.decode(data)
     except Exception as exc:  # noqa: BLE001
         raise _schema_error(kind, exc) from exc
+
+
+def _lists(value: Any) -> Any:
+    # to_builtins keeps tuples; lists make to_dict() equal to what JSON or msgpack gives back.
+    if isinstance(value, (tuple, list)):
+        return [_lists(item) for item in value]
+    if isinstance(value, dict):
+        return {key: _lists(item) for key, item in value.items()}
+    return value
 
 
 def _schema_error(kind: str, exc: BaseException) -> SchemaError:

@@ -1,0 +1,122 @@
+"""Write the golden vectors: `<kind>.msgpack` (bytes) and `<kind>.json` (their `to_dict()` form).
+
+Run by hand after a deliberate wire change: `python schemas/golden/make_golden.py`. The package
+never imports this file; tests compare decoding against the committed files.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from schemas.deadletter import DECODE_ERROR, DeadLetter
+from schemas.finalized import FinalizedGroup, SourceRange
+from schemas.receipt import CallRecord, Receipt
+from schemas.request import ReassemblyRequest, RolloutReassemblerActorConfig
+from schemas.state import GroupState
+
+HERE = Path(__file__).resolve().parent
+
+RECEIPT = Receipt(
+    rollout_id="rollout-7f3a",
+    group_id="group-000042",
+    prompt_idx=42,
+    rollout_index=1,
+    group_size=4,
+    reward=0.75,
+    mask_sample=True,
+    loss_multiplier=1.0,
+    environment="math",
+    failure_reason=None,
+    manifest=(
+        CallRecord("rollout-7f3a/call-0", "call-0", None, 0, 12, 12, 7, "0a1b2c3d4e5f6071"),
+        CallRecord(
+            "rollout-7f3a/call-1", "call-1", "call-0", 12, 9, 21, 8, "8192a3b4c5d6e7f8",
+            invalid_tool_call=True,
+        ),
+    ),
+    truncated=False,
+)
+
+EXAMPLES = {
+    "receipt": RECEIPT,
+    "finalized_group": FinalizedGroup(
+        group_id="group-000042",
+        prompt_idx=42,
+        partition_id="train",
+        sample_ids=("group-000042_g0", "group-000042_g1"),
+        tags=(
+            {"weight_version": 7, "prompt_idx": 42, "group_id": "group-000042",
+             "rollout_index": 0, "num_invalid_tool_calls": 0,
+             "routed_experts__row_shapes": [21, 8]},
+            {"weight_version": 7, "prompt_idx": 42, "group_id": "group-000042",
+             "rollout_index": 1, "num_invalid_tool_calls": 1,
+             "routed_experts__row_shapes": [1, 8]},
+        ),
+        group_min_wv=7,
+        group_max_wv=8,
+        canonical_output_tokens=21,
+        valid_row_count=1,
+        total_row_count=2,
+        rejection_reasons=(None, "missing_staging_row"),
+        dropped=False,
+        drop_reason=None,
+        metrics={"finalize_ms": 3.5, "fetch_ms": 1.25},
+        source=SourceRange("rlstream.rollout.receipts", 3, 1200, 1201),
+        finalized_at_ms=1_764_000_000_000,
+    ),
+    "dead_letter": DeadLetter(
+        source_topic="rlstream.rollout.receipts",
+        source_partition=3,
+        source_offset=1187,
+        source_key=b"group-000041",
+        original=b"\x81\xa4kind\xa7receipt\xff",
+        error_kind=DECODE_ERROR,
+        message="receipt: MessagePack data is malformed",
+        worker_id="reassembler-0",
+        time_ms=1_764_000_000_123,
+        redrive_count=1,
+    ),
+    "group_state": GroupState(
+        group_id="group-000042",
+        status="closed",
+        partition=3,
+        first_offset=1200,
+        last_offset=1201,
+        first_seen_ms=1_763_999_999_000,
+        outcome="finalized",
+        finalized_at_ms=1_764_000_000_000,
+    ),
+    "reassembly_request": ReassemblyRequest(
+        group_id="group-000042",
+        rollout_ids=("rollout-11aa", "rollout-7f3a"),
+        canonical_sample_ids=("group-000042_g0", "group-000042_g1"),
+        receipts=(None, RECEIPT.to_dict()),
+        rewards=(0.0, 0.75),
+        fallback_weight_version=6,
+        prompt_idx=42,
+        mask_sample=(False, True),
+        loss_multiplier=0.5,
+    ),
+    "reassembler_config": RolloutReassemblerActorConfig(
+        partition_id="train",
+        staging_partition="staging",
+        pad_token_id=151643,
+        router_replay_enabled=True,
+        defer_routed_experts_to_policy=False,
+        max_seq_len=8192,
+    ),
+}
+
+
+def main() -> None:
+    for kind, message in EXAMPLES.items():
+        assert message.kind() == kind
+        (HERE / f"{kind}.msgpack").write_bytes(message.to_bytes())
+        text = json.dumps(message.to_dict(), indent=2, sort_keys=True) + "\n"
+        (HERE / f"{kind}.json").write_text(text)
+        print(f"wrote {kind}.msgpack and {kind}.json")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,53 @@
+import base64
+
+import pytest
+
+from schemas import deadletter
+from schemas.deadletter import DeadLetter
+from schemas.errors import SchemaError
+
+
+def letter(**changes):
+    fields = dict(source_topic="rollout.receipts", source_partition=2, source_offset=17,
+                  source_key=b"g-1", original=b"\x00\xff not msgpack", error_kind="decode_error",
+                  message="boom", worker_id="w0", time_ms=5)
+    fields.update(changes)
+    return DeadLetter(**fields)
+
+
+def test_error_kind_constants():
+    assert (deadletter.DECODE_ERROR, deadletter.VALIDATION_ERROR, deadletter.METADATA_VIOLATION,
+            deadletter.DUPLICATE_RECEIPT, deadletter.LATE_RECEIPT, deadletter.ALL_ROLLOUTS_FAILED,
+            deadletter.GROUP_TIMEOUT, deadletter.INCONSISTENT_GROUP) == (
+        "decode_error", "validation_error", "metadata_violation", "duplicate_receipt",
+        "late_receipt", "all_rollouts_failed", "group_timeout", "inconsistent_group")
+    assert len(deadletter.ERROR_KINDS) == 8
+
+
+def test_original_bytes_survive_untouched():
+    original = bytes(range(256))
+    back = DeadLetter.from_bytes(letter(original=original, source_key=None).to_bytes())
+    assert back.original == original
+    assert back.source_key is None
+    assert back.redrive_count == 0
+
+
+def test_to_dict_shows_bytes_as_base64():
+    data = letter().to_dict()
+    assert data["original"] == base64.b64encode(b"\x00\xff not msgpack").decode()
+    assert data["source_key"] == "Zy0x"
+
+
+@pytest.mark.parametrize(
+    "changes,path",
+    [
+        ({"error_kind": "oops"}, "dead_letter.error_kind"),
+        ({"source_offset": -1}, "dead_letter.source_offset"),
+        ({"redrive_count": -1}, "dead_letter.redrive_count"),
+        ({"worker_id": ""}, "dead_letter.worker_id"),
+    ],
+)
+def test_dead_letter_checks(changes, path):
+    with pytest.raises(SchemaError) as info:
+        letter(**changes)
+    assert info.value.path == path
