@@ -86,6 +86,7 @@ EXAMPLES = {
         first_seen_ms=1_763_999_999_000,
         outcome="finalized",
         finalized_at_ms=1_764_000_000_000,
+        staging_keys=("rollout-7f3a/call-0", "rollout-7f3a/call-1"),
     ),
     "reassembly_request": ReassemblyRequest(
         group_id="group-000042",

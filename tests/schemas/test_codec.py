@@ -91,6 +91,7 @@ def group_states(draw):
         first_seen_ms=draw(naturals),
         outcome=None if status == "open" else draw(st.sampled_from(["finalized", "dead_lettered"])),
         finalized_at_ms=draw(naturals),
+        staging_keys=tuple(draw(st.lists(ids, max_size=3))),
     )
 
 
