@@ -4,7 +4,7 @@ from __future__ import annotations
 
 
 class SchemaError(ValueError):
-    """A message failed to decode or validate; `path` names the offending field, `reason` says why."""
+    """A message failed to decode or validate: `path` names the field, `reason` says why."""
 
     def __init__(self, path: str, reason: str) -> None:
         super().__init__(f"{path}: {reason}")

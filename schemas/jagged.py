@@ -56,13 +56,23 @@ def make_jagged(values: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
     return torch.nested.nested_tensor_from_jagged(values, offsets)  # pragma: no cover
 
 
+def is_nested(value: object) -> bool:
+    """Whether `value` is a nested tensor, without NJT's per-attribute dispatch when avoidable."""
+    if _NestedTensor is not None and isinstance(value, _NestedTensor):
+        return True
+    return isinstance(value, torch.Tensor) and value.is_nested
+
+
 def jagged_parts(value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(values, offsets from 0) of a nested tensor; copies only when its rows are not contiguous."""
-    if value.layout == torch.jagged and getattr(value, "_lengths", None) is None:
-        values = getattr(value, "_values", None)
-        offsets = getattr(value, "_offsets", None)
-        if values is None or offsets is None:  # pragma: no cover - public accessors
-            values, offsets = value.values(), value.offsets()
+    if _NestedTensor is not None and isinstance(value, _NestedTensor):
+        # Plain attribute reads: every NJT property access otherwise costs a __torch_function__.
+        values, offsets, gapped = value._values, value._offsets, value._lengths is not None
+    elif value.layout == torch.jagged:  # pragma: no cover - only if the internals moved
+        values, offsets, gapped = value.values(), value.offsets(), value.lengths() is not None
+    else:
+        gapped = True
+    if not gapped:
         offsets = offsets.to(torch.int64)
         start, end = int(offsets[0]), int(offsets[-1])
         if start != 0 or end != values.shape[0]:

@@ -65,10 +65,12 @@ def linearize(
     for i, call in enumerate(manifest):
         segment = segments.get(call.staging_key)
         if segment is None:
-            return Rejection("missing_staging_row", f"manifest[{i}]: no segment {call.staging_key!r}")
+            detail = f"manifest[{i}]: no segment {call.staging_key!r}"
+            return Rejection("missing_staging_row", detail)
         problem = _segment_problem(call, segment)
         if problem is not None:
-            return Rejection("invalid_staging_row", f"manifest[{i}] ({call.staging_key}): {problem}")
+            detail = f"manifest[{i}] ({call.staging_key}): {problem}"
+            return Rejection("invalid_staging_row", detail)
         checked.append(segment)
     if int(checked[0]["token_mask"][:1].sum()) or manifest[0].delta_len == 0:
         return Rejection("rebuild_failed", "call 0 does not begin with prompt tokens")

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from schemas.jagged import jagged_parts, make_jagged, offsets_from_lengths, pad, unpad
+from schemas.jagged import is_nested, jagged_parts, make_jagged, offsets_from_lengths, pad, unpad
 
 VIOLATION_TAG_KEYS = (
     "num_invalid_tool_calls",
@@ -30,7 +30,7 @@ _PER_ROW_FIELDS = frozenset({"prompt_ids_for_adv"})
 
 @dataclass(frozen=True, eq=False)
 class Completion:
-    """One rollout of a prompt group; a completion with a `rejection_reason` is a placeholder row."""
+    """One rollout of a prompt group; one with a `rejection_reason` is a placeholder row."""
 
     message_log: list[dict[str, Any]]
     reward: float
@@ -236,7 +236,10 @@ def pack_payload(
     lengths = torch.as_tensor(train_batch["input_lengths"]).to(torch.int64).reshape(-1)
     n = int(lengths.numel())
     input_ids = train_batch.get("input_ids")
-    width = int(input_ids.shape[1]) if input_ids is not None else int(lengths.max(initial=0))
+    if input_ids is not None:
+        width = int(input_ids.shape[1])
+    else:
+        width = int(lengths.max()) if n else 0
     if n and int(lengths.max()) > width:
         raise ValueError(f"an input length exceeds the padded width {width}")
     offsets = offsets_from_lengths(lengths)
@@ -249,7 +252,8 @@ def pack_payload(
         if not isinstance(value, torch.Tensor):
             raise TypeError(f"train_batch[{name!r}] is a {type(value).__name__}, not a tensor")
         if value.dim() == 0 or value.shape[0] != n:
-            raise ValueError(f"train_batch[{name!r}] has shape {tuple(value.shape)}, not [{n}, ...]")
+            shape = tuple(value.shape)
+            raise ValueError(f"train_batch[{name!r}] has shape {shape}, not [{n}, ...]")
         if value.dim() >= 2 and value.shape[1] == width and name not in _PER_ROW_FIELDS:
             rest = list(value.shape[2:])
             values = unpad(value, offsets).reshape(-1)
@@ -295,7 +299,7 @@ def unpack_payload(
     out: dict[str, torch.Tensor] = {}
     for name in list(fields.keys()):
         value = fields.get(name)
-        if not isinstance(value, torch.Tensor) or not value.is_nested:
+        if not is_nested(value):
             out[name] = value
             continue
         values, offsets = jagged_parts(value)
@@ -305,7 +309,9 @@ def unpack_payload(
             rest = [int(d) for d in tags[0][shape_key][1:]]
             for i, tag in enumerate(tags):
                 if [int(d) for d in tag[shape_key][1:]] != rest:
-                    raise ValueError(f"rows of {name!r} disagree on their shape: row {i} {tag[shape_key]}")
+                    raise ValueError(
+                        f"rows of {name!r} disagree on their shape: row {i} {tag[shape_key]}"
+                    )
             per_token = math.prod(rest)
             values, offsets = values.reshape(-1, *rest), offsets // per_token
         width = int(offsets.diff().max()) if offsets.numel() > 1 else 0

@@ -1,4 +1,4 @@
-"""`Receipt`: the metadata a rollout worker publishes once it has staged a rollout's tensors in TQ."""
+"""`Receipt`: the metadata a rollout worker publishes once a rollout's tensors are staged in TQ."""
 
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ class CallRecord(msgspec.Struct, frozen=True):
 
 
 class Receipt(Message, frozen=True, tag="receipt"):
-    """Metadata-only record of one finished rollout; its tensors stay in TQ under the manifest keys."""
+    """Metadata-only record of one finished rollout; its tensors stay in TQ under manifest keys."""
 
     rollout_id: str
     group_id: str

@@ -40,7 +40,7 @@ def all_finite(path: str, values: dict[str, float]) -> None:
 
 
 def same_length(owner: str, names: Iterable[str], values: Iterable[tuple]) -> None:
-    """Reject parallel tuples whose lengths differ, naming the first that disagrees with the first."""
+    """Reject parallel tuples of different lengths, naming the first that disagrees."""
     names, values = list(names), list(values)
     expected = len(values[0])
     for name, value in zip(names[1:], values[1:]):

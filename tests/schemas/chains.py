@@ -1,4 +1,4 @@
-"""Test helpers: build a rollout's receipt and staged segments from a plain description of its calls."""
+"""Test helpers: a rollout's receipt and staged segments from a plain description of its calls."""
 
 from __future__ import annotations
 

@@ -44,15 +44,15 @@ def receipts(draw):
     )
 
 
-tag_values = st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | finite | st.text(max_size=6) \
-    | st.lists(naturals, max_size=3)
+tag_values = (st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | finite
+              | st.text(max_size=6) | st.lists(naturals, max_size=3))
 
 
 @st.composite
 def finalized_groups(draw):
     n = draw(st.integers(0, 6))
-    reasons = tuple(draw(st.lists(st.none() | st.sampled_from(["missing_receipt", "rebuild_failed"]),
-                                  min_size=n, max_size=n)))
+    reason = st.none() | st.sampled_from(["missing_receipt", "rebuild_failed"])
+    reasons = tuple(draw(st.lists(reason, min_size=n, max_size=n)))
     dropped = draw(st.booleans())
     min_wv = draw(naturals)
     first = draw(naturals)

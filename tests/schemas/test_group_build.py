@@ -70,7 +70,8 @@ def test_all_failed_group_falls_back_to_the_given_weight_version():
 def test_rows_longer_than_max_seq_len_are_truncated_and_marked():
     receipts, segments = group([[(4, 6), (3, 8)], [(4, 2)]], experts_k=2)
     build = build_group(group_id="g", prompt_idx=3, group_size=2, receipts=receipts,
-                        segments=segments, config=config(max_seq_len=12, router_replay_enabled=True))
+                        segments=segments,
+                        config=config(max_seq_len=12, router_replay_enabled=True))
     out = unpack_payload(build.fields, build.tags, pad_value_dict={"input_ids": PAD})
     assert out["input_lengths"].tolist() == [12, 6]
     assert out["truncated"].tolist() == [True, False]

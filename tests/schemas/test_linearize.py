@@ -63,7 +63,8 @@ CORRUPTIONS = {
         replace_call(r, i, staging_key=r.manifest[i - 1].staging_key), s),
     "rebuild_failed": lambda r, s, i: (replace_call(r, i, parent_call_id="stranger"), s),
     "invalid_receipt": lambda r, s, i: (
-        replace_call(r, i, prev_len=r.manifest[i].prev_len + 1, cum_len=r.manifest[i].cum_len + 1), s),
+        replace_call(r, i, prev_len=r.manifest[i].prev_len + 1,
+                     cum_len=r.manifest[i].cum_len + 1), s),
     "missing_staging_row": lambda r, s, i: (
         r, {k: v for k, v in s.items() if k != r.manifest[i].staging_key}),
     "invalid_staging_row": lambda r, s, i: (replace_call(r, i, digest="0" * 16), s),

@@ -183,8 +183,8 @@ def train_batches(draw, max_len=64):
     mask = torch.arange(width) < torch.tensor(lengths).unsqueeze(1)
     pads = {"input_ids": draw(st.integers(0, 100))}
     batch = {"input_lengths": torch.tensor(lengths)}
-    extra = draw(st.lists(st.tuples(st.sampled_from(DTYPES), st.sampled_from([(), (1,), (3,), (2, 2)])),
-                          max_size=3))
+    shapes = st.sampled_from([(), (1,), (3,), (2, 2)])
+    extra = draw(st.lists(st.tuples(st.sampled_from(DTYPES), shapes), max_size=3))
     for i, (dtype, rest) in enumerate([(torch.int64, ())] + extra):
         name = "input_ids" if i == 0 else f"field{i}"
         value = _random((n, width, *rest), dtype, gen)
@@ -253,7 +253,8 @@ def test_unpack_rows_of_several_groups_fetched_from_tq():
     for g, batch in enumerate(batches):
         _, fields, tags = pack_payload(batch, weight_version=g, group_id=f"g{g}", prompt_idx=g)
         for i, tag in enumerate(tags):
-            rows.append(({k: v.unbind()[i] if v.is_nested else v[i] for k, v in fields.items()}, tag))
+            row = {k: v.unbind()[i] if v.is_nested else v[i] for k, v in fields.items()}
+            rows.append((row, tag))
     rows = [rows[3], rows[0], rows[4], rows[2], rows[1]]  # TQ may hand rows back in any order
     fields, tags = _like_tq(rows)
     out = unpack_payload(fields, tags, pad_value_dict=PAD)
@@ -281,3 +282,12 @@ def test_pack_rejects_a_non_tensor_field():
     batch["notes"] = ["a", "b", "c"]
     with pytest.raises(TypeError):
         pack_payload(batch, weight_version=0, group_id="g", prompt_idx=0)
+
+
+def test_pack_without_input_ids_uses_the_longest_row_as_width():
+    batch = {"input_lengths": torch.tensor([2, 3]),
+             "scores": torch.tensor([[1.0, 2.0, -1.0], [3.0, 4.0, 5.0]])}
+    _, fields, tags = pack_payload(batch, weight_version=0, group_id="g", prompt_idx=0)
+    assert [r.tolist() for r in fields.get("scores").unbind()] == [[1.0, 2.0], [3.0, 4.0, 5.0]]
+    out = unpack_payload(fields, tags, pad_value_dict={"scores": -1})
+    assert torch.equal(out["scores"], batch["scores"])

@@ -1,0 +1,144 @@
+"""Throughput of the schemas layer on one core: receipt codec round trips, and pack + unpack of a
+16 x 4096-token group beside `torch.cat` of the same tensors (the memory-copy bound).
+
+Run by hand: `python bench/bench_schemas.py`; it prints its figures and whether targets are met.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from schemas.digest import token_digest
+from schemas.payload import (
+    Completion,
+    PromptGroupRecord,
+    pack_payload,
+    record_to_train_batch,
+    unpack_payload,
+)
+from schemas.receipt import CallRecord, Receipt
+
+RECEIPT_TARGET = 100_000  # round trips per second
+PACK_RATIO_TARGET = 0.25  # pack + unpack throughput over torch.cat throughput
+GROUP_SIZE, SEQ_LEN, PROMPT_LEN, EXPERTS_K = 16, 4096, 512, 8
+
+
+def _best_rate(fn, items: float, *, repeat: int = 5, min_seconds: float = 0.2) -> float:
+    """Best of `repeat` timings of `fn` (run as often as fits in min_seconds), in items/second."""
+    best = 0.0
+    for _ in range(repeat):
+        count, start = 0, time.perf_counter()
+        while True:
+            fn()
+            count += 1
+            elapsed = time.perf_counter() - start
+            if elapsed >= min_seconds:
+                break
+        best = max(best, items * count / elapsed)
+    return best
+
+
+def _receipt() -> Receipt:
+    calls, prev = [], 0
+    for i in range(4):
+        delta = torch.randint(0, 150_000, (300,))
+        calls.append(
+            CallRecord(
+                staging_key=f"rollout-0001/call-{i}",
+                call_id=f"call-{i}",
+                parent_call_id=None if i == 0 else f"call-{i - 1}",
+                prev_len=prev,
+                delta_len=300,
+                cum_len=prev + 300,
+                weight_version=12,
+                digest=token_digest(delta),
+            )
+        )
+        prev += 300
+    return Receipt(
+        rollout_id="rollout-0001", group_id="group-000042", prompt_idx=42, rollout_index=3,
+        group_size=16, reward=0.75, mask_sample=True, loss_multiplier=1.0,
+        environment="math", failure_reason=None, manifest=tuple(calls),
+    )
+
+
+def bench_receipts() -> float:
+    receipt = _receipt()
+    batch = 1000  # round trips per timed call, so the loop overhead is not what is measured
+    return _best_rate(lambda: [Receipt.from_bytes(receipt.to_bytes()) for _ in range(batch)], batch)
+
+
+def _train_batch(lengths: list[int]) -> dict:
+    torch.manual_seed(0)
+    prompt = torch.randint(0, 150_000, (PROMPT_LEN,))
+    completions = []
+    for length in lengths:
+        gen = length - PROMPT_LEN
+        log = [
+            {"role": "user", "token_ids": prompt,
+             "routed_experts": torch.randint(0, 64, (PROMPT_LEN, EXPERTS_K), dtype=torch.int16)},
+            {"role": "assistant", "token_ids": torch.randint(0, 150_000, (gen,)),
+             "generation_logprobs": -torch.rand(gen),
+             "routed_experts": torch.randint(0, 64, (gen, EXPERTS_K), dtype=torch.int16)},
+        ]
+        completions.append(Completion(log, 1.0, False, True))
+    record = PromptGroupRecord(prompt, tuple(completions))
+    return record_to_train_batch(
+        record, pad_value_dict={"input_ids": 0}, include_message_violation_fields=True
+    )
+
+
+def bench_pack(lengths: list[int], label: str) -> tuple[float, float]:
+    batch = _train_batch(lengths)
+    pad = {"input_ids": 0}
+    token_fields = [k for k, v in batch.items()
+                    if isinstance(v, torch.Tensor) and v.dim() >= 2 and k != "prompt_ids_for_adv"]
+    rows = {k: [batch[k][i, : lengths[i]] for i in range(len(lengths))] for k in token_fields}
+    nbytes = sum(r.numel() * r.element_size() for parts in rows.values() for r in parts)
+
+    def pack_unpack():
+        _, fields, tags = pack_payload(batch, weight_version=1, group_id="g", prompt_idx=0)
+        unpack_payload(fields, tags, pad_value_dict=pad)
+
+    def cat():
+        for parts in rows.values():
+            torch.cat(parts)
+
+    def pack():
+        return pack_payload(batch, weight_version=1, group_id="g", prompt_idx=0)
+
+    _, fields, tags = pack()
+    mb = nbytes / 1e6
+    packed = _best_rate(pack_unpack, mb)
+    copied = _best_rate(cat, mb)
+    pack_us = 1e6 / _best_rate(pack, 1)
+    unpack_us = 1e6 / _best_rate(lambda: unpack_payload(fields, tags, pad_value_dict=pad), 1)
+    print(f"  {label}: {mb:.2f} MB of token fields in {len(rows)} fields; "
+          f"pack {pack_us:.0f} us + unpack {unpack_us:.0f} us")
+    print(f"    pack+unpack {packed:,.0f} MB/s vs torch.cat {copied:,.0f} MB/s "
+          f"({mb / copied * 1e6:.0f} us): ratio {packed / copied:.1%}")
+    return packed, copied
+
+
+def main() -> None:
+    torch.set_num_threads(1)
+    rate = bench_receipts()
+    print(f"receipt (4-call manifest) encode+decode: {rate:,.0f} round trips/s "
+          f"(target {RECEIPT_TARGET:,}: {'met' if rate >= RECEIPT_TARGET else 'NOT met'})")
+    print(f"pack + unpack of {GROUP_SIZE} rollouts x {SEQ_LEN} tokens "
+          f"(routed experts k={EXPERTS_K}):")
+    full = [SEQ_LEN] * GROUP_SIZE
+    ragged = [SEQ_LEN - 97 * i for i in range(GROUP_SIZE)]
+    ratios = []
+    for lengths, label in ((full, "all rows 4096"), (ragged, "ragged rows 2641..4096")):
+        packed, copied = bench_pack(lengths, label)
+        ratios.append(packed / copied)
+    worst = min(ratios)
+    print(f"worst ratio {worst:.0%} (target {PACK_RATIO_TARGET:.0%}: "
+          f"{'met' if worst >= PACK_RATIO_TARGET else 'NOT met'})")
+
+
+if __name__ == "__main__":
+    main()
