@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from schemas.codec import Message
-from schemas.errors import SchemaError
 from schemas.validate import at_least, non_empty
 
 DECODE_ERROR = "decode_error"
@@ -32,7 +31,7 @@ ERROR_KINDS = frozenset(
 class DeadLetter(Message, frozen=True, tag="dead_letter"):
     """The untouched `original` bytes, their source record position, and why they were refused.
 
-    `error_kind` is one of `ERROR_KINDS`; `to_dict()` shows `original` and `source_key` as base64.
+    `error_kind` is normally one of `ERROR_KINDS`; `to_dict()` shows `original` and `source_key` as base64.
     """
 
     source_topic: str
@@ -50,11 +49,9 @@ class DeadLetter(Message, frozen=True, tag="dead_letter"):
         non_empty("dead_letter.source_topic", self.source_topic)
         at_least("dead_letter.source_partition", self.source_partition, 0)
         at_least("dead_letter.source_offset", self.source_offset, 0)
-        if self.error_kind not in ERROR_KINDS:
-            raise SchemaError(
-                "dead_letter.error_kind",
-                f"unknown error kind {self.error_kind!r}; expected one of {sorted(ERROR_KINDS)}",
-            )
+        # Any non-empty kind is accepted: a newer writer may add kinds in a minor version, and a
+        # reader must still be able to show and re-drive those letters.
+        non_empty("dead_letter.error_kind", self.error_kind)
         non_empty("dead_letter.worker_id", self.worker_id)
         at_least("dead_letter.time_ms", self.time_ms, 0)
         at_least("dead_letter.redrive_count", self.redrive_count, 0)

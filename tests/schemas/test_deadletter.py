@@ -41,7 +41,7 @@ def test_to_dict_shows_bytes_as_base64():
 @pytest.mark.parametrize(
     "changes,path",
     [
-        ({"error_kind": "oops"}, "dead_letter.error_kind"),
+        ({"error_kind": ""}, "dead_letter.error_kind"),
         ({"source_offset": -1}, "dead_letter.source_offset"),
         ({"redrive_count": -1}, "dead_letter.redrive_count"),
         ({"worker_id": ""}, "dead_letter.worker_id"),
@@ -51,3 +51,8 @@ def test_dead_letter_checks(changes, path):
     with pytest.raises(SchemaError) as info:
         letter(**changes)
     assert info.value.path == path
+
+
+def test_an_error_kind_from_a_newer_writer_still_decodes():
+    assert DeadLetter.from_bytes(letter(error_kind="quota_exceeded").to_bytes()).error_kind == \
+        "quota_exceeded"
