@@ -31,7 +31,7 @@ ERROR_KINDS = frozenset(
 class DeadLetter(Message, frozen=True, tag="dead_letter"):
     """The untouched `original` bytes, their source record position, and why they were refused.
 
-    `error_kind` is normally one of `ERROR_KINDS`; `to_dict()` shows `original` and `source_key` as base64.
+    `error_kind` is normally one of `ERROR_KINDS`; `to_dict()` shows the bytes fields as base64.
     """
 
     source_topic: str
