@@ -113,10 +113,12 @@ def _receipt(value: dict | None, path: str) -> Receipt | None:
 
 
 def create_rollout_reassembler_actors(dp_config: DataPlaneConfig | Sequence[DataPlaneConfig],
-                                      config: RolloutReassemblerActorConfig, *, num_workers: int) -> list[Any]:
+                                      config: RolloutReassemblerActorConfig, *, num_workers: int,
+                                      name_prefix: str | None = None) -> list[Any]:
     """Construct and validate the pool after TQ partitions are registered; all or nothing.
 
-    `dp_config` may be one config for all actors or one per actor (e.g. per-node addresses).
+    `dp_config` may be one config for all actors or one per actor (e.g. per-node addresses);
+    with `name_prefix`, actor i is a named actor `<name_prefix>-<i>` that other processes can find.
     """
     if num_workers <= 0:
         raise ValueError(f"num_workers must be > 0, got {num_workers}")
@@ -128,8 +130,9 @@ def create_rollout_reassembler_actors(dp_config: DataPlaneConfig | Sequence[Data
     remote_cls = ray.remote(num_cpus=1, max_concurrency=4)(RolloutReassemblerActor)
     actors: list[Any] = []
     try:
-        for c in configs:
-            actors.append(remote_cls.remote(c, config))
+        for i, c in enumerate(configs):
+            opts = {"name": f"{name_prefix}-{i}"} if name_prefix else {}
+            actors.append(remote_cls.options(**opts).remote(c, config))
         ray.get([a.check_dependencies.remote() for a in actors])
     except BaseException:
         for a in actors:

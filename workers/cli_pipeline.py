@@ -1,19 +1,66 @@
-"""Command-line verbs that run the pipeline: smoke, demo, reassemble."""
+"""Command-line verbs that run the pipeline: smoke, reassemble, demo."""
 
 from __future__ import annotations
 
+import argparse
+import logging
 import sys
+import uuid
+
+from streams.config import KafkaConfig, parse_client_settings
+from streams.topics import TopicNames
+from streams.tq import TQConfig
+
+
+def _err(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
 
 
 def cmd_smoke(args) -> int:
     from workers.smoke import run_smoke
 
-    res = run_smoke(args.bootstrap_servers, log=lambda m: print(m, file=sys.stderr))
+    res = run_smoke(args.bootstrap_servers, log=_err)
     print(f"smoke ok in {res.seconds:.1f}s: bootstrap.servers={res.bootstrap_servers}")
     return 0
 
 
+def cmd_reassemble(args) -> int:
+    from workers.pool import run_pool, run_worker
+    from workers.reassembler import ReassemblerConfig
+
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
+    kafka = KafkaConfig(args.bootstrap_servers, parse_client_settings(args.kafka_setting))
+    config = ReassemblerConfig(topics=TopicNames(args.prefix), worker_id=args.worker_id or f"w{uuid.uuid4().hex[:6]}",
+                               group_id=args.group, input_topic=args.input_topic,
+                               group_timeout_s=args.group_timeout, max_open_groups=args.max_open_groups,
+                               crash_point=args.crash_point)
+    tq = TQConfig(address=args.ray_address)
+    _err(f"reassemble: {args.workers} worker(s), group {config.group_id!r}, input {config.receipts_topic}, "
+         f"outputs {config.topics.finalized} / {config.topics.deadletter} / {config.topics.state}, "
+         f"broker {kafka.bootstrap_servers}, ray {tq.address}")
+    if args.workers == 1:
+        run_worker(kafka, config, tq, log=_err)
+        return 0
+    return run_pool(kafka, config, tq, args.workers, log=_err)
+
+
 def register(sub, add_kafka_args) -> None:
+    from workers.reassembler import CRASH_POINTS
+
     p = sub.add_parser("smoke", help="start broker and TQ, round-trip one message and one tensor batch, stop")
     p.add_argument("--bootstrap-servers", default=None, help="use this cluster instead of starting a broker")
     p.set_defaults(func=cmd_smoke)
+
+    p = sub.add_parser("reassemble", help="run reassembler workers (a consumer group) until interrupted")
+    add_kafka_args(p)
+    p.add_argument("--workers", type=int, default=1, help="number of worker processes")
+    p.add_argument("--group", default="reassemblers", help="consumer group id")
+    p.add_argument("--worker-id", default=None, help="stable id; a restarted worker with the same id fences its "
+                                                     "predecessor's transactions at once")
+    p.add_argument("--ray-address", default="auto", help="Ray cluster holding TQ (default: the local one)")
+    p.add_argument("--input-topic", default=None, help="read receipts from this topic (e.g. a replay topic)")
+    p.add_argument("--group-timeout", type=float, default=30.0, help="seconds from a group's first receipt "
+                                                                     "until it is finalized incomplete")
+    p.add_argument("--max-open-groups", type=int, default=10_000)
+    p.add_argument("--crash-point", choices=CRASH_POINTS, default=None, help=argparse.SUPPRESS)
+    p.set_defaults(func=cmd_reassemble)

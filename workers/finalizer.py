@@ -65,7 +65,9 @@ def _routed_k(store: KVStore, partition: str, keys: Sequence[str]) -> dict[str, 
     return {k: int(listed[k].get("routed_experts_k", 1)) for k in keys}
 
 
-def _source(group: OpenGroup, topic: str) -> SourceRange:
+def _source(group: OpenGroup, topic: str) -> SourceRange | None:
+    if group.partition < 0:  # finalized over RPC, not from a receipts partition
+        return None
     return SourceRange(topic=topic, partition=group.partition, first_offset=group.first_offset,
                        last_offset=group.last_offset)
 

@@ -42,6 +42,23 @@ def segments_to_fields(segments: Sequence[Mapping[str, torch.Tensor]]) -> tuple[
     return TensorDict(fields, batch_size=[n]), tags
 
 
+def stage_rollouts(store: KVStore, rollouts: Sequence[StagedRollout], staging_partition: str = STAGING) -> None:
+    """Put every call segment of the rollouts into TQ staging (one put per field layout)."""
+    by_layout: dict[bool, list[tuple[str, Mapping[str, torch.Tensor], Mapping]]] = {}
+    for r in rollouts:
+        if len(r.segments) != len(r.receipt.manifest):
+            raise ValueError(f"rollout {r.receipt.rollout_id}: {len(r.segments)} segment(s) for "
+                             f"{len(r.receipt.manifest)} manifest entries")
+        for call, seg in zip(r.receipt.manifest, r.segments):
+            tag = {"rollout_id": r.receipt.rollout_id, "call_id": call.call_id,
+                   "group_id": r.receipt.group_id, "weight_version": call.weight_version}
+            by_layout.setdefault(ROUTED_EXPERTS in seg, []).append((call.staging_key, seg, tag))
+    for rows in by_layout.values():
+        fields, extra = segments_to_fields([seg for _, seg, _ in rows])
+        tags = [{**tag, **e} for (_, _, tag), e in zip(rows, extra)]
+        store.put(staging_partition, [k for k, _, _ in rows], fields, tags)
+
+
 class RolloutPublisher:
     """Stages each call's deltas under `{rollout_id}/{call_id}` and then publishes the receipt, acked.
 
@@ -55,27 +72,11 @@ class RolloutPublisher:
         self._topic = receipts_topic
         self._staging = staging_partition
 
-    def stage(self, rollouts: Sequence[StagedRollout]) -> None:
-        """Put every call segment of the rollouts into TQ staging (one put per field layout)."""
-        by_layout: dict[bool, list[tuple[str, Mapping[str, torch.Tensor], Mapping]]] = {}
-        for r in rollouts:
-            if len(r.segments) != len(r.receipt.manifest):
-                raise ValueError(f"rollout {r.receipt.rollout_id}: {len(r.segments)} segment(s) for "
-                                 f"{len(r.receipt.manifest)} manifest entries")
-            for call, seg in zip(r.receipt.manifest, r.segments):
-                tag = {"rollout_id": r.receipt.rollout_id, "call_id": call.call_id,
-                       "group_id": r.receipt.group_id, "weight_version": call.weight_version}
-                by_layout.setdefault(ROUTED_EXPERTS in seg, []).append((call.staging_key, seg, tag))
-        for rows in by_layout.values():
-            fields, extra = segments_to_fields([seg for _, seg, _ in rows])
-            tags = [{**tag, **e} for (_, _, tag), e in zip(rows, extra)]
-            self._store.put(self._staging, [k for k, _, _ in rows], fields, tags)
-
     def publish(self, rollouts: Sequence[StagedRollout], *, timeout_s: float = 30.0) -> list[tuple[int, int]]:
         """Stage, then publish the receipts keyed by group_id; returns (partition, offset) per receipt."""
         for r in rollouts:
             assert_metadata_only(r.receipt, path="receipt")
-        self.stage([r for r in rollouts if r.receipt.manifest])
+        stage_rollouts(self._store, [r for r in rollouts if r.receipt.manifest], self._staging)
         return self._producer.send(
             [Outgoing(self._topic, r.receipt.group_id.encode(), r.receipt.to_bytes()) for r in rollouts],
             timeout_s=timeout_s)
