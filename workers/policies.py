@@ -1,0 +1,111 @@
+"""Consumption policies of the trainer, by the names async-RL users know them.
+
+A policy looks at a finalized group's lowest weight version and the trainer's current version and
+says whether the group is usable now, must wait, or is too stale to ever be used.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+from schemas.finalized import FinalizedGroup
+
+
+class Decision(enum.Enum):
+    YIELD = "yield"
+    HOLD = "hold"
+    EVICT = "evict"
+
+
+class Policy(Protocol):
+    name: str
+
+    def decide(self, group: FinalizedGroup, version: int) -> Decision: ...
+
+    def order(self, ready: Sequence[FinalizedGroup]) -> list[FinalizedGroup]: ...
+
+    def too_far_ahead(self, group: FinalizedGroup, version: int) -> bool: ...
+
+
+@dataclass(frozen=True)
+class Windowed:
+    """Yield groups at most `max_staleness_versions` behind the trainer; evict older ones."""
+
+    max_staleness_versions: int
+    freshest_first: bool = False
+    name: str = "windowed"
+
+    def decide(self, group: FinalizedGroup, version: int) -> Decision:
+        return Decision.YIELD if version - group.group_min_wv <= self.max_staleness_versions else Decision.EVICT
+
+    def order(self, ready: Sequence[FinalizedGroup]) -> list[FinalizedGroup]:
+        if not self.freshest_first:
+            return list(ready)
+        return sorted(ready, key=lambda g: -g.group_min_wv)
+
+    def too_far_ahead(self, group: FinalizedGroup, version: int) -> bool:
+        return False
+
+
+@dataclass(frozen=True)
+class InOrder:
+    """Yield only groups of exactly the current version; hold later ones; evict earlier ones."""
+
+    max_lookahead_versions: int
+    name: str = "in_order"
+
+    def decide(self, group: FinalizedGroup, version: int) -> Decision:
+        if group.group_min_wv == version:
+            return Decision.YIELD
+        if group.group_min_wv < version:
+            return Decision.EVICT
+        return Decision.HOLD
+
+    def order(self, ready: Sequence[FinalizedGroup]) -> list[FinalizedGroup]:
+        return list(ready)
+
+    def too_far_ahead(self, group: FinalizedGroup, version: int) -> bool:
+        # Past the lookahead the consumer stops fetching that partition until the version advances.
+        return group.group_min_wv - version > self.max_lookahead_versions
+
+
+@dataclass(frozen=True)
+class ReadyFirst:
+    """Yield any group not produced by a policy newer than the trainer's."""
+
+    name: str = "ready_first"
+
+    def decide(self, group: FinalizedGroup, version: int) -> Decision:
+        return Decision.YIELD if group.group_min_wv <= version else Decision.HOLD
+
+    def order(self, ready: Sequence[FinalizedGroup]) -> list[FinalizedGroup]:
+        return list(ready)
+
+    def too_far_ahead(self, group: FinalizedGroup, version: int) -> bool:
+        return False
+
+
+def windowed(max_staleness_versions: int, freshest_first: bool = False) -> Windowed:
+    if max_staleness_versions < 0:
+        raise ValueError(f"max_staleness_versions must be >= 0, got {max_staleness_versions}")
+    return Windowed(max_staleness_versions, freshest_first)
+
+
+def in_order(max_lookahead_versions: int) -> InOrder:
+    if max_lookahead_versions < 0:
+        raise ValueError(f"max_lookahead_versions must be >= 0, got {max_lookahead_versions}")
+    return InOrder(max_lookahead_versions)
+
+
+def ready_first() -> ReadyFirst:
+    return ReadyFirst()
+
+
+def policy_by_name(name: str, **params) -> Policy:
+    """Build a policy from its name, e.g. policy_by_name("windowed", max_staleness_versions=2)."""
+    makers = {"windowed": windowed, "in_order": in_order, "ready_first": ready_first}
+    if name not in makers:
+        raise ValueError(f"unknown consumption policy {name!r}; choose one of {', '.join(makers)}")
+    return makers[name](**params)
