@@ -12,7 +12,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from schemas.receipt import Receipt
-from schemas.state import CLOSED, OPEN, GroupState
+from schemas.state import CLOSED, DEAD_LETTERED, OPEN, GroupState
 
 # Key of the per-partition progress entry in the state topic (see PartitionGroups.progress_entry).
 PROGRESS_KEY = "__progress__"
@@ -62,6 +62,8 @@ class PartitionGroups:
         self.restored_open_ms: dict[str, int] = {}
         # Closed groups whose staging keys a predecessor may not have cleared: gid -> (keys, outcome).
         self.pending_clear: dict[str, tuple[tuple[str, ...], str]] = {}
+        # Closed groups that ended dead-lettered (a subset of `closed`): a redriven receipt may reopen them.
+        self.dead_lettered: set[str] = set()
         # Receipts at or below this offset had their outputs committed before a restart.
         self.emitted_through = -1
         self._closed_capacity = closed_capacity
@@ -72,9 +74,15 @@ class PartitionGroups:
             self.emitted_through = max(self.emitted_through, entry.last_offset)
         elif entry.status == OPEN:
             self.restored_open_ms[entry.group_id] = entry.first_seen_ms
+            # OPEN after CLOSED happens only when redriven receipts reopened a dead-lettered group.
+            self.reopen_dead_lettered(entry.group_id)
         elif entry.status == CLOSED:
             self.restored_open_ms.pop(entry.group_id, None)
             self._remember_closed(entry.group_id, entry.last_offset)
+            if entry.outcome == DEAD_LETTERED:
+                self.dead_lettered.add(entry.group_id)
+            else:
+                self.dead_lettered.discard(entry.group_id)
             if entry.staging_keys:
                 self.pending_clear[entry.group_id] = (tuple(entry.staging_keys), entry.outcome or "")
             else:
@@ -106,17 +114,31 @@ class PartitionGroups:
         group.last_offset = max(group.last_offset, offset)
         return (Added.COMPLETED if group.complete else Added.ADDED), group
 
-    def close(self, group_id: str) -> OpenGroup:
+    def close(self, group_id: str, *, dead_lettered: bool = False) -> OpenGroup:
         group = self.open.pop(group_id)
         self.restored_open_ms.pop(group_id, None)
         self._remember_closed(group_id, group.last_offset)
+        if dead_lettered:
+            self.dead_lettered.add(group_id)
         return group
+
+    def reopen_dead_lettered(self, group_id: str) -> bool:
+        """Forget that a dead-lettered group was closed, so its redriven receipts open it afresh.
+
+        Only dead-lettered groups reopen: a finalized group's receipts stay late, whatever their headers.
+        """
+        if group_id not in self.dead_lettered:
+            return False
+        self.dead_lettered.discard(group_id)
+        self.closed.pop(group_id, None)
+        return True
 
     def _remember_closed(self, group_id: str, last_offset: int) -> None:
         self.closed[group_id] = last_offset
         self.closed.move_to_end(group_id)
         while len(self.closed) > self._closed_capacity:
-            self.closed.popitem(last=False)
+            forgotten, _ = self.closed.popitem(last=False)
+            self.dead_lettered.discard(forgotten)
 
     def due(self, now_ms: int, timeout_ms: int) -> list[OpenGroup]:
         return [g for g in self.open.values() if now_ms - g.first_seen_ms >= timeout_ms]

@@ -37,6 +37,19 @@ from workers.group_buffer import PROGRESS_KEY, Added, OpenGroup, PartitionGroups
 log = logging.getLogger("rlstream.reassembler")
 
 CRASH_POINTS = ("after_tq_put", "before_commit", "after_commit")
+# Header `rlstream deadletter redrive` puts on a re-published record: how many times it was redriven.
+REDRIVE_HEADER = "rlstream.redrive_count"
+
+
+def redrive_count(headers) -> int:
+    """The redrive count a record carries in its headers (0 when it was never redriven)."""
+    for key, value in headers or ():
+        if key == REDRIVE_HEADER:
+            try:
+                return max(0, int(bytes(value or b"0").decode()))
+            except ValueError:
+                return 0
+    return 0
 
 
 def default_actor_config() -> RolloutReassemblerActorConfig:
@@ -62,6 +75,8 @@ class ReassemblerConfig:
     transaction_timeout_ms: int = 10_000
     # Fault injection for crash drills: SIGKILL this process at the named point of a step.
     crash_point: str | None = None
+    # False for a debugging run over a replay topic: the staged tensors belong to production.
+    clear_staging: bool = True
 
     @property
     def receipts_topic(self) -> str:
@@ -128,11 +143,15 @@ def _crash_here(config: ReassemblerConfig, point: str) -> None:
 class ReassemblerWorker:
     """One consumer-group member; `run` loops `step` until stopped."""
 
-    def __init__(self, kafka: KafkaConfig, store: KVStore, config: ReassemblerConfig):
+    def __init__(self, kafka: KafkaConfig, store: KVStore, config: ReassemblerConfig, *, metrics=None):
         self.kafka = kafka
         self.store = store
         self.config = config
         self.stats = WorkerStats()
+        # An optional workers.metrics.ReassemblerMetrics, updated after each committed step.
+        self.metrics = metrics
+        # (partition, offset) -> redrive count of buffered receipts that arrived redriven.
+        self._redriven: dict[tuple[int, int], int] = {}
         self.parts: dict[int, PartitionGroups] = {}
         self._positions: dict[int, int] = {}
         self._pending_done: list[GroupState] = []
@@ -159,6 +178,7 @@ class ReassemblerWorker:
         for tp in partitions:
             self.parts.pop(tp.partition, None)
             self._positions.pop(tp.partition, None)
+            self._redriven = {k: v for k, v in self._redriven.items() if k[0] != tp.partition}
             self._dirty.discard(tp.partition)
         self._pending_done = [s for s in self._pending_done if s.partition in self.parts]
         log.info("%s revoked %s", self.config.worker_id, sorted(tp.partition for tp in partitions))
@@ -173,7 +193,8 @@ class ReassemblerWorker:
         self.parts[partition] = groups
         for gid, (keys, outcome) in list(groups.pending_clear.items()):
             # Closed by a predecessor that died before clearing staging: clear now, record it next commit.
-            self.store.clear(self.config.actor.staging_partition, list(keys))
+            if self.config.clear_staging:
+                self.store.clear(self.config.actor.staging_partition, list(keys))
             self._pending_done.append(_cleared(ClosedNote(partition, gid, keys, groups.closed[gid], outcome)))
             del groups.pending_clear[gid]
 
@@ -200,6 +221,8 @@ class ReassemblerWorker:
             self._positions[m.partition()] = m.offset() + 1
             self._dirty.add(m.partition())
         self.stats.receipts += consumed
+        if self.metrics is not None and consumed:
+            self.metrics.receipts_consumed.inc(consumed)
         timeout_ms = int(self.config.group_timeout_s * 1000)
         for groups in self.parts.values():
             for g in groups.due(now_ms, timeout_ms):
@@ -208,7 +231,19 @@ class ReassemblerWorker:
         if ready or dead or state_out or self._pending_done or self._dirty:
             self._commit_step(list(ready.values()), dead, state_out, now_ms)
         self._apply_backpressure()
+        if self.metrics is not None:
+            self._update_gauges()
         return consumed
+
+    def _update_gauges(self) -> None:
+        self.metrics.open_groups.set(self.stats.open_groups)
+        lags = {}
+        for part, position in self._positions.items():
+            _, high = self._consumer.get_watermark_offsets(
+                TopicPartition(self.config.receipts_topic, part), cached=True) or (0, -1)
+            if high >= 0:
+                lags[part] = high - position
+        self.metrics.set_lag(self.config.receipts_topic, lags)
 
     def _intake(self, groups: PartitionGroups, m, now_ms: int, dead: list, state_out: list, ready: dict) -> None:
         offset, replay = m.offset(), groups.replaying(m.offset())
@@ -217,7 +252,14 @@ class ReassemblerWorker:
             if not replay:
                 dead.append(self._dead_letter(m, kind, message, now_ms))
             return
+        redriven = redrive_count(m.headers())
+        if redriven and not replay:
+            # A redriven receipt of a group that was dead-lettered (never finalized) reopens it: the
+            # operator fixed the cause, and nothing of that group reached the trainer.
+            groups.reopen_dead_lettered(receipt.group_id)
         outcome, group = groups.add(receipt, offset, m.timestamp()[1], (m.key(), m.value()))
+        if redriven and outcome in (Added.ADDED, Added.COMPLETED):
+            self._redriven[(groups.partition, offset)] = redriven
         if outcome in (Added.ADDED, Added.COMPLETED):
             if group.first_offset == offset and not replay:
                 state_out.append(GroupState(group_id=group.group_id, status=OPEN, partition=groups.partition,
@@ -234,11 +276,12 @@ class ReassemblerWorker:
     def _dead_letter(self, m, kind: str, message: str, now_ms: int) -> DeadLetter:
         return DeadLetter(source_topic=m.topic(), source_partition=m.partition(), source_offset=m.offset(),
                           source_key=m.key(), original=m.value() or b"", error_kind=kind, message=message,
-                          worker_id=self.config.worker_id, time_ms=now_ms)
+                          worker_id=self.config.worker_id, time_ms=now_ms, redrive_count=redrive_count(m.headers()))
 
     def _commit_step(self, ready: list[OpenGroup], dead: list[DeadLetter], state_out: list[GroupState],
                      now_ms: int) -> None:
         t0 = time.perf_counter()
+        closed: list[ClosedNote] = []
         try:
             outcomes = finalize_groups(self.store, ready, self.config.actor,
                                        receipts_topic=self.config.receipts_topic, now_ms=now_ms) if ready else []
@@ -250,6 +293,12 @@ class ReassemblerWorker:
             return
         _crash_here(self.config, "after_commit")
         self.stats.finalize_seconds.append(time.perf_counter() - t0)
+        if self.metrics is not None:
+            if ready:
+                self.metrics.finalize_latency.observe(time.perf_counter() - t0)
+            self.metrics.groups_finalized.inc(sum(1 for o in outcomes if o.finalized is not None))
+            for d in dead:
+                self.metrics.dead_letters.labels(d.error_kind).inc()
         self._after_commit(closed)
 
     def _close(self, outcomes: list[GroupOutcome], dead: list[DeadLetter], state_out: list[GroupState],
@@ -257,19 +306,23 @@ class ReassemblerWorker:
         """Close groups in memory and add their dead letters and closed-state entries to the outputs."""
         closed = []
         for o in outcomes:
-            g = self.parts[o.group.partition].close(o.group.group_id)
+            g = self.parts[o.group.partition].close(o.group.group_id, dead_lettered=o.finalized is None)
             if o.dead_letter_kind is not None:
                 for idx, (key, value) in sorted(g.raw.items()):
                     dead.append(DeadLetter(source_topic=self.config.receipts_topic, source_partition=g.partition,
                                            source_offset=g.offsets[idx], source_key=key, original=value,
                                            error_kind=o.dead_letter_kind, message=o.dead_letter_message or "",
-                                           worker_id=self.config.worker_id, time_ms=now_ms))
-            note = ClosedNote(g.partition, g.group_id, o.staging_keys, g.last_offset,
+                                           worker_id=self.config.worker_id, time_ms=now_ms,
+                                           redrive_count=self._redriven.get((g.partition, g.offsets[idx]), 0)))
+            for offset in g.offsets.values():
+                self._redriven.pop((g.partition, offset), None)
+            keys = o.staging_keys if self.config.clear_staging else ()
+            note = ClosedNote(g.partition, g.group_id, keys, g.last_offset,
                               FINALIZED if o.finalized is not None else DEAD_LETTERED)
             state_out.append(GroupState(
                 group_id=g.group_id, status=CLOSED, partition=g.partition, first_offset=g.first_offset,
                 last_offset=g.last_offset, first_seen_ms=g.first_seen_ms, outcome=note.outcome,
-                finalized_at_ms=now_ms, staging_keys=o.staging_keys))
+                finalized_at_ms=now_ms, staging_keys=keys))
             closed.append(note)
         return closed
 
@@ -314,6 +367,8 @@ class ReassemblerWorker:
     def _recover(self, exc: KafkaException) -> None:
         """Abort the step and rebuild from committed offsets and the state topic (the step never happened)."""
         self.stats.aborts += 1
+        if self.metrics is not None:
+            self.metrics.transaction_aborts.inc()
         log.warning("%s: transaction failed (%s); rebuilding from committed state", self.config.worker_id,
                     exc.args[0].str() if exc.args else exc)
         if is_fatal(exc):
@@ -327,6 +382,7 @@ class ReassemblerWorker:
                                                        transaction_timeout_ms=self.config.transaction_timeout_ms)
         self._pending_done = []
         self._dirty.clear()
+        self._redriven.clear()
         assigned = [tp.partition for tp in self._consumer.assignment()]
         for part in assigned:
             self._restore(part)
