@@ -44,6 +44,26 @@ def cmd_reassemble(args) -> int:
     return run_pool(kafka, config, tq, args.workers, log=_err)
 
 
+def cmd_demo(args) -> int:
+    from pathlib import Path
+
+    from workers.demo import DemoConfig, run_demo, summary_table, write_json
+
+    cfg = DemoConfig(bootstrap_servers=args.bootstrap_servers, prefix=args.prefix or None,
+                     ray_address=args.ray_address, groups=args.groups, producers=args.producers,
+                     reassemblers=args.reassemblers, external_reassemblers=args.external_reassemblers,
+                     policy=args.policy, max_staleness=args.max_staleness, timeout_s=args.timeout)
+    report = run_demo(cfg, log=_err)
+    print(summary_table(report), flush=True)
+    if args.json:
+        write_json(report, Path(args.json))
+        _err(f"figures written to {args.json}")
+    if not report.accounted:
+        _err(f"rlstream demo: not every group was accounted for exactly once: {'; '.join(report.problems)}")
+        return 1
+    return 0
+
+
 def register(sub, add_kafka_args) -> None:
     from workers.reassembler import CRASH_POINTS
 
@@ -64,3 +84,18 @@ def register(sub, add_kafka_args) -> None:
     p.add_argument("--max-open-groups", type=int, default=10_000)
     p.add_argument("--crash-point", choices=CRASH_POINTS, default=None, help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_reassemble)
+
+    p = sub.add_parser("demo", help="run the whole pipeline locally and account for every group")
+    p.add_argument("--bootstrap-servers", default=None, help="use this cluster instead of starting a local broker")
+    p.add_argument("--prefix", default="", help="topic prefix (default: a fresh demo-<id>)")
+    p.add_argument("--ray-address", default=None, help="attach to this Ray cluster instead of starting one")
+    p.add_argument("--groups", type=int, default=160, help="prompt groups to produce")
+    p.add_argument("--producers", type=int, default=2)
+    p.add_argument("--reassemblers", type=int, default=2, help="reassembler Ray actors")
+    p.add_argument("--external-reassemblers", action="store_true",
+                   help="do not start reassemblers; they run elsewhere (e.g. docker compose)")
+    p.add_argument("--policy", default="windowed", choices=("windowed", "in_order", "ready_first"))
+    p.add_argument("--max-staleness", type=int, default=2, help="staleness bound (or in_order lookahead)")
+    p.add_argument("--timeout", type=float, default=300.0, help="give up after this many seconds")
+    p.add_argument("--json", default=None, metavar="PATH", help="also write the figures as JSON")
+    p.set_defaults(func=cmd_demo)
