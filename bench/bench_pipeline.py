@@ -1,0 +1,136 @@
+"""End-to-end reassembler benchmark: groups/s and latency from a group's last receipt to its committed record.
+
+Runs on the real local broker and Ray/TQ with 1 and then 2 worker processes, groups of 8 rollouts x
+2048 tokens (4 model calls each). Throughput is the drain rate of a backlog whose tensors were staged
+beforehand (so the publisher's own cost is not measured); latency is measured separately at a paced
+rate of --rate groups/s, from the broker's ack of a group's last receipt to the moment its finalized
+record is visible to a read_committed consumer. Prints its figures; it sets a baseline, no target yet.
+
+    .venv/bin/python bench/bench_pipeline.py [--groups 60]
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+from confluent_kafka import Consumer
+
+from schemas.finalized import FinalizedGroup
+from streams.broker import BrokerConfig, LocalBroker
+from streams.config import KafkaConfig
+from streams.topics import TopicNames, create_topics, pipeline_topics
+from streams.tq import TRAIN, TQConfig, TQStore, init_tq, ray_address
+from workers.pool import worker_command
+from streams.producer import AckedProducer, Outgoing
+from workers.publisher import RolloutPublisher, stage_rollouts
+from workers.reassembler import ReassemblerConfig
+from workers.synthetic import SyntheticShape, make_group
+
+# 256 prompt tokens + 4 answers of 412 + 3 observations of 48 = 2048 tokens per rollout.
+SHAPE = SyntheticShape(group_size=8, calls=(4, 4), prompt_len=(256, 256), answer_len=(412, 412),
+                       observation_len=(48, 48))
+
+
+def _percentile(values: list[float], q: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, int(round(q * (len(s) - 1))))] if s else float("nan")
+
+
+class _Arrivals(threading.Thread):
+    """Records when each finalized record becomes visible to a read_committed consumer."""
+
+    def __init__(self, kafka: KafkaConfig, topic: str):
+        super().__init__(daemon=True)
+        self.seen: dict[str, float] = {}
+        self.stop = threading.Event()
+        self._consumer = Consumer(kafka.consumer(f"bench-{uuid.uuid4().hex[:8]}"))
+        self._consumer.subscribe([topic])
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            for m in self._consumer.consume(500, 0.05):
+                if m.error() is None:
+                    self.seen.setdefault(FinalizedGroup.from_bytes(m.value()).group_id, time.time())
+        self._consumer.close()
+
+
+def run_case(kafka: KafkaConfig, store: TQStore, workers: int, groups: int, rate: float) -> dict:
+    names = TopicNames(f"bench-{workers}w-{uuid.uuid4().hex[:6]}")
+    create_topics(kafka, pipeline_topics(names, 4))
+    arrivals = _Arrivals(kafka, names.finalized)
+    arrivals.start()
+    procs = [subprocess.Popen(worker_command(kafka, ReassemblerConfig(topics=names, worker_id=f"b{i}",
+                                                                      group_id=f"bench.{names.prefix}"),
+                                             ray_address()),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for i in range(workers)]
+    pub = RolloutPublisher(kafka, store, names.receipts)
+    try:
+        # Warm-up group: excludes process start, Ray attach and the first rebalance from the figures.
+        pub.publish(make_group("warmup", 0, 0, shape=SHAPE))
+        while "warmup" not in arrivals.seen:
+            time.sleep(0.1)
+        time.sleep(2.0 if workers > 1 else 0.5)
+        backlog = [r for i in range(groups) for r in make_group(f"t{i:04d}", i, 1, shape=SHAPE)]
+        stage_rollouts(store, backlog)
+        t0 = time.time()
+        AckedProducer(kafka).send([Outgoing(names.receipts, r.receipt.group_id.encode(), r.receipt.to_bytes())
+                                   for r in backlog])
+        drained = [f"t{i:04d}" for i in range(groups)]
+        while any(g not in arrivals.seen for g in drained):
+            time.sleep(0.05)
+        drain_s = max(arrivals.seen[g] for g in drained) - t0
+
+        paced = [make_group(f"l{i:04d}", i, 1, shape=SHAPE) for i in range(max(10, groups // 2))]
+        acked: dict[str, float] = {}
+        for i, rollouts in enumerate(paced):
+            t_next = time.time() + 1.0 / rate
+            pub.publish(rollouts)
+            acked[f"l{i:04d}"] = time.time()
+            time.sleep(max(0.0, t_next - time.time()))
+        while any(g not in arrivals.seen for g in acked):
+            time.sleep(0.05)
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            p.wait(timeout=60)
+        arrivals.stop.set()
+        pub.close()
+    latencies = [(arrivals.seen[g] - acked[g]) * 1000 for g in acked]
+    tokens = groups * SHAPE.group_size * 2048
+    store.clear(TRAIN, [f"{g}_g{i}" for g in list(acked) + drained + ["warmup"] for i in range(8)])
+    return {"workers": workers, "groups": groups, "seconds": drain_s, "groups_per_s": groups / drain_s,
+            "tokens_per_s": tokens / drain_s, "p50_ms": _percentile(latencies, 0.5),
+            "p99_ms": _percentile(latencies, 0.99)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--groups", type=int, default=60, help="backlog size for the throughput figure")
+    parser.add_argument("--rate", type=float, default=4.0, help="paced groups/s for the latency figure")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp, LocalBroker(BrokerConfig(data_dir=Path(tmp))) as broker:
+        kafka = KafkaConfig(broker.bootstrap_servers)
+        session = init_tq(TQConfig())
+        try:
+            store = TQStore()
+            rows = [run_case(kafka, store, w, args.groups, args.rate) for w in (1, 2)]
+        finally:
+            session.close()
+    print(f"\nreassembler end to end: groups of 8 rollouts x 2048 tokens (4 calls), 4 partitions; "
+          f"throughput = drain of {args.groups} staged groups, latency at {args.rate} groups/s")
+    print(f"{'workers':>8} {'groups/s':>10} {'tokens/s':>12} {'p50 ms':>9} {'p99 ms':>9} {'drain s':>8}")
+    for r in rows:
+        print(f"{r['workers']:>8} {r['groups_per_s']:>10.1f} {r['tokens_per_s']:>12,.0f} {r['p50_ms']:>9.1f} "
+              f"{r['p99_ms']:>9.1f} {r['seconds']:>8.1f}")
+    print(f"2 workers / 1 worker throughput ratio: {rows[1]['groups_per_s'] / rows[0]['groups_per_s']:.2f}")
+
+
+if __name__ == "__main__":
+    main()
