@@ -103,9 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _extra_verbs() -> list[Callable]:
     # Heavier verbs live in their own modules and import torch/ray only when they run.
-    from workers import cli_pipeline
+    from workers import cli_pipeline, cli_tools
 
-    return [cli_pipeline.register]
+    return [cli_pipeline.register, cli_tools.register]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,23 +25,35 @@ def cmd_smoke(args) -> int:
 
 
 def cmd_reassemble(args) -> int:
+    from workers.logs import configure_logging
     from workers.pool import run_pool, run_worker
     from workers.reassembler import ReassemblerConfig
+    from workers.replay_run import prepare_replay_run
 
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
+    configure_logging(json_lines=args.log_json)
+    say = logging.getLogger("rlstream.reassemble").info if args.log_json else _err
     kafka = KafkaConfig(args.bootstrap_servers, parse_client_settings(args.kafka_setting))
     config = ReassemblerConfig(topics=TopicNames(args.prefix), worker_id=args.worker_id or f"w{uuid.uuid4().hex[:6]}",
                                group_id=args.group, input_topic=args.input_topic,
                                group_timeout_s=args.group_timeout, max_open_groups=args.max_open_groups,
                                crash_point=args.crash_point)
+    # A replay topic as input: refuse production's group and prefix, write rows to a TQ partition of its own.
+    config = prepare_replay_run(kafka, config)
     tq = TQConfig(address=args.ray_address)
-    _err(f"reassemble: {args.workers} worker(s), group {config.group_id!r}, input {config.receipts_topic}, "
-         f"outputs {config.topics.finalized} / {config.topics.deadletter} / {config.topics.state}, "
-         f"broker {kafka.bootstrap_servers}, ray {tq.address}")
+    say(f"reassemble: {args.workers} worker(s), group {config.group_id!r}, input {config.receipts_topic}, "
+        f"outputs {config.topics.finalized} / {config.topics.deadletter} / {config.topics.state}, "
+        f"TQ train partition {config.actor.partition_id!r}, broker {kafka.bootstrap_servers}, ray {tq.address}")
     if args.workers == 1:
-        run_worker(kafka, config, tq, log=_err)
+        metrics = None
+        if args.metrics_port is not None:
+            from workers.metrics import reassembler_metrics, start_metrics_server
+
+            metrics = reassembler_metrics()
+            say(f"metrics: http://0.0.0.0:{start_metrics_server(args.metrics_port)}/metrics")
+        run_worker(kafka, config, tq, log=say, metrics=metrics)
         return 0
-    return run_pool(kafka, config, tq, args.workers, log=_err)
+    return run_pool(kafka, config, tq, args.workers, log=say, metrics_port=args.metrics_port,
+                    log_json=args.log_json)
 
 
 def cmd_demo(args) -> int:
@@ -83,6 +95,9 @@ def register(sub, add_kafka_args) -> None:
                                                                      "until it is finalized incomplete")
     p.add_argument("--max-open-groups", type=int, default=10_000)
     p.add_argument("--crash-point", choices=CRASH_POINTS, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus /metrics on this port "
+                   "(0: a free one, logged); with --workers N, worker i uses PORT+i (or a free one for 0)")
+    p.add_argument("--log-json", action="store_true", help="log one JSON object per line")
     p.set_defaults(func=cmd_reassemble)
 
     p = sub.add_parser("demo", help="run the whole pipeline locally and account for every group")

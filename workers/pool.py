@@ -29,14 +29,14 @@ def rate_line(worker_id: str, stats: WorkerStats, prev: tuple[int, int, float]) 
 
 def run_worker(kafka: KafkaConfig, config: ReassemblerConfig, tq: TQConfig, *,
                stop: threading.Event | None = None, log: Callable[[str], None] = print,
-               tick_s: float = 5.0) -> WorkerStats:
+               tick_s: float = 5.0, metrics=None) -> WorkerStats:
     """Attach to TQ and run one worker in this process until `stop` is set or SIGINT/SIGTERM arrives."""
     stop = stop or threading.Event()
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: stop.set())
     init_tq(tq)
-    worker = ReassemblerWorker(kafka, TQStore(), config)
+    worker = ReassemblerWorker(kafka, TQStore(), config, metrics=metrics)
     log(f"[{config.worker_id}] consuming {config.receipts_topic} on {kafka.bootstrap_servers} "
         f"as group {config.group_id!r}")
     prev = [(0, 0, time.monotonic())]
@@ -50,7 +50,8 @@ def run_worker(kafka: KafkaConfig, config: ReassemblerConfig, tq: TQConfig, *,
     return stats
 
 
-def worker_command(kafka: KafkaConfig, config: ReassemblerConfig, tq_address: str | None) -> list[str]:
+def worker_command(kafka: KafkaConfig, config: ReassemblerConfig, tq_address: str | None, *,
+                   metrics_port: int | None = None, log_json: bool = False) -> list[str]:
     """The command line that runs one worker of `config` in a child process."""
     cmd = [sys.executable, "-m", "workers.cli", "reassemble", "--bootstrap-servers", kafka.bootstrap_servers,
            "--prefix", config.topics.prefix, "--group", config.group_id, "--workers", "1",
@@ -64,15 +65,21 @@ def worker_command(kafka: KafkaConfig, config: ReassemblerConfig, tq_address: st
         cmd += ["--input-topic", config.input_topic]
     if config.crash_point:
         cmd += ["--crash-point", config.crash_point]
+    if metrics_port is not None:
+        cmd += ["--metrics-port", str(metrics_port)]
+    if log_json:
+        cmd += ["--log-json"]
     return cmd
 
 
 def run_pool(kafka: KafkaConfig, config: ReassemblerConfig, tq: TQConfig, num_workers: int, *,
-             log: Callable[[str], None] = print) -> int:
+             log: Callable[[str], None] = print, metrics_port: int | None = None, log_json: bool = False) -> int:
     """Run num_workers child processes (ids `<worker_id>-<i>`) until interrupted; returns the worst exit code."""
     if num_workers <= 0:
         raise ValueError(f"--workers must be > 0, got {num_workers}")
-    procs = [subprocess.Popen(worker_command(kafka, replace(config, worker_id=f"{config.worker_id}-{i}"), tq.address))
+    ports = [None if metrics_port is None else (metrics_port + i if metrics_port else 0) for i in range(num_workers)]
+    procs = [subprocess.Popen(worker_command(kafka, replace(config, worker_id=f"{config.worker_id}-{i}"), tq.address,
+                                             metrics_port=ports[i], log_json=log_json))
              for i in range(num_workers)]
     log(f"started {num_workers} reassembler processes: pids {', '.join(str(p.pid) for p in procs)}")
     return wait_all(procs)

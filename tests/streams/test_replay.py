@@ -61,7 +61,7 @@ def test_replay_time_range_and_group_ids_copy_exactly_the_matching_records(kafka
 def test_replay_run_reproduces_finalized_records_without_touching_production(kafka, tq_store, unique):
     prefix = f"rr-{unique}"
     names = setup_topics(kafka, prefix, partitions=3)
-    groups = publish_groups(kafka, tq_store, names, 10, weight_version=4)
+    groups = publish_groups(kafka, tq_store, names, 10, weight_version=4, prefix=f"{unique}-")
     chosen = {gid for gid in sorted(groups)[:5]}
 
     report = replay(kafka, names.receipts, "debug", prefix=prefix, group_ids=chosen, weight_versions=(3, 5))
