@@ -14,7 +14,8 @@ class KafkaConfig:
     client_settings: Mapping[str, str] = field(default_factory=dict)
 
     def common(self) -> dict[str, object]:
-        conf: dict[str, object] = {"bootstrap.servers": self.bootstrap_servers}
+        # Brokers closing idle connections is routine; librdkafka would log each one.
+        conf: dict[str, object] = {"bootstrap.servers": self.bootstrap_servers, "log.connection.close": False}
         conf.update(self.client_settings)
         return conf
 
