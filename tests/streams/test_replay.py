@@ -121,3 +121,30 @@ def test_replay_run_refuses_production_group_and_prefix(kafka, unique):
         prepare_replay_run(kafka, ReassemblerConfig(topics=names, worker_id="a", group_id="mine", input_topic=topic))
     with pytest.raises(ValueError, match="--group"):
         prepare_replay_run(kafka, ReassemblerConfig(topics=TopicNames("other"), worker_id="a", input_topic=topic))
+
+
+def test_replay_and_reassemble_cli(kafka, unique):
+    import subprocess
+    import sys
+
+    names = setup_topics(kafka, f"rc-{unique}", partitions=2)
+    AckedProducer(kafka).send([Outgoing(names.receipts, f"g{i}".encode(), f"v{i}".encode(), partition=i % 2)
+                               for i in range(10)])
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "workers.cli", *args, "--bootstrap-servers",
+                               kafka.bootstrap_servers, "--prefix", names.prefix],
+                              capture_output=True, text=True, timeout=120)
+
+    res = cli("replay", names.receipts, "--to", "cli", "--partition-offsets", "0:1-3,1:0-1", "--group-id", "g2",
+              "--group-id", "g3")
+    assert res.returncode == 0, res.stderr
+    assert f"copying {names.receipts} to {names.replay('cli')}" in res.stderr
+    assert res.stdout.splitlines()[0] == f"2 record(s) copied from {names.receipts} to {names.replay('cli')} (created)"
+    assert sorted((r.partition, r.value) for r in read_topic(kafka, names.replay("cli"))) == [(0, b"v2"), (1, b"v3")]
+
+    res = cli("replay", "no.such.topic", "--to", "x")
+    assert res.returncode == 1 and res.stderr.strip().splitlines()[-1].startswith("rlstream replay: topic no.such")
+    res = cli("reassemble", "--input-topic", names.replay("cli"), "--group", f"own.{unique}")
+    assert res.returncode == 1
+    assert res.stderr.strip().splitlines()[-1].startswith("rlstream reassemble: input ") and "--prefix" in res.stderr
