@@ -107,3 +107,30 @@ def test_missing_segment_gives_placeholder_and_incomplete_group_finalizes_at_dea
     assert time.monotonic() - start >= 3.0
     masks = tq_store.get(TRAIN, list(recs["partial"].sample_ids), select=["sample_mask"])["sample_mask"]
     assert masks.tolist() == [1.0] * 5 + [0.0] * 3
+
+
+def test_open_groups_are_capped_by_pausing_and_resume_as_groups_close(kafka, tq_store, unique):
+    names = setup_topics(kafka, f"cap-{unique}", partitions=1)
+    from workers.publisher import RolloutPublisher
+    from workers.synthetic import make_group
+
+    # Ten groups with 5 of 8 receipts each: none completes, so only deadlines close them.
+    partial = [r for i in range(10) for r in make_group(f"cap{i}", i, 1, shape=SMALL)[:5]]
+    pub = RolloutPublisher(kafka, tq_store, names.receipts)
+    pub.publish(partial)
+    pub.close()
+    worker = _worker(kafka, tq_store, names, max_open_groups=3, max_poll_records=5, group_timeout_s=2.0)
+    peak, paused_seen = 0, False
+    try:
+        deadline = time.monotonic() + 90
+        while len(finalized_records(kafka, names)) < 10:
+            assert time.monotonic() < deadline, "groups did not all finalize"
+            for _ in range(20):
+                worker.step()
+                peak = max(peak, worker.stats.open_groups)
+                paused_seen |= worker.stats.paused
+    finally:
+        worker.close()
+    assert paused_seen
+    assert peak <= 3 + 1, f"open groups peaked at {peak} with a cap of 3"
+    assert sorted(r.group_id for r in finalized_records(kafka, names)) == [f"cap{i}" for i in range(10)]
