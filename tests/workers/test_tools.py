@@ -132,8 +132,9 @@ def test_redrive_of_a_fixed_group_finalizes_it_and_a_failing_one_is_not_redriven
         mine = [r for r in rows if r.topic == names.receipts]
         # Everything consumed: the only offset past the committed one is the redrive transaction's commit
         # marker, which a consumer never receives (so, as in Kafka's own tools, it counts as lag 1).
-        assert len(mine) == 2 and sum(r.committed for r in mine) == 32
-        assert all(r.lag == r.end - r.committed <= 1 for r in mine)
+        # (Both groups may hash to one partition; the other then has no record and no committed offset.)
+        assert len(mine) == 2 and sum(r.committed or 0 for r in mine) == 32
+        assert all(r.lag == r.end - (r.committed or 0) <= 1 for r in mine)
         trainer = [r for r in rows if r.topic == names.finalized]
         assert sum(r.lag for r in trainer) >= 1 and all(r.committed is None for r in trainer)
     finally:
@@ -142,7 +143,7 @@ def test_redrive_of_a_fixed_group_finalizes_it_and_a_failing_one_is_not_redriven
     assert res.returncode == 0, res.stderr
     table = [line.split("\t") for line in res.stdout.splitlines()[1:]]
     assert [(t[0], t[1], t[3]) for t in table if t[1] == names.receipts] == [
-        (f"reassemblers.{names.prefix}", names.receipts, str(r.committed)) for r in mine]
+        (f"reassemblers.{names.prefix}", names.receipts, "-" if r.committed is None else str(r.committed)) for r in mine]
     assert [(t[0], t[3]) for t in table if t[1] == names.finalized] == [("trainer", "-")] * 2
     tq_store.clear(TRAIN, list(rec.sample_ids))
 
