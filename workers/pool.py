@@ -32,10 +32,11 @@ def run_worker(kafka: KafkaConfig, config: ReassemblerConfig, tq: TQConfig, *,
                tick_s: float = 5.0, metrics=None) -> WorkerStats:
     """Attach to TQ and run one worker in this process until `stop` is set or SIGINT/SIGTERM arrives."""
     stop = stop or threading.Event()
+    init_tq(tq)
+    # After init_tq: ray.init installs its own SIGTERM handler, which would skip the graceful stop.
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: stop.set())
-    init_tq(tq)
     worker = ReassemblerWorker(kafka, TQStore(), config, metrics=metrics)
     log(f"[{config.worker_id}] consuming {config.receipts_topic} on {kafka.bootstrap_servers} "
         f"as group {config.group_id!r}")

@@ -81,7 +81,7 @@ class ExperienceConsumer:
 
     def __init__(self, kafka: KafkaConfig, store: KVStore, config: ConsumerConfig, policy: Policy, *,
                  version: int = 0, on_yield: Callable[[FinalizedGroup, int], None] | None = None,
-                 on_evict: Callable[[FinalizedGroup, int], None] | None = None):
+                 on_evict: Callable[[FinalizedGroup, int], None] | None = None, metrics=None):
         self.config = config
         self.policy = policy
         self.version = version
@@ -90,6 +90,8 @@ class ExperienceConsumer:
         self._kafka = kafka
         self._on_yield = on_yield
         self._on_evict = on_evict
+        # An optional workers.metrics.TrainerMetrics (staleness, yields, evictions, duplicates).
+        self.metrics = metrics
         self._committed: dict[int, int] = {}
         self._consumer = Consumer(kafka.consumer(config.group_id, **{"session.timeout.ms": 10000}))
         self._consumer.subscribe([config.finalized_topic], on_revoke=self._on_revoke, on_lost=self._on_revoke)
@@ -139,6 +141,8 @@ class ExperienceConsumer:
                 continue
             if group.group_id in self._seen:
                 self.counts.duplicates += 1
+                if self.metrics is not None:
+                    self.metrics.observe_duplicate()
                 continue
             self._seen.add(group.group_id)
             pending = _Pending(group, m.partition(), m.offset(), "held")
@@ -163,6 +167,8 @@ class ExperienceConsumer:
             self._replay.send([Outgoing(self.config.topics.replay(self.config.stale_replay),
                                         p.group.group_id.encode(), p.group.to_bytes())])
         self.counts.evicted_stale += 1
+        if self.metrics is not None:
+            self.metrics.observe_evicted()
         del self._pending[p.partition][p.offset]
         if self._on_evict is not None:
             self._on_evict(p.group, self.version)
@@ -208,6 +214,8 @@ class ExperienceConsumer:
         tensors = unpack_payload(fields, tags, pad_value_dict=self.config.pad_value_dict)
         for p in chosen:
             p.state = "yielded"
+            if self.metrics is not None:
+                self.metrics.observe_yield(self.version, p.group.group_min_wv)
             if self._on_yield is not None:
                 self._on_yield(p.group, self.version)
         self.counts.yielded += len(chosen)

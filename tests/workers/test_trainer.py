@@ -7,6 +7,9 @@ import torch
 
 from streams.tq import TRAIN
 from tests.workers.pipeline_helpers import SMALL, drive, finalized_records, setup_topics
+from prometheus_client import CollectorRegistry
+
+from workers.metrics import TrainerMetrics
 from workers.policies import in_order, policy_by_name, windowed
 from workers.publisher import RolloutPublisher
 from workers.reassembler import ReassemblerConfig, ReassemblerWorker
@@ -38,9 +41,11 @@ def _finalized_by_version(kafka, tq_store, unique, per_version=5):
 def test_windowed_never_yields_staler_than_bound_and_accounts_for_every_group(kafka, tq_store, unique):
     names, finalized = _finalized_by_version(kafka, tq_store, unique)
     yielded, evicted = [], []
+    metrics = TrainerMetrics(CollectorRegistry())
     consumer = ExperienceConsumer(kafka, tq_store, ConsumerConfig(names, group_id=f"tr-{unique}"), windowed(1),
                                   version=2, on_yield=lambda g, v: yielded.append((g.group_id, v - g.group_min_wv)),
-                                  on_evict=lambda g, v: evicted.append((g.group_id, v - g.group_min_wv)))
+                                  on_evict=lambda g, v: evicted.append((g.group_id, v - g.group_min_wv)),
+                                  metrics=metrics)
     try:
         for version in (2, 3, 4, 5, 6):
             consumer.set_version(version)
@@ -56,6 +61,8 @@ def test_windowed_never_yields_staler_than_bound_and_accounts_for_every_group(ka
     ids = [g for g, _ in yielded] + [g for g, _ in evicted]
     assert sorted(ids) == sorted(finalized)
     assert consumer.counts.yielded + consumer.counts.evicted_stale == len(finalized)
+    assert metrics.yielded._value.get() == len(yielded) and metrics.evicted._value.get() == len(evicted)
+    assert metrics.staleness._sum.get() == sum(max(0, s) for _, s in yielded)
 
 
 def test_in_order_never_yields_out_of_version_order(kafka, tq_store, unique):
