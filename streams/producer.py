@@ -6,8 +6,9 @@ outcome explicit (an exception, never a silently dropped message).
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Iterator, Sequence
 
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
@@ -116,6 +117,22 @@ class TransactionalProducer:
     def abort(self, *, timeout_s: float = 60.0) -> None:
         self._producer.abort_transaction(timeout_s)
         self._in_txn = False
+
+    @contextmanager
+    def transaction(self) -> Iterator["TransactionalProducer"]:
+        """Begin; commit when the block ends, abort (best effort) and re-raise when it raises."""
+        self.begin()
+        try:
+            yield self
+            self.commit()
+        except BaseException:
+            try:
+                self.abort()
+            except KafkaException:
+                pass
+            raise
+        finally:
+            self.flush(5)
 
     def poll(self, timeout_s: float = 0.0) -> None:
         self._producer.poll(timeout_s)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import Consumer, TopicPartition
 
 from schemas.errors import SchemaError
 from streams.config import KafkaConfig
@@ -107,8 +107,7 @@ def replay(kafka: KafkaConfig, source_topic: str, dest_name: str, *, prefix: str
     needs_value = weight_versions is not None
 
     producer = TransactionalProducer(kafka, f"rlstream.replay.{dest}", transaction_timeout_ms=transaction_timeout_ms)
-    producer.begin()
-    try:
+    with producer.transaction():
         for rec in read_topic(kafka, source_topic, start=start, stop=stop, partitions=partitions):
             report.scanned[rec.partition] = report.scanned.get(rec.partition, 0) + 1
             if time_range_ms is not None and not time_range_ms[0] <= rec.timestamp_ms < time_range_ms[1]:
@@ -127,15 +126,6 @@ def replay(kafka: KafkaConfig, source_topic: str, dest_name: str, *, prefix: str
             report.last_offset[rec.partition] = rec.offset
         for p in partitions:
             report.scanned.setdefault(p, 0)
-        producer.commit()
-    except BaseException:
-        try:
-            producer.abort()
-        except KafkaException:
-            pass
-        raise
-    finally:
-        producer.flush(5)
     return report
 
 

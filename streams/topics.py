@@ -109,8 +109,6 @@ def create_topics(kafka: KafkaConfig, specs: list[TopicSpec], *, timeout_s: floa
 def _wait_for_leaders(admin: AdminClient, names: list[str], timeout_s: float) -> None:
     # A freshly created topic has no leader for a moment; producing then fails with a retriable
     # error that tests would see as flakiness.
-    import time
-
     deadline = time.monotonic() + timeout_s
     while True:
         md = admin.list_topics(timeout=timeout_s).topics

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import sys
 import tempfile
 import threading
 import time

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import Consumer, TopicPartition
 
 from schemas.deadletter import ERROR_KINDS, DeadLetter
 from schemas.errors import SchemaError
@@ -97,8 +97,7 @@ def redrive(kafka: KafkaConfig, names: TopicNames, *, reason: str | None = None,
         return report
 
     producer = TransactionalProducer(kafka, f"{consumer_group}.{topic}")
-    producer.begin()
-    try:
+    with producer.transaction():
         for o in out:
             producer.produce(o)
         for kind in sorted(done):
@@ -109,15 +108,6 @@ def redrive(kafka: KafkaConfig, names: TopicNames, *, reason: str | None = None,
                                       meta.consumer_group_metadata())
             finally:
                 meta.close()
-        producer.commit()
-    except BaseException:
-        try:
-            producer.abort()
-        except KafkaException:
-            pass
-        raise
-    finally:
-        producer.flush(5)
     return report
 
 

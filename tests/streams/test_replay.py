@@ -2,7 +2,6 @@
 
 import time
 
-from schemas.finalized import FinalizedGroup
 from streams.consumer import committed_offsets, read_topic
 from streams.producer import AckedProducer, Outgoing
 from streams.replay import parse_partition_offsets, replay

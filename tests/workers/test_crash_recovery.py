@@ -3,7 +3,6 @@
 Workers are real child processes (`rlstream reassemble`) attached to the session's Ray/TQ.
 """
 
-import os
 import random
 import signal
 import subprocess

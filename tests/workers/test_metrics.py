@@ -98,7 +98,7 @@ def test_json_formatter_writes_one_object_per_line_with_extra_fields():
 
 def test_reassemble_cli_serves_metrics_and_logs_json(kafka, tq_store, unique, tmp_path):
     names = setup_topics(kafka, f"metcli-{unique}", partitions=1)
-    groups = publish_groups(kafka, tq_store, names, 3, prefix=f"{unique}-c")
+    publish_groups(kafka, tq_store, names, 3, prefix=f"{unique}-c")
     log_path = tmp_path / "worker.log"
     with open(log_path, "wb") as log:
         proc = subprocess.Popen([sys.executable, "-m", "workers.cli", "reassemble", "--bootstrap-servers",
