@@ -144,8 +144,12 @@ class TransactionalProducer:
 def is_fatal(exc: KafkaException) -> bool:
     """True for errors after which the producer must be discarded (e.g. fenced by a newer instance)."""
     err: KafkaError = exc.args[0]
-    return bool(err.fatal()) or err.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED,
-                                              KafkaError.INVALID_PRODUCER_EPOCH)
+    return bool(err.fatal()) or is_fenced(exc) or err.code() == KafkaError.INVALID_PRODUCER_EPOCH
+
+
+def is_fenced(exc: KafkaException) -> bool:
+    """True when a newer producer with the same transactional id has taken over."""
+    return exc.args[0].code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED)
 
 
 def requires_abort(exc: KafkaException) -> bool:

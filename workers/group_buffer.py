@@ -74,8 +74,10 @@ class PartitionGroups:
             self.emitted_through = max(self.emitted_through, entry.last_offset)
         elif entry.status == OPEN:
             self.restored_open_ms[entry.group_id] = entry.first_seen_ms
-            # OPEN after CLOSED happens only when redriven receipts reopened a dead-lettered group.
+            # OPEN after CLOSED happens only when redriven receipts reopened a dead-lettered group,
+            # whose (re-staged) tensors must then not be cleared as the closed group's leftovers.
             self.reopen_dead_lettered(entry.group_id)
+            self.pending_clear.pop(entry.group_id, None)
         elif entry.status == CLOSED:
             self.restored_open_ms.pop(entry.group_id, None)
             self._remember_closed(entry.group_id, entry.last_offset)
@@ -149,5 +151,6 @@ class PartitionGroups:
 
     def progress_entry(self, position: int, now_ms: int) -> GroupState:
         """State entry recording that outputs for receipts below `position` are committed."""
-        return GroupState(group_id=PROGRESS_KEY, status=OPEN, partition=self.partition,
-                          first_offset=0, last_offset=max(position - 1, 0), first_seen_ms=now_ms)
+        # Never below what was already recorded: compaction keeps only the latest entry per key.
+        return GroupState(group_id=PROGRESS_KEY, status=OPEN, partition=self.partition, first_offset=0,
+                          last_offset=max(position - 1, self.emitted_through, 0), first_seen_ms=now_ms)

@@ -28,7 +28,7 @@ from schemas.request import RolloutReassemblerActorConfig
 from schemas.state import CLOSED, DEAD_LETTERED, FINALIZED, OPEN, GroupState
 from streams.config import KafkaConfig
 from streams.consumer import read_topic
-from streams.producer import Outgoing, TransactionalProducer, is_fatal
+from streams.producer import Outgoing, TransactionalProducer, is_fatal, is_fenced
 from streams.topics import TopicNames
 from streams.tq import STAGING, TRAIN, KVStore
 from workers.finalizer import GroupOutcome, finalize_groups
@@ -68,6 +68,8 @@ class ReassemblerConfig:
     actor: RolloutReassemblerActorConfig = field(default_factory=default_actor_config)
     input_topic: str | None = None
     group_timeout_s: float = 30.0
+    # Past this many open groups the worker pauses its partitions; size it above the rate of new
+    # groups times group_timeout_s, or groups whose receipts wait behind the pause time out.
     max_open_groups: int = 10_000
     max_poll_records: int = 1000
     poll_timeout_s: float = 0.05
@@ -117,6 +119,10 @@ def classify(value: bytes | None) -> tuple[Receipt | None, str | None, str | Non
         return None, dl.VALIDATION_ERROR, str(exc)
 
 
+class WorkerFenced(RuntimeError):
+    """A newer worker with the same transactional id exists; this one must stop, not fence it back."""
+
+
 @dataclass(frozen=True)
 class ClosedNote:
     """A group closed in a transaction, remembered until its staging keys are cleared."""
@@ -154,6 +160,7 @@ class ReassemblerWorker:
         self._redriven: dict[tuple[int, int], int] = {}
         self.parts: dict[int, PartitionGroups] = {}
         self._positions: dict[int, int] = {}
+        self._max_ts: dict[int, int] = {}
         self._pending_done: list[GroupState] = []
         self._dirty: set[int] = set()
         self._producer = TransactionalProducer(kafka, config.transactional_id,
@@ -178,6 +185,7 @@ class ReassemblerWorker:
         for tp in partitions:
             self.parts.pop(tp.partition, None)
             self._positions.pop(tp.partition, None)
+            self._max_ts.pop(tp.partition, None)
             self._redriven = {k: v for k, v in self._redriven.items() if k[0] != tp.partition}
             self._dirty.discard(tp.partition)
         self._pending_done = [s for s in self._pending_done if s.partition in self.parts]
@@ -186,6 +194,10 @@ class ReassemblerWorker:
     def _restore(self, partition: int) -> None:
         """Rebuild a partition's closed/open bookkeeping from the state topic, then finish pending clears."""
         groups = PartitionGroups(partition)
+        # A fetch of committed offsets waits until a predecessor's open transaction (holding offsets
+        # for this partition) commits or aborts, so the state read below includes its outcome.
+        self._consumer.committed([TopicPartition(self.config.receipts_topic, partition)],
+                                 timeout=self.config.transaction_timeout_ms / 1000 + 30)
         for rec in read_topic(self.kafka, self.config.topics.state, partitions=[partition]):
             if rec.value is None:
                 continue
@@ -219,13 +231,14 @@ class ReassemblerWorker:
             consumed += 1
             self._intake(groups, m, now_ms, dead, state_out, ready)
             self._positions[m.partition()] = m.offset() + 1
+            self._max_ts[m.partition()] = max(self._max_ts.get(m.partition(), 0), m.timestamp()[1])
             self._dirty.add(m.partition())
         self.stats.receipts += consumed
         if self.metrics is not None and consumed:
             self.metrics.receipts_consumed.inc(consumed)
         timeout_ms = int(self.config.group_timeout_s * 1000)
         for groups in self.parts.values():
-            for g in groups.due(now_ms, timeout_ms):
+            for g in groups.due(self._clock(groups.partition, now_ms), timeout_ms):
                 ready.setdefault(g.group_id, g)
                 self._dirty.add(groups.partition)
         if ready or dead or state_out or self._pending_done or self._dirty:
@@ -244,6 +257,24 @@ class ReassemblerWorker:
             if high >= 0:
                 lags[part] = high - position
         self.metrics.set_lag(self.config.receipts_topic, lags)
+
+    def _clock(self, partition: int, now_ms: int) -> int:
+        """Deadline clock of a partition: wall time once caught up, else the newest receipt's timestamp.
+
+        A worker that restarts with a backlog would otherwise find every group past its deadline
+        although the missing receipts are already in Kafka, just not read yet. While paused for
+        backpressure nothing new is read, so wall time runs: deadlines are what frees memory then.
+        """
+        if self.stats.paused:
+            return now_ms
+        position = self._positions.get(partition)
+        if position is None:
+            return self._max_ts.get(partition, 0)
+        _, high = self._consumer.get_watermark_offsets(TopicPartition(self.config.receipts_topic, partition),
+                                                       cached=True) or (0, -1)
+        if high < 0 or position >= high:
+            return now_ms
+        return self._max_ts.get(partition, 0)
 
     def _intake(self, groups: PartitionGroups, m, now_ms: int, dead: list, state_out: list, ready: dict) -> None:
         offset, replay = m.offset(), groups.replaying(m.offset())
@@ -336,7 +367,9 @@ class ReassemblerWorker:
                 p.produce(Outgoing(topics.finalized, o.group.group_id.encode(), o.finalized.to_bytes()))
         for d in dead:
             p.produce(Outgoing(topics.deadletter, d.source_key, d.to_bytes()))
-        for s in state_out + self._pending_done:
+        # Cleared-closed entries first: a redriven receipt may reopen the same group in this step,
+        # and its OPEN entry must be the one compaction keeps.
+        for s in self._pending_done + state_out:
             p.produce(Outgoing(topics.state, s.group_id.encode(), s.to_bytes(), partition=s.partition))
         offsets = []
         for part in sorted(self._dirty):
@@ -371,6 +404,9 @@ class ReassemblerWorker:
             self.metrics.transaction_aborts.inc()
         log.warning("%s: transaction failed (%s); rebuilding from committed state", self.config.worker_id,
                     exc.args[0].str() if exc.args else exc)
+        if is_fenced(exc):
+            raise WorkerFenced(f"{self.config.worker_id}: another live worker uses transactional id "
+                               f"{self.config.transactional_id!r}; stopping this one") from exc
         if is_fatal(exc):
             self._producer = TransactionalProducer(self.kafka, self.config.transactional_id,
                                                    transaction_timeout_ms=self.config.transaction_timeout_ms)

@@ -134,3 +134,20 @@ def test_open_groups_are_capped_by_pausing_and_resume_as_groups_close(kafka, tq_
     assert paused_seen
     assert peak <= 3 + 1, f"open groups peaked at {peak} with a cap of 3"
     assert sorted(r.group_id for r in finalized_records(kafka, names)) == [f"cap{i}" for i in range(10)]
+
+
+def test_a_worker_behind_a_backlog_older_than_the_deadline_does_not_cut_complete_groups_short(
+        kafka, tq_store, unique):
+    names = setup_topics(kafka, f"backlog-{unique}", partitions=1)
+    groups = publish_groups(kafka, tq_store, names, 12)
+    time.sleep(3.0)  # the whole backlog is now older than the group deadline
+    # Small polls make most groups straddle two steps, so a wall-clock deadline would fire mid-group.
+    worker = _worker(kafka, tq_store, names, group_timeout_s=2.0, max_poll_records=7)
+    try:
+        drive([worker], lambda: len(finalized_records(kafka, names)) >= 12, timeout_s=90)
+    finally:
+        worker.close()
+    records = finalized_records(kafka, names)
+    assert sorted(r.group_id for r in records) == sorted(groups)
+    assert all(r.valid_row_count == 8 and r.metrics["timed_out"] == 0.0 for r in records)
+    assert dead_letters(kafka, names) == []
