@@ -67,7 +67,7 @@ class InOrder:
         return list(ready)
 
     def too_far_ahead(self, group: FinalizedGroup, version: int) -> bool:
-        # Past the lookahead the consumer stops fetching that partition until the version advances.
+        # Still held (it will be usable later), but reported: it is the in_order trainer's lag signal.
         return group.group_min_wv - version > self.max_lookahead_versions
 
 

@@ -23,7 +23,8 @@ from streams.topics import TopicNames
 from streams.tq import TRAIN, KVStore, MissingKeysError
 from workers.policies import Decision, Policy
 
-Clock = Callable[[], float]
+_RETRY_COMMIT = (KafkaError._NO_OFFSET, KafkaError.REBALANCE_IN_PROGRESS, KafkaError.ILLEGAL_GENERATION,
+                 KafkaError.UNKNOWN_MEMBER_ID, KafkaError._ASSIGNMENT_LOST, KafkaError._STATE)
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,8 @@ class ConsumerConfig:
     # Name of a replay topic (under topics.prefix) that receives evicted stale groups, or None.
     stale_replay: str | None = None
     max_poll_records: int = 500
+    # Fetching pauses while this many groups wait to be yielded (memory bound of the consumer).
+    max_waiting_groups: int = 10_000
 
     @property
     def finalized_topic(self) -> str:
@@ -50,6 +53,8 @@ class ConsumerCounts:
     missing_rows: int = 0
     undecodable: int = 0
     waiting: int = 0
+    # Held groups more than the in_order lookahead ahead of the trainer (held, not dropped).
+    ahead: int = 0
 
 
 @dataclass(frozen=True)
@@ -94,7 +99,8 @@ class ExperienceConsumer:
         self.metrics = metrics
         self._committed: dict[int, int] = {}
         self._consumer = Consumer(kafka.consumer(config.group_id, **{"session.timeout.ms": 10000}))
-        self._consumer.subscribe([config.finalized_topic], on_revoke=self._on_revoke, on_lost=self._on_revoke)
+        self._consumer.subscribe([config.finalized_topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
+                                 on_lost=self._on_revoke)
         self._pending: dict[int, dict[int, _Pending]] = {}  # partition -> offset -> pending
         self._positions: dict[int, int] = {}
         self._seen: set[str] = set()
@@ -104,7 +110,7 @@ class ExperienceConsumer:
     # ----- version and intake -----------------------------------------------------------------
 
     def set_version(self, version: int) -> None:
-        """The trainer's current weight version; held groups are re-decided and paused partitions resume."""
+        """The trainer's current weight version; held groups are re-decided (some become usable, some stale)."""
         if version < self.version:
             raise ValueError(f"weight version went backwards: {self.version} -> {version}")
         self.version = version
@@ -112,14 +118,18 @@ class ExperienceConsumer:
             for p in list(self._pending[part].values()):
                 if p.state == "held":
                     self._decide(p)
-        if self._paused:
-            self._consumer.resume([TopicPartition(self.config.finalized_topic, p) for p in self._paused])
-            self._paused.clear()
+        self._apply_backpressure()
+
+    def _on_assign(self, consumer, partitions) -> None:
+        # librdkafka keeps a partition's paused state across revoke and re-assign.
+        consumer.resume(partitions)
 
     def _on_revoke(self, consumer, partitions) -> None:
         for tp in partitions:
             for p in self._pending.pop(tp.partition, {}).values():
-                self._seen.discard(p.group.group_id)
+                # A yielded group stays "seen": if its record is read again it must not be yielded twice.
+                if p.state != "yielded":
+                    self._seen.discard(p.group.group_id)
             self._positions.pop(tp.partition, None)
             self._committed.pop(tp.partition, None)
             self._paused.discard(tp.partition)
@@ -149,7 +159,20 @@ class ExperienceConsumer:
             self._pending.setdefault(m.partition(), {})[m.offset()] = pending
             self._decide(pending)
         self._commit_resolved()
+        self._apply_backpressure()
         return len(msgs)
+
+    def _apply_backpressure(self) -> None:
+        """Stop fetching while too many groups wait (held or ready); a group that could be used is never
+        held back by pausing one partition behind another's far-ahead group."""
+        waiting = sum(1 for part in self._pending.values() for p in part.values() if p.state != "yielded")
+        assignment = self._consumer.assignment()
+        if not self._paused and waiting >= self.config.max_waiting_groups and assignment:
+            self._consumer.pause(assignment)
+            self._paused = {tp.partition for tp in assignment}
+        elif self._paused and waiting < self.config.max_waiting_groups:
+            self._consumer.resume(assignment)
+            self._paused = set()
 
     def _decide(self, p: _Pending) -> None:
         decision = self.policy.decide(p.group, self.version)
@@ -157,9 +180,8 @@ class ExperienceConsumer:
             p.state = "ready"
         elif decision is Decision.EVICT:
             self._evict(p)
-        elif self.policy.too_far_ahead(p.group, self.version) and p.partition not in self._paused:
-            self._consumer.pause([TopicPartition(self.config.finalized_topic, p.partition)])
-            self._paused.add(p.partition)
+        elif self.policy.too_far_ahead(p.group, self.version):
+            self.counts.ahead += 1
 
     def _evict(self, p: _Pending) -> None:
         self._store.clear(self.config.train_partition, list(p.group.sample_ids))
@@ -182,6 +204,8 @@ class ExperienceConsumer:
 
     def next_batch(self, num_groups: int, timeout_s: float) -> TrainBatch | None:
         """Up to num_groups usable groups with their padded tensors, waiting at most timeout_s for any."""
+        if num_groups < 1:
+            raise ValueError(f"num_groups must be >= 1, got {num_groups}")
         deadline = time.monotonic() + timeout_s
         while True:
             ready = self._ready()
@@ -242,7 +266,8 @@ class ExperienceConsumer:
                 self._consumer.commit(offsets=offsets, asynchronous=False)
                 self._committed.update((tp.partition, tp.offset) for tp in offsets)
             except KafkaException as exc:
-                if exc.args[0].code() != KafkaError._NO_OFFSET:
+                # A commit that loses a race with a rebalance is retried by the next call.
+                if exc.args[0].code() not in _RETRY_COMMIT:
                     raise
 
     def _update_waiting(self) -> None:
