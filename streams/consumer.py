@@ -73,7 +73,8 @@ def read_topic(kafka: KafkaConfig, topic: str, *, read_committed: bool = True,
     try:
         parts = list(partitions) if partitions is not None else partitions_of(c, topic)
         ends = {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False) for p in parts}
-        stop_at = {p: (stop or {}).get(p, ends[p][1]) for p in parts}
+        # A stop beyond the end would never be reached: clamp it to the end.
+        stop_at = {p: min((stop or {}).get(p, ends[p][1]), ends[p][1]) for p in parts}
         begin = {p: (start or {}).get(p, OFFSET_BEGINNING) for p in parts}
         pending = {p for p in parts if stop_at[p] > max(ends[p][0], begin[p] if begin[p] >= 0 else 0)}
         if not pending:

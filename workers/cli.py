@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 from typing import Callable
 
+from confluent_kafka import KafkaException
+
 from streams.broker import BrokerConfig, BrokerError, broker_status, ensure_kafka_jars, start_broker, stop_broker
 from streams.config import KafkaConfig, parse_client_settings
 from streams.topics import TopicNames, create_topics, list_topics, pipeline_topics
@@ -115,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    except (BrokerError, ValueError, RuntimeError, TimeoutError, OSError) as exc:
+    except (BrokerError, ValueError, RuntimeError, TimeoutError, OSError, KeyError, KafkaException) as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         print(f"rlstream {args.verb}: {first}", file=sys.stderr)
         rest = str(exc).splitlines()[1:]

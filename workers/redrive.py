@@ -64,6 +64,9 @@ def redrive(kafka: KafkaConfig, names: TopicNames, *, reason: str | None = None,
     topic = names.deadletter
     dry_run = not (to_source or to_topic)
     report = RedriveReport(topic, dry_run)
+    # Created (and so fencing any concurrent redrive) before reading what was already done, so
+    # two redrives at once cannot both re-publish the same letters.
+    producer = None if dry_run else TransactionalProducer(kafka, f"{consumer_group}.{topic}")
     ends = {p: high for p, (_, high) in end_offsets(kafka, topic).items()}
     kinds = {reason} if reason else set(ERROR_KINDS)
     done: dict[str, dict[int, int]] = {k: _done(kafka, consumer_group, k, topic) for k in kinds}
@@ -93,10 +96,9 @@ def redrive(kafka: KafkaConfig, names: TopicNames, *, reason: str | None = None,
                             headers=[(REDRIVE_HEADER, str(letter.redrive_count + 1).encode())]))
         report.redriven.append((kind, letter.source_topic, letter.source_partition, letter.source_offset))
         report.destinations[dest] = report.destinations.get(dest, 0) + 1
-    if dry_run:
+    if producer is None:
         return report
 
-    producer = TransactionalProducer(kafka, f"{consumer_group}.{topic}")
     with producer.transaction():
         for o in out:
             producer.produce(o)
