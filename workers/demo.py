@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import signal
 import tempfile
 import threading
 import time
@@ -177,6 +178,17 @@ class _DeadLetterWatch:
         self._consumer.close()
 
 
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _stop_on_sigterm() -> None:
+    # After Ray's init, which installs its own SIGTERM handler: a terminated demo must still stop
+    # the broker, Ray and the actors it started, exactly as on Ctrl-C.
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _interrupt)
+
+
 def run_demo(cfg: DemoConfig, *, log: Callable[[str], None] = print) -> DemoReport:
     """Run the pipeline end to end and account for every group; stops everything it started."""
     report = DemoReport(prefix=cfg.prefix or f"demo-{uuid.uuid4().hex[:8]}")
@@ -200,6 +212,7 @@ def run_demo(cfg: DemoConfig, *, log: Callable[[str], None] = print) -> DemoRepo
         log("starting Ray and TransferQueue (partitions 'staging' and 'train') ...")
         session = init_tq(tq)
         cleanups.append(session.close)
+        _stop_on_sigterm()
         create_topics(kafka, pipeline_topics(names, cfg.partitions))
         log(f"topics: {names.receipts}, {names.finalized}, {names.deadletter}, {names.state} "
             f"({cfg.partitions} partitions)")
