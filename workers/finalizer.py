@@ -47,22 +47,23 @@ def fetch_segments(store: KVStore, staging_partition: str, keys: Sequence[str], 
         td = store.get(staging_partition, keys, select=select)
     columns = {name: _rows(td.get(name)) for name in select}
     out: Segments = {}
-    k_by_key = _routed_k(store, staging_partition, keys) if routed_experts else {}
     for i, key in enumerate(keys):
         seg = {name: columns[name][i] for name in SEGMENT_FIELDS}
         if routed_experts:
-            seg[ROUTED_EXPERTS] = columns[ROUTED_EXPERTS][i].reshape(-1, k_by_key[key])
+            seg[ROUTED_EXPERTS] = _unflatten_experts(columns[ROUTED_EXPERTS][i], seg["token_ids"].numel())
         out[key] = seg
     return out
 
 
+def _unflatten_experts(flat: torch.Tensor, tokens: int) -> torch.Tensor:
+    """Routed experts are staged flattened; each token has the same number of them."""
+    if tokens == 0 or flat.numel() % tokens:
+        return flat  # left 1-D: linearize rejects the row as invalid_staging_row
+    return flat.reshape(tokens, -1)
+
+
 def _rows(value: torch.Tensor) -> list[torch.Tensor]:
     return list(value.unbind()) if value.is_nested else list(value)
-
-
-def _routed_k(store: KVStore, partition: str, keys: Sequence[str]) -> dict[str, int]:
-    listed = store.list(partition)
-    return {k: int(listed[k].get("routed_experts_k", 1)) for k in keys}
 
 
 def _source(group: OpenGroup, topic: str) -> SourceRange | None:

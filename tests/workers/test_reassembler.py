@@ -151,3 +151,30 @@ def test_a_worker_behind_a_backlog_older_than_the_deadline_does_not_cut_complete
     assert sorted(r.group_id for r in records) == sorted(groups)
     assert all(r.valid_row_count == 8 and r.metrics["timed_out"] == 0.0 for r in records)
     assert dead_letters(kafka, names) == []
+
+
+def test_router_replay_carries_routed_experts_to_the_train_rows(kafka, tq_store, unique):
+    import msgspec
+
+    from schemas.payload import unpack_payload
+    from workers.reassembler import default_actor_config
+    from workers.synthetic import SyntheticShape
+
+    names = setup_topics(kafka, f"experts-{unique}", partitions=1)
+    shape = SyntheticShape(group_size=4, calls=(2, 3), prompt_len=(4, 8), answer_len=(3, 9), observation_len=(1, 4),
+                           routed_experts_k=4)
+    groups = publish_groups(kafka, tq_store, names, 2, shape=shape)
+    actor = msgspec.structs.replace(default_actor_config(), router_replay_enabled=True)
+    worker = _worker(kafka, tq_store, names, actor=actor)
+    try:
+        drive([worker], lambda: len(finalized_records(kafka, names)) >= 2, timeout_s=60)
+    finally:
+        worker.close()
+    rec = next(r for r in finalized_records(kafka, names) if r.group_id == sorted(groups)[0])
+    assert rec.valid_row_count == 4
+    fields = tq_store.get(TRAIN, list(rec.sample_ids))
+    tensors = unpack_payload(fields, list(rec.tags), pad_value_dict={"input_ids": 0})
+    for i, rollout in enumerate(groups[rec.group_id]):
+        staged = torch.cat([s["routed_experts"] for s in rollout.segments])
+        assert rec.tags[i]["routed_experts__row_shapes"] == [staged.shape[0], 4]
+        assert torch.equal(tensors["routed_experts"][i, : staged.shape[0]].to(staged.dtype), staged)
