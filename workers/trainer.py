@@ -8,6 +8,7 @@ A partition's committed offset never passes a group that is still held or yielde
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
@@ -39,6 +40,8 @@ class ConsumerConfig:
     max_poll_records: int = 500
     # Fetching pauses while this many groups wait to be yielded (memory bound of the consumer).
     max_waiting_groups: int = 10_000
+    # How many group ids are remembered for dropping duplicates (memory bound of the consumer).
+    max_seen_groups: int = 1_000_000
 
     @property
     def finalized_topic(self) -> str:
@@ -103,7 +106,8 @@ class ExperienceConsumer:
                                  on_lost=self._on_revoke)
         self._pending: dict[int, dict[int, _Pending]] = {}  # partition -> offset -> pending
         self._positions: dict[int, int] = {}
-        self._seen: set[str] = set()
+        # Group ids already taken in, oldest forgotten first past max_seen_groups.
+        self._seen: OrderedDict[str, None] = OrderedDict()
         self._paused: set[int] = set()
         self._replay = AckedProducer(kafka) if config.stale_replay else None
 
@@ -129,7 +133,7 @@ class ExperienceConsumer:
             for p in self._pending.pop(tp.partition, {}).values():
                 # A yielded group stays "seen": if its record is read again it must not be yielded twice.
                 if p.state != "yielded":
-                    self._seen.discard(p.group.group_id)
+                    self._seen.pop(p.group.group_id, None)
             self._positions.pop(tp.partition, None)
             self._committed.pop(tp.partition, None)
             self._paused.discard(tp.partition)
@@ -154,7 +158,9 @@ class ExperienceConsumer:
                 if self.metrics is not None:
                     self.metrics.observe_duplicate()
                 continue
-            self._seen.add(group.group_id)
+            self._seen[group.group_id] = None
+            if len(self._seen) > self.config.max_seen_groups:
+                self._seen.popitem(last=False)
             pending = _Pending(group, m.partition(), m.offset(), "held")
             self._pending.setdefault(m.partition(), {})[m.offset()] = pending
             self._decide(pending)
