@@ -45,7 +45,7 @@ def fetch_segments(store: KVStore, staging_partition: str, keys: Sequence[str], 
         if not keys:
             return {}
         td = store.get(staging_partition, keys, select=select)
-    columns = {name: _rows(td.get(name)) for name in select}
+    columns = {name: tensor_rows(td.get(name)) for name in select}
     out: Segments = {}
     for i, key in enumerate(keys):
         seg = {name: columns[name][i] for name in SEGMENT_FIELDS}
@@ -62,7 +62,8 @@ def _unflatten_experts(flat: torch.Tensor, tokens: int) -> torch.Tensor:
     return flat.reshape(tokens, -1)
 
 
-def _rows(value: torch.Tensor) -> list[torch.Tensor]:
+def tensor_rows(value: torch.Tensor) -> list[torch.Tensor]:
+    """The rows of a batched field as a list, whether TQ returned it jagged or dense."""
     return list(value.unbind()) if value.is_nested else list(value)
 
 

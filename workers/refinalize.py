@@ -10,6 +10,7 @@ packed tensors row by row against the rows in TQ train. It writes nothing anywhe
 from __future__ import annotations
 
 import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,8 +26,8 @@ from streams.consumer import read_topic
 from streams.roles import decode_value
 from streams.topics import TopicNames
 from streams.tq import KVStore, MissingKeysError
-from workers.finalizer import build_one, fetch_segments
-from workers.group_buffer import Added, PartitionGroups
+from workers.finalizer import build_one, fetch_segments, tensor_rows
+from workers.group_buffer import OpenGroup, PartitionGroups
 from workers.reassembler import default_actor_config
 
 # Compared field by field; partition_id, source, metrics and finalized_at_ms describe the run, not the result.
@@ -52,25 +53,20 @@ class Diff:
         return f"{where} {self.field} {self.recorded!r} != {self.rebuilt!r}"
 
 
-def replayed_groups(kafka: KafkaConfig, topic: str) -> dict[str, list[tuple[int, int, Receipt]]]:
-    """Receipts of a replay topic grouped by group id, as (partition, offset, receipt), in offset order.
+def replayed_groups(kafka: KafkaConfig, topic: str) -> dict[str, OpenGroup]:
+    """Receipts of a replay topic gathered into groups exactly as a reassembler gathers them.
 
     Bad records, duplicates and inconsistent receipts are left out as the reassembler would leave them.
     """
     parts: dict[int, PartitionGroups] = {}
-    out: dict[str, list[tuple[int, int, Receipt]]] = {}
     for rec in read_topic(kafka, topic):
         try:
             msg = decode_value(rec.value)
         except SchemaError:
             continue
-        if not isinstance(msg, Receipt):
-            continue
-        groups = parts.setdefault(rec.partition, PartitionGroups(rec.partition))
-        outcome, _ = groups.add(msg, rec.offset, rec.timestamp_ms)
-        if outcome in (Added.ADDED, Added.COMPLETED):
-            out.setdefault(msg.group_id, []).append((rec.partition, rec.offset, msg))
-    return out
+        if isinstance(msg, Receipt):
+            parts.setdefault(rec.partition, PartitionGroups(rec.partition)).add(msg, rec.offset, rec.timestamp_ms)
+    return {gid: g for groups in parts.values() for gid, g in groups.open.items()}
 
 
 def refinalize(kafka: KafkaConfig, replay_topic: str, *, prefix: str, store: KVStore,
@@ -92,19 +88,14 @@ def refinalize(kafka: KafkaConfig, replay_topic: str, *, prefix: str, store: KVS
             continue
         recorded[f.group_id] = f
     diffs: list[Diff] = []
-    for gid, entries in sorted(replayed_groups(kafka, replay_topic).items()):
-        diffs.extend(_diff_group(gid, entries, recorded.get(gid), store, recorded_store, config))
+    for gid, group in sorted(replayed_groups(kafka, replay_topic).items()):
+        diffs.extend(_diff_group(group, recorded.get(gid), store, recorded_store, config))
     return diffs
 
 
-def _diff_group(gid, entries, record, store, recorded_store, config) -> list[Diff]:
-    from workers.group_buffer import OpenGroup
-
-    first = entries[0][2]
-    group = OpenGroup(gid, entries[0][0], first.group_size, first.prompt_idx, entries[0][1], entries[-1][1], 0)
-    for partition, offset, r in entries:
-        group.receipts[r.rollout_index] = r
-        group.offsets[r.rollout_index] = offset
+def _diff_group(group: OpenGroup, record: FinalizedGroup | None, store: KVStore, recorded_store: KVStore,
+                config: RolloutReassemblerActorConfig) -> list[Diff]:
+    gid = group.group_id
     keys = group.staging_keys()
     segments = fetch_segments(store, config.staging_partition, keys, routed_experts=config.router_replay_enabled)
     if keys and not segments and record is not None and record.valid_row_count:
@@ -149,16 +140,12 @@ def _diff_rows(gid: str, record: FinalizedGroup, fields, recorded_store: KVStore
                             f"{', '.join(exc.missing[:3])}")]
     diffs = []
     for name in names:
-        mine, theirs = _rows(fields.get(name)), _rows(got.get(name))
+        mine, theirs = tensor_rows(fields.get(name)), tensor_rows(got.get(name))
         for i, (a, b) in enumerate(zip(mine, theirs)):
             detail = _tensor_diff(a, b)
             if detail:
                 diffs.append(Diff(gid, name, None, None, row=i, detail=detail))
     return diffs
-
-
-def _rows(value: torch.Tensor) -> list[torch.Tensor]:
-    return list(value.unbind()) if value.is_nested else list(value)
 
 
 def _tensor_diff(rebuilt: torch.Tensor, recorded: torch.Tensor) -> str:
@@ -185,8 +172,6 @@ def load_tq_checkpoint(checkpoint_dir: str | Path) -> None:
     Loads from a copy: TQ's loader may roll a checkpoint directory aside, and the operator's copy
     is evidence that must stay as it was.
     """
-    import tempfile
-
     import transfer_queue as tq
 
     src = Path(checkpoint_dir)
