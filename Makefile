@@ -7,7 +7,7 @@ STAMP := $(VENV)/.rlstream-installed
 
 .PHONY: test demo bench jars clean-venv
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py schemas/_rowcopy.c
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --progress-bar off -e '.[dev]'
