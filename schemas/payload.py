@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from schemas.jagged import is_nested, jagged_parts, make_jagged, offsets_from_lengths, pad, unpad
+from schemas.jagged import JaggedLayout, JaggedRows, is_nested, jagged_rows, pad_rows, stack_padded
 
 VIOLATION_TAG_KEYS = (
     "num_invalid_tool_calls",
@@ -129,10 +129,11 @@ def record_to_train_batch(
         counts.append(row_counts)
 
     n = len(completions)
-    lengths = torch.tensor([int(r.shape[0]) for r in rows["input_ids"]], dtype=torch.int64)
-    offsets, width = offsets_from_lengths(lengths), int(lengths.max())
+    length_list = [int(r.shape[0]) for r in rows["input_ids"]]
+    lengths = torch.tensor(length_list, dtype=torch.int64)
+    width = max(length_list)
     batch: dict[str, Any] = {
-        name: pad(torch.cat(parts), offsets, width, pad_value_dict.get(name, 0))
+        name: stack_padded(parts, width, pad_value_dict.get(name, 0))
         for name, parts in rows.items()
     }
     valid = [c.rejection_reason is None for c in completions]
@@ -229,20 +230,24 @@ def pack_payload(
 ) -> tuple[list[str], TensorDict, list[dict[str, Any]]]:
     """Pack N padded rows into (sample_ids, fields, tags) for a TQ put.
 
-    Token-aligned fields (dim 1 == the padded width) become jagged nested tensors cut to each
-    row's input length; a field with more than one dim per row is flattened to 1-D per row and its
-    row shape recorded in the tag `<field>__row_shapes`. Other tensors stay as they are.
+    Token-aligned fields (dim 1 == the padded width) become jagged nested tensors whose rows are
+    the padded rows cut to their input lengths, flattened to 1-D with the row shape in the tag
+    `<field>__row_shapes` when a row has more than one dim. They are views of `train_batch`'s
+    memory, not copies: TQ's put copies each row once when it serializes it, so a cut here would
+    only copy the group twice. Other tensors stay as they are.
     """
-    lengths = torch.as_tensor(train_batch["input_lengths"]).to(torch.int64).reshape(-1)
-    n = int(lengths.numel())
+    # A copy: the jagged views keep it as their row lengths, apart from the caller's tensor.
+    lengths = torch.as_tensor(train_batch["input_lengths"]).to(torch.int64).reshape(-1).clone()
+    length_list = lengths.tolist()
+    n = len(length_list)
     input_ids = train_batch.get("input_ids")
     if input_ids is not None:
         width = int(input_ids.shape[1])
     else:
-        width = int(lengths.max()) if n else 0
-    if n and int(lengths.max()) > width:
-        raise ValueError(f"an input length exceeds the padded width {width}")
-    offsets = offsets_from_lengths(lengths)
+        width = max(length_list, default=0)
+    if n and (max(length_list) > width or min(length_list) < 0):
+        raise ValueError(f"input_lengths {length_list} do not fit the padded width {width}")
+    layout = JaggedLayout(lengths, width, full=not n or min(length_list) == width)
 
     fields: dict[str, torch.Tensor] = {}
     row_shapes: dict[str, list[int]] = {}
@@ -251,35 +256,30 @@ def pack_payload(
             continue
         if not isinstance(value, torch.Tensor):
             raise TypeError(f"train_batch[{name!r}] is a {type(value).__name__}, not a tensor")
-        if value.dim() == 0 or value.shape[0] != n:
-            shape = tuple(value.shape)
-            raise ValueError(f"train_batch[{name!r}] has shape {shape}, not [{n}, ...]")
-        if value.dim() >= 2 and value.shape[1] == width and name not in _PER_ROW_FIELDS:
-            rest = list(value.shape[2:])
-            values = unpad(value, offsets).reshape(-1)
-            per_token = math.prod(rest)
-            # Token fields of one row width share one offsets tensor, hence one ragged dimension.
-            fields[name] = make_jagged(values, offsets if per_token == 1 else offsets * per_token)
-            if rest:
-                row_shapes[name] = rest
+        shape = value.shape
+        if not shape or shape[0] != n:
+            raise ValueError(f"train_batch[{name!r}] has shape {tuple(shape)}, not [{n}, ...]")
+        if len(shape) >= 2 and shape[1] == width and name not in _PER_ROW_FIELDS:
+            fields[name] = layout.view(value)
+            if len(shape) > 2:
+                row_shapes[name] = list(shape[2:])
         else:
             fields[name] = value
 
     counts = train_batch.get(_VIOLATION_COUNTS_KEY)
-    length_list = lengths.tolist()
+    if counts is None:
+        counts = [{}] * n
+    elif len(counts) != n:
+        raise ValueError(f"train_batch[{_VIOLATION_COUNTS_KEY!r}] has {len(counts)} rows, not {n}")
+    shape_tags = [(name + ROW_SHAPES_SUFFIX, rest) for name, rest in row_shapes.items()]
     tags = []
-    for i in range(n):
-        tag: dict[str, Any] = {
-            "weight_version": weight_version,
-            "prompt_idx": prompt_idx,
-            "group_id": group_id,
-            "rollout_index": i,
-        }
-        row_counts = counts[i] if counts is not None else {}
+    for i, row_counts in enumerate(counts):
+        tag = {"weight_version": weight_version, "prompt_idx": prompt_idx, "group_id": group_id,
+               "rollout_index": i}
         for key in VIOLATION_TAG_KEYS:
             tag[key] = int(row_counts.get(key, 0))
-        for name, rest in row_shapes.items():
-            tag[name + ROW_SHAPES_SUFFIX] = [length_list[i], *rest]
+        for key, rest in shape_tags:
+            tag[key] = [length_list[i], *rest]
         tags.append(tag)
     sample_ids = [f"{group_id}_g{i}" for i in range(n)]
     return sample_ids, _tensordict(fields, n), tags
@@ -297,29 +297,47 @@ def unpack_payload(
     (`prompt_ids_for_adv` falls back to the input_ids pad); regular tensors pass through.
     """
     out: dict[str, torch.Tensor] = {}
-    for name in list(fields.keys()):
-        value = fields.get(name)
+    # Fields packed together share their offsets and lengths tensors: measure those rows once.
+    # Each entry holds its rows, so that no id() in a key can be reused within this call.
+    measured: dict[tuple[int, int, int], tuple[list[int], int, JaggedRows]] = {}
+    for name, value in fields.items():
         if not is_nested(value):
             out[name] = value
             continue
-        values, offsets = jagged_parts(value)
-        rest = list(values.shape[1:])
-        shape_key = name + ROW_SHAPES_SUFFIX
-        if tags and shape_key in tags[0]:
-            rest = [int(d) for d in tags[0][shape_key][1:]]
-            for i, tag in enumerate(tags):
-                if [int(d) for d in tag[shape_key][1:]] != rest:
-                    raise ValueError(
-                        f"rows of {name!r} disagree on their shape: row {i} {tag[shape_key]}"
-                    )
-            per_token = math.prod(rest)
-            values, offsets = values.reshape(-1, *rest), offsets // per_token
-        width = int(offsets.diff().max()) if offsets.numel() > 1 else 0
+        rows = jagged_rows(value)
+        key = (id(rows.offsets), id(rows.lengths), rows.scale)
+        if key not in measured:
+            lengths = rows.item_lengths()
+            measured[key] = lengths, max(lengths, default=0), rows
+        lengths, longest, _ = measured[key]
+        rest = _tagged_row_rest(name, tags) or list(rows.rest)
+        per_token = math.prod(rest)
+        if per_token == 0:
+            raise ValueError(f"rows of {name!r} have an empty per-token shape {rest}")
+        if per_token != 1 and any(length % per_token for length in lengths):
+            raise ValueError(f"rows of {name!r} are not whole tokens of shape {rest}")
+        width = longest // per_token
         fill = pad_value_dict.get(name, 0)
         if name in _PER_ROW_FIELDS:
             fill = pad_value_dict.get(name, pad_value_dict.get("input_ids", 0))
-        out[name] = pad(values, offsets, width, fill)
+        padded = pad_rows(rows, width * per_token, fill)
+        out[name] = padded.view(len(lengths), width, *rest) if rest else padded
     return out
+
+
+def _tagged_row_rest(name: str, tags: Sequence[Mapping[str, Any]]) -> list[int]:
+    """Per-token shape of a packed field's rows from its `__row_shapes` tags, which must agree."""
+    shape_key = name + ROW_SHAPES_SUFFIX
+    if not tags or shape_key not in tags[0]:
+        return []
+    rest = [int(d) for d in tags[0][shape_key][1:]]
+    first = tags[0][shape_key][1:]
+    for i, tag in enumerate(tags):
+        # Raw comparison first (tags of one group are alike); normalize only when it fails.
+        shape = tag[shape_key][1:]
+        if shape != first and [int(d) for d in shape] != rest:
+            raise ValueError(f"rows of {name!r} disagree on their shape: row {i} {tag[shape_key]}")
+    return rest
 
 
 def _tensordict(fields: dict[str, torch.Tensor], n: int) -> TensorDict:

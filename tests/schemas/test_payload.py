@@ -291,3 +291,43 @@ def test_pack_without_input_ids_uses_the_longest_row_as_width():
     assert [r.tolist() for r in fields.get("scores").unbind()] == [[1.0, 2.0], [3.0, 4.0, 5.0]]
     out = unpack_payload(fields, tags, pad_value_dict={"scores": -1})
     assert torch.equal(out["scores"], batch["scores"])
+
+
+def test_pack_views_the_batch_but_keeps_its_own_row_lengths():
+    batch = {"input_lengths": torch.tensor([2, 3]), "input_ids": torch.arange(6).reshape(2, 3)}
+    _, fields, _ = pack_payload(batch, weight_version=0, group_id="g", prompt_idx=0)
+    batch["input_lengths"][0] = 3  # the caller reusing its tensor must not change packed rows
+    assert [r.tolist() for r in fields.get("input_ids").unbind()] == [[0, 1], [3, 4, 5]]
+
+
+def test_pack_rejects_violation_counts_for_another_number_of_rows():
+    batch = {"input_lengths": torch.tensor([2, 1]),
+             "input_ids": torch.zeros(2, 2, dtype=torch.int64),
+             "violation_counts": [{"num_invalid_tool_calls": 1}]}
+    with pytest.raises(ValueError, match=r"\['violation_counts'\] has 1 rows, not 2"):
+        pack_payload(batch, weight_version=0, group_id="g", prompt_idx=0)
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors is in prototype stage")
+def test_unpack_measures_each_field_of_the_older_nested_layout_on_its_own():
+    # Strided nested tensors are read row by row into temporary offsets; none may be taken for
+    # another field's even if Python reuses its address.
+    gen = torch.Generator().manual_seed(3)
+    expected, fields = {}, {}
+    for f in range(8):
+        lengths = torch.randint(1, 7, (2,), generator=gen).tolist()
+        rows = [torch.arange(n) + 10 * f for n in lengths]
+        fields[f"f{f}"] = torch.nested.nested_tensor(rows)
+        expected[f"f{f}"] = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True)
+    out = unpack_payload(fields, [{}, {}], pad_value_dict={})
+    for name, value in expected.items():
+        assert torch.equal(out[name], value), name
+
+
+def test_unpack_accepts_row_shapes_tags_as_tuples_or_lists():
+    batch = {"input_lengths": torch.tensor([1, 2]),
+             "experts": torch.arange(8, dtype=torch.int16).reshape(2, 2, 2)}
+    _, fields, tags = pack_payload(batch, weight_version=0, group_id="g", prompt_idx=0)
+    tags[1]["experts__row_shapes"] = tuple(tags[1]["experts__row_shapes"])
+    out = unpack_payload(fields, tags, pad_value_dict={})
+    assert out["experts"].tolist() == [[[0, 1], [0, 0]], [[4, 5], [6, 7]]]
