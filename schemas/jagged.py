@@ -26,6 +26,7 @@ except ImportError:  # pragma: no cover - no C compiler where this was installed
 # dtype -> same-width integer dtype numpy can hold (None: numpy takes it as it is).
 _NUMPY_VIEW: dict[torch.dtype, torch.dtype | None] = {}
 _FILL_ITEMS: dict[tuple[torch.dtype, str], bytes] = {}
+_ROW_STARTS: dict[tuple[int, int, torch.device], torch.Tensor] = {}
 _INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
@@ -77,8 +78,8 @@ def _fast_njt_builder():
 
     def ragged(offsets: torch.Tensor, lengths: torch.Tensor | None) -> _Ragged:
         size = get_tensor_symint(offsets if lengths is None else lengths, coeff=1)
-        # The same expressions as NestedTensor.__new__ for 1-D values (stride 1).
-        return _Ragged(offsets, lengths, (offsets.shape[0] - 1, size), (size * 1, 1))
+        # NestedTensor.__new__ gives 1-D values the strides (size * 1, 1); size * 1 is size.
+        return _Ragged(offsets, lengths, (offsets.shape[0] - 1, size), (size, 1))
 
     def build(values: torch.Tensor, r: _Ragged) -> torch.Tensor:
         njt = torch.Tensor._make_wrapper_subclass(
@@ -126,10 +127,8 @@ class JaggedLayout:
         key = (per_token, padded.device)
         rows = self._rows.get(key)
         if rows is None:
-            n, stride = padded.shape[0], self.width * per_token
+            offsets = _row_starts(padded.shape[0], self.width * per_token, padded.device)
             device = padded.device
-            offsets = torch.arange(0, (n + 1) * stride, stride, device=device) if stride else (
-                torch.zeros(n + 1, dtype=torch.int64, device=device))
             # Rows shorter than the stride leave gaps; TQ's put serializes each row on its own,
             # so the gaps are never copied and nothing needs cutting here.
             lengths = None if self.full else (
@@ -141,6 +140,20 @@ class JaggedLayout:
         if ragged is not None:
             return _FAST_NJT[1](values, ragged)
         return make_jagged(values, offsets, lengths)  # pragma: no cover
+
+
+def _row_starts(n: int, stride: int, device: torch.device) -> torch.Tensor:
+    """Offsets 0, stride, ..., n * stride, shared by every group of that shape (never mutated:
+    a full group's nested tensors take them as their ragged source, so groups share its size)."""
+    key = (n, stride, device)
+    starts = _ROW_STARTS.get(key)
+    if starts is None:
+        if len(_ROW_STARTS) >= 256:
+            _ROW_STARTS.clear()
+        starts = _ROW_STARTS[key] = (torch.arange(0, (n + 1) * stride, stride, device=device)
+                                     if stride else torch.zeros(n + 1, dtype=torch.int64,
+                                                                device=device))
+    return starts
 
 
 def is_nested(value: object) -> bool:
