@@ -40,7 +40,8 @@ def steady_allocator() -> bool:
     except OSError:
         return False
     m_trim_threshold, m_mmap_threshold = -1, -3
-    return bool(libc.mallopt(m_trim_threshold, 1 << 30) and libc.mallopt(m_mmap_threshold, 32 << 20))
+    return bool(libc.mallopt(m_trim_threshold, 1 << 30)
+                and libc.mallopt(m_mmap_threshold, 32 << 20))
 
 
 def _rate(fn, items: float, min_seconds: float) -> float:
@@ -145,7 +146,9 @@ def bench_pack(lengths: list[int], label: str) -> float:
     _, fields, tags = pack()
     mb = nbytes / 1e6
     seconds = _paired_seconds({
-        "cat": cat, "pack": pack, "unpack": lambda: unpack_payload(fields, tags, pad_value_dict=pad),
+        "cat": cat,
+        "pack": pack,
+        "unpack": lambda: unpack_payload(fields, tags, pad_value_dict=pad),
         "round trip": pack_unpack,
     })
     cat_s = seconds["cat"]
@@ -156,11 +159,13 @@ def bench_pack(lengths: list[int], label: str) -> float:
     back_to_back = [c / r for c, r in zip(cat_s, seconds["round trip"])]
     us = {name: _median(values) * 1e6 for name, values in seconds.items()}
     print(f"  {label}: {mb:.2f} MB in {len(rows)} token fields; medians of 9 rounds: "
-          f"torch.cat {us['cat']:.0f} us ({mb / us['cat'] * 1e6:,.0f} MB/s), pack {us['pack']:.0f} us, "
+          f"torch.cat {us['cat']:.0f} us ({mb / us['cat'] * 1e6:,.0f} MB/s), "
+          f"pack {us['pack']:.0f} us, "
           f"unpack {us['unpack']:.0f} us, back to back {us['round trip']:.0f} us")
     print(f"    pack + unpack {mb / (us['pack'] + us['unpack']) * 1e6:,.0f} MB/s: "
           f"{_median(separate):.1%} of the copy bound ({min(separate):.1%}..{max(separate):.1%}); "
-          f"back to back {_median(back_to_back):.1%} ({min(back_to_back):.1%}..{max(back_to_back):.1%})")
+          f"back to back {_median(back_to_back):.1%} "
+          f"({min(back_to_back):.1%}..{max(back_to_back):.1%})")
     return min(_median(separate), _median(back_to_back))
 
 

@@ -99,7 +99,8 @@ def _fast_njt_builder():
             public = _NestedTensor(values, offsets, lengths=lengths)
             same = (fast.shape == public.shape and fast.stride() == public.stride()
                     and fast.dtype == public.dtype and fast.layout == public.layout
-                    and [r.tolist() for r in fast.unbind()] == [r.tolist() for r in public.unbind()])
+                    and [r.tolist() for r in fast.unbind()]
+                    == [r.tolist() for r in public.unbind()])
             if not same:
                 return None
     except Exception:  # pragma: no cover - only on a torch whose internals moved
@@ -224,7 +225,7 @@ def pad_rows(rows: JaggedRows, row_width: int, fill: float) -> torch.Tensor:
 
 
 def stack_padded(rows: Sequence[torch.Tensor], width: int, fill: float) -> torch.Tensor:
-    """Tensors [L_i, *rest] of one dtype stacked into a new [N, width, *rest], padded with `fill`."""
+    """Tensors [L_i, *rest] of one dtype stacked into a new [N, width, *rest] padded with `fill`."""
     if not rows:
         raise ValueError("stack_padded needs at least one row")
     rest = tuple(rows[0].shape[1:])
@@ -260,7 +261,8 @@ def _pad_rows_fallback(rows: JaggedRows, out: torch.Tensor, fill: float) -> torc
         return out
     src = _as_numpy(rows.values)
     pad = _as_numpy(torch.full((row_width - min(lengths),), fill, dtype=out.dtype))
-    pieces = [piece for s, k in zip(starts, lengths) for piece in (src[s : s + k], pad[: row_width - k])]
+    pieces = [piece for s, k in zip(starts, lengths)
+              for piece in (src[s : s + k], pad[: row_width - k])]
     np.concatenate(pieces, out=_as_numpy(out).reshape(-1))
     return out
 
