@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import time
+from statistics import median
 
 import torch
 
@@ -68,10 +69,6 @@ def _paired_seconds(fns: dict, *, repeat: int = 9, min_seconds: float = 0.1) -> 
         for name, fn in fns.items():
             rounds[name].append(1 / _rate(fn, 1, min_seconds))
     return rounds
-
-
-def _median(values: list[float]) -> float:
-    return sorted(values)[len(values) // 2]
 
 
 def _receipt() -> Receipt:
@@ -157,16 +154,16 @@ def bench_pack(lengths: list[int], label: str) -> float:
     # each half evicting the other's caches. The target is judged on the worse of the two.
     separate = [c / (p + u) for c, p, u in zip(cat_s, seconds["pack"], seconds["unpack"])]
     back_to_back = [c / r for c, r in zip(cat_s, seconds["round trip"])]
-    us = {name: _median(values) * 1e6 for name, values in seconds.items()}
+    us = {name: median(values) * 1e6 for name, values in seconds.items()}
     print(f"  {label}: {mb:.2f} MB in {len(rows)} token fields; medians of 9 rounds: "
           f"torch.cat {us['cat']:.0f} us ({mb / us['cat'] * 1e6:,.0f} MB/s), "
           f"pack {us['pack']:.0f} us, "
           f"unpack {us['unpack']:.0f} us, back to back {us['round trip']:.0f} us")
     print(f"    pack + unpack {mb / (us['pack'] + us['unpack']) * 1e6:,.0f} MB/s: "
-          f"{_median(separate):.1%} of the copy bound ({min(separate):.1%}..{max(separate):.1%}); "
-          f"back to back {_median(back_to_back):.1%} "
+          f"{median(separate):.1%} of the copy bound ({min(separate):.1%}..{max(separate):.1%}); "
+          f"back to back {median(back_to_back):.1%} "
           f"({min(back_to_back):.1%}..{max(back_to_back):.1%})")
-    return min(_median(separate), _median(back_to_back))
+    return min(median(separate), median(back_to_back))
 
 
 def main() -> None:

@@ -53,7 +53,8 @@ def make_jagged(
 
 
 class _Ragged(NamedTuple):
-    """Everything but the values of a 1-D-rows NJT: what NestedTensor.__new__ derives per call."""
+    """Everything but the values of a 1-D-rows NJT: what NestedTensor.__new__ derives per call
+    (size and strides stay empty where the fast builder is unavailable)."""
 
     offsets: torch.Tensor
     lengths: torch.Tensor | None
@@ -119,28 +120,27 @@ class JaggedLayout:
     def __init__(self, lengths: torch.Tensor, width: int, *, full: bool) -> None:
         """`lengths` [N] int64 tokens per row; `full` says every one is `width`, so no gaps."""
         self.lengths, self.width, self.full = lengths, width, full
-        self._rows: dict[tuple, tuple[torch.Tensor, torch.Tensor | None, _Ragged | None]] = {}
+        self._rows: dict[tuple, _Ragged] = {}
 
     def view(self, padded: torch.Tensor) -> torch.Tensor:
         """Rows of `padded` cut to their lengths and flattened to 1-D, as a jagged view of the
         same memory (copied only if `padded` is not contiguous)."""
         per_token = math.prod(padded.shape[2:])
-        key = (per_token, padded.device)
-        rows = self._rows.get(key)
+        device = padded.device
+        rows = self._rows.get((per_token, device))
         if rows is None:
-            offsets = _row_starts(padded.shape[0], self.width * per_token, padded.device)
-            device = padded.device
+            offsets = _row_starts(padded.shape[0], self.width * per_token, device)
             # Rows shorter than the stride leave gaps; TQ's put serializes each row on its own,
             # so the gaps are never copied and nothing needs cutting here.
             lengths = None if self.full else (
                 self.lengths if per_token == 1 else self.lengths * per_token).to(device)
-            ragged = None if _FAST_NJT is None else _FAST_NJT[0](offsets, lengths)
-            rows = self._rows[key] = offsets, lengths, ragged
-        offsets, lengths, ragged = rows
+            rows = _FAST_NJT[0](offsets, lengths) if _FAST_NJT is not None else (
+                _Ragged(offsets, lengths, (), ()))
+            self._rows[(per_token, device)] = rows
         values = padded.contiguous().view(-1)  # the fast wrapper assumes unit stride
-        if ragged is not None:
-            return _FAST_NJT[1](values, ragged)
-        return make_jagged(values, offsets, lengths)  # pragma: no cover
+        if _FAST_NJT is not None:
+            return _FAST_NJT[1](values, rows)
+        return make_jagged(values, rows.offsets, rows.lengths)  # pragma: no cover
 
 
 def _row_starts(n: int, stride: int, device: torch.device) -> torch.Tensor:
