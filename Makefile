@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.rlstream-installed
 
-.PHONY: test demo bench jars clean-venv
+.PHONY: test test-unit lint demo bench jars clean-venv
 
 $(STAMP): pyproject.toml setup.py schemas/_rowcopy.c
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -18,6 +18,14 @@ jars: $(STAMP)
 
 test: jars
 	$(BIN)/python -m pytest -q -rs
+
+# Pure code only: no broker, no Ray.
+test-unit: $(STAMP)
+	$(BIN)/python -m pytest -q -rs tests/unit
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 demo: jars
 	$(BIN)/rlstream demo

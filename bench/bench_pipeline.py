@@ -24,13 +24,14 @@ from confluent_kafka import Consumer
 from schemas.finalized import FinalizedGroup
 from streams.broker import BrokerConfig, LocalBroker
 from streams.config import KafkaConfig
-from streams.topics import TopicNames, create_topics, pipeline_topics
+from streams.admin import create_topics
+from workers.topics import TopicNames, pipeline_topics
 from streams.tq import TRAIN, TQConfig, TQStore, init_tq, ray_address
-from workers.pool import worker_command
+from workers.reassembler.run import worker_command
 from streams.producer import AckedProducer, Outgoing
-from workers.publisher import RolloutPublisher, stage_rollouts
-from workers.reassembler import ReassemblerConfig
-from workers.synthetic import SyntheticShape, make_group
+from workers.rollout.publisher import RolloutPublisher, stage_rollouts
+from workers.reassembler.config import ReassemblerConfig
+from workers.rollout.synthetic import SyntheticShape, make_group
 
 # 256 prompt tokens + 4 answers of 412 + 3 observations of 48 = 2048 tokens per rollout.
 SHAPE = SyntheticShape(group_size=8, calls=(4, 4), prompt_len=(256, 256), answer_len=(412, 412),
@@ -65,8 +66,8 @@ def run_case(kafka: KafkaConfig, store: TQStore, workers: int, groups: int, rate
     create_topics(kafka, pipeline_topics(names, 4))
     arrivals = _Arrivals(kafka, names.finalized)
     arrivals.start()
-    procs = [subprocess.Popen(worker_command(kafka, ReassemblerConfig(topics=names, worker_id=f"b{i}",
-                                                                      group_id=f"bench.{names.prefix}"),
+    procs = [subprocess.Popen(worker_command(kafka, ReassemblerConfig(prefix=names.prefix, worker_id=f"b{i}",
+                                                                      consumer_group=f"bench.{names.prefix}"),
                                              ray_address()),
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for i in range(workers)]
     pub = RolloutPublisher(kafka, store, names.receipts)

@@ -1,9 +1,16 @@
-"""The one exception type that decoding and validating a wire message can raise."""
+"""rlstream's error base class, and the one exception type that decoding a wire message can raise."""
 
 from __future__ import annotations
 
 
-class SchemaError(ValueError):
+class RlstreamError(Exception):
+    """An expected failure with a reason for the user: the CLI prints it as one line, no traceback.
+
+    Anything else that escapes a command is a bug and keeps its traceback.
+    """
+
+
+class SchemaError(RlstreamError, ValueError):
     """A message failed to decode or validate: `path` names the field, `reason` says why."""
 
     def __init__(self, path: str, reason: str) -> None:

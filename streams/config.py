@@ -1,21 +1,48 @@
-"""Typed Kafka client configuration, passed in explicitly rather than read from the environment."""
+"""Kafka client configuration: where the cluster is and the client settings passed through.
+
+Passed in explicitly, never read from the environment here; `streams.settings` builds it from a
+file, `RLSTREAM_KAFKA_*` variables and flags. Its repr hides secret-looking settings so it can be
+logged.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Mapping
+import logging
+from typing import Annotated
+
+import msgspec
+from msgspec import Meta
+
+from streams.settings import ConfigError, Settings
+
+# librdkafka's own log lines go through Python logging under this name, never straight to stderr.
+CLIENT_LOGGER = "rlstream.kafka"
+_SECRET_WORDS = ("password", "secret", "token", "key")
 
 
-@dataclass(frozen=True)
-class KafkaConfig:
-    """Where the cluster is and any client settings to pass through (SASL, TLS, timeouts)."""
+def is_secret(setting: str) -> bool:
+    """Whether a client setting's value must never be printed (sasl.password, ssl.key.password, ...)."""
+    last = setting.lower().rsplit(".", 1)[-1]
+    return any(word in last for word in _SECRET_WORDS) and not last.endswith(("location", "id", "pem_file"))
 
-    bootstrap_servers: str
-    client_settings: Mapping[str, str] = field(default_factory=dict)
+
+class KafkaConfig(Settings, frozen=True, kw_only=False):
+    section = "kafka"
+
+    bootstrap_servers: Annotated[str, Meta(min_length=1, description="Kafka bootstrap servers, host:port[,...]")]
+    client_settings: Annotated[dict[str, str], Meta(
+        description="extra librdkafka settings for every client (SASL, TLS, ...)")] = {}
+
+    def __repr__(self) -> str:
+        shown = {k: ("***" if is_secret(k) else v) for k, v in self.client_settings.items()}
+        return f"KafkaConfig(bootstrap_servers={self.bootstrap_servers!r}, client_settings={shown!r})"
+
+    __str__ = __repr__
 
     def common(self) -> dict[str, object]:
         # Brokers closing idle connections is routine; librdkafka would log each one.
-        conf: dict[str, object] = {"bootstrap.servers": self.bootstrap_servers, "log.connection.close": False}
+        conf: dict[str, object] = {"bootstrap.servers": self.bootstrap_servers, "log.connection.close": False,
+                                   "logger": logging.getLogger(CLIENT_LOGGER)}
         conf.update(self.client_settings)
         return conf
 
@@ -48,12 +75,12 @@ class KafkaConfig:
         return conf
 
 
-def parse_client_settings(pairs: list[str] | None) -> dict[str, str]:
+def parse_client_settings(pairs: list[str] | tuple[str, ...] | None) -> dict[str, str]:
     """Turn repeated `key=value` command-line settings into a dict, naming a malformed one."""
     out: dict[str, str] = {}
     for pair in pairs or []:
         key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise ValueError(f"client setting {pair!r} is not of the form key=value")
+        if not sep or not key.strip():
+            raise ConfigError(f"client setting {pair.split('=')[0]!r}... is not of the form key=value")
         out[key.strip()] = value.strip()
     return out

@@ -1,0 +1,88 @@
+"""Topic administration over the admin API: idempotent creation, listing and partition counts.
+
+Generic: it knows nothing of the pipeline's own topics (see `workers.topics`)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from streams.config import KafkaConfig
+
+class TopicError(RuntimeError):
+    """A topic could not be created or described; the message names the topic."""
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    name: str
+    partitions: int
+    config: Mapping[str, str] = field(default_factory=dict)
+    replication_factor: int = 1
+
+
+def create_topics(kafka: KafkaConfig, specs: list[TopicSpec], *, timeout_s: float = 30.0) -> dict[str, str]:
+    """Create the topics that do not exist yet; returns name -> 'created' | 'exists'.
+
+    An existing topic whose partition count differs from the spec is an error: co-partitioning
+    of receipts and state depends on it.
+    """
+    admin = AdminClient(kafka.admin())
+    existing = admin.list_topics(timeout=timeout_s).topics
+    result: dict[str, str] = {}
+    to_create = []
+    for spec in specs:
+        if spec.name in existing:
+            have = len(existing[spec.name].partitions)
+            if have != spec.partitions:
+                raise TopicError(f"topic {spec.name} exists with {have} partitions, expected {spec.partitions}")
+            result[spec.name] = "exists"
+        else:
+            to_create.append(NewTopic(spec.name, num_partitions=spec.partitions,
+                                      replication_factor=spec.replication_factor, config=dict(spec.config)))
+    if to_create:
+        futures = admin.create_topics(to_create, operation_timeout=timeout_s, request_timeout=timeout_s)
+        for name, fut in futures.items():
+            try:
+                fut.result()
+                result[name] = "created"
+            except KafkaException as exc:
+                if exc.args[0].name() == "TOPIC_ALREADY_EXISTS":
+                    result[name] = "exists"
+                else:
+                    raise TopicError(f"creating topic {name} failed: {exc.args[0].str()}") from None
+    _wait_for_leaders(admin, [s.name for s in specs], timeout_s)
+    return result
+
+
+def _wait_for_leaders(admin: AdminClient, names: list[str], timeout_s: float) -> None:
+    # A freshly created topic has no leader for a moment; producing then fails with a retriable
+    # error that tests would see as flakiness.
+    deadline = time.monotonic() + timeout_s
+    while True:
+        md = admin.list_topics(timeout=timeout_s).topics
+        pending = [n for n in names if n not in md or md[n].error is not None
+                   or any(p.leader < 0 for p in md[n].partitions.values())]
+        if not pending:
+            return
+        if time.monotonic() > deadline:
+            raise TopicError(f"topics without a leader after {timeout_s:.0f}s: {', '.join(pending)}")
+        time.sleep(0.1)
+
+
+def list_topics(kafka: KafkaConfig, *, timeout_s: float = 10.0) -> dict[str, int]:
+    """Non-internal topic names and their partition counts."""
+    md = AdminClient(kafka.admin()).list_topics(timeout=timeout_s)
+    return {name: len(t.partitions) for name, t in sorted(md.topics.items()) if not name.startswith("__")}
+
+
+def partition_count(kafka: KafkaConfig, topic: str, *, timeout_s: float = 10.0) -> int:
+    md = AdminClient(kafka.admin()).list_topics(topic=topic, timeout=timeout_s)
+    t = md.topics.get(topic)
+    if t is None or t.error is not None:
+        raise TopicError(f"topic {topic} not found on {kafka.bootstrap_servers}")
+    return len(t.partitions)

@@ -1,0 +1,69 @@
+"""Shared, session-scoped integration fixtures: one real Kafka broker and one Ray/TQ for the whole suite."""
+
+from __future__ import annotations
+
+import gc
+import uuid
+from pathlib import Path
+
+import pytest
+
+from streams.broker import BrokerConfig, LocalBroker
+from streams.config import KafkaConfig
+from streams.admin import TopicSpec, create_topics
+
+
+@pytest.fixture(scope="session")
+def broker(tmp_path_factory) -> LocalBroker:
+    data_dir = Path(tmp_path_factory.mktemp("kafka"))
+    with LocalBroker(BrokerConfig(data_dir=data_dir)) as b:
+        yield b
+        # Destroy clients still held in reference cycles while the broker can still answer them;
+        # otherwise each logs connection errors until the interpreter exits.
+        gc.collect()
+
+
+@pytest.fixture(scope="session")
+def kafka(broker) -> KafkaConfig:
+    return KafkaConfig(broker.bootstrap_servers)
+
+
+@pytest.fixture(scope="session")
+def tq_session():
+    from streams.tq import TQConfig, init_tq
+
+    session = init_tq(TQConfig())
+    yield session
+    session.close()
+
+
+@pytest.fixture(scope="session")
+def tq_store(tq_session):
+    from streams.tq import TQStore
+
+    return TQStore()
+
+
+@pytest.fixture
+def unique() -> str:
+    """A short unique name, so tests sharing the session broker never share topics or groups."""
+    return uuid.uuid4().hex[:10]
+
+
+@pytest.fixture
+def make_topic(kafka, unique):
+    def make(name: str = "t", partitions: int = 1, **config: str) -> str:
+        topic = f"test.{unique}.{name}"
+        create_topics(kafka, [TopicSpec(topic, partitions, config)])
+        return topic
+
+    return make
+
+
+def pytest_collection_modifyitems(config, items):
+    # Everything under tests/integration talks to the real broker or Ray/TQ: mark it so
+    # `-m "not integration"` (make test-unit) leaves it out.
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(item.fspath).parents:
+            item.add_marker(pytest.mark.integration)

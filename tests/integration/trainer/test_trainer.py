@@ -1,0 +1,132 @@
+"""The trainer's consumer against the real broker and TQ: policies by weight version, restarts, tensors."""
+
+import random
+
+import pytest
+import torch
+
+from streams.tq import TRAIN
+from tests.integration.helpers import SMALL, drive, finalized_records, setup_topics
+from prometheus_client import CollectorRegistry
+
+from workers.telemetry.prometheus import TrainerMetrics
+from workers.trainer.policies import in_order, policy_by_name, windowed
+from workers.rollout.publisher import RolloutPublisher
+from workers.reassembler.config import ReassemblerConfig
+from workers.reassembler.worker import ReassemblerWorker
+from workers.rollout.synthetic import make_group
+from workers.trainer.consumer import ConsumerConfig, ExperienceConsumer
+
+VERSIONS = range(6)
+
+
+def _finalized_by_version(kafka, tq_store, unique, per_version=5):
+    """Groups produced by policies of versions 0..5, published shuffled and finalized by a real worker."""
+    names = setup_topics(kafka, f"tr-{unique}", partitions=3)
+    rollouts = [r for v in VERSIONS for i in range(per_version)
+                for r in make_group(f"v{v}-g{i}", 10 * v + i, v, shape=SMALL)]
+    random.Random(3).shuffle(rollouts)
+    pub = RolloutPublisher(kafka, tq_store, names.receipts)
+    pub.publish(rollouts)
+    pub.close()
+    worker = ReassemblerWorker(kafka, tq_store, ReassemblerConfig(prefix=names.prefix, worker_id="w",
+                                                                  consumer_group=f"re-{unique}"))
+    total = per_version * len(VERSIONS)
+    try:
+        drive([worker], lambda: len(finalized_records(kafka, names)) >= total, timeout_s=120)
+    finally:
+        worker.close()
+    return names, {r.group_id: r for r in finalized_records(kafka, names)}
+
+
+def test_windowed_never_yields_staler_than_bound_and_accounts_for_every_group(kafka, tq_store, unique):
+    names, finalized = _finalized_by_version(kafka, tq_store, unique)
+    yielded, evicted = [], []
+    metrics = TrainerMetrics(CollectorRegistry())
+    consumer = ExperienceConsumer(kafka, tq_store, ConsumerConfig(names, group_id=f"tr-{unique}"), windowed(1),
+                                  version=2, on_yield=lambda g, v: yielded.append((g.group_id, v - g.group_min_wv)),
+                                  on_evict=lambda g, v: evicted.append((g.group_id, v - g.group_min_wv)),
+                                  metrics=metrics)
+    try:
+        for version in (2, 3, 4, 5, 6):
+            consumer.set_version(version)
+            while (batch := consumer.next_batch(4, timeout_s=3.0)) is not None:
+                assert all(s <= 1 for s in batch.staleness)
+                assert batch.tensors["input_ids"].shape[0] == len(batch.sample_ids)
+                consumer.release(batch)
+    finally:
+        consumer.close()
+    assert yielded and evicted
+    assert all(s <= 1 for _, s in yielded)
+    assert all(s > 1 for _, s in evicted)
+    ids = [g for g, _ in yielded] + [g for g, _ in evicted]
+    assert sorted(ids) == sorted(finalized)
+    assert consumer.counts.yielded + consumer.counts.evicted_stale == len(finalized)
+    assert metrics.yielded._value.get() == len(yielded) and metrics.evicted._value.get() == len(evicted)
+    assert metrics.staleness._sum.get() == sum(max(0, s) for _, s in yielded)
+
+
+def test_in_order_never_yields_out_of_version_order(kafka, tq_store, unique):
+    names, finalized = _finalized_by_version(kafka, tq_store, unique, per_version=4)
+    order = []
+    consumer = ExperienceConsumer(kafka, tq_store, ConsumerConfig(names, group_id=f"tr-{unique}"), in_order(1),
+                                  on_yield=lambda g, v: order.append(g.group_min_wv))
+    try:
+        for version in VERSIONS:
+            consumer.set_version(version)
+            while (batch := consumer.next_batch(3, timeout_s=3.0)) is not None:
+                assert {g.group_min_wv for g in batch.groups} == {version}
+                consumer.release(batch)
+    finally:
+        consumer.close()
+    assert order == sorted(order) and len(order) > 0
+    assert consumer.counts.yielded + consumer.counts.evicted_stale == len(finalized)
+
+
+def test_restarted_consumer_resumes_with_nothing_lost_and_nothing_twice(kafka, tq_store, unique):
+    names, finalized = _finalized_by_version(kafka, tq_store, unique, per_version=4)
+    cfg = ConsumerConfig(names, group_id=f"tr-{unique}")
+    released = []
+    first = ExperienceConsumer(kafka, tq_store, cfg, policy_by_name("ready_first"), version=10)
+    try:
+        for _ in range(3):
+            batch = first.next_batch(3, timeout_s=10.0)
+            assert batch is not None
+            released += [g.group_id for g in batch.groups]
+            first.release(batch)
+        # Yielded but never released: the trainer died mid-step, so these must come back.
+        unreleased = first.next_batch(3, timeout_s=10.0)
+        assert unreleased is not None
+    finally:
+        first.close()
+    second = ExperienceConsumer(kafka, tq_store, cfg, policy_by_name("ready_first"), version=10)
+    try:
+        while (batch := second.next_batch(5, timeout_s=5.0)) is not None:
+            released += [g.group_id for g in batch.groups]
+            second.release(batch)
+    finally:
+        second.close()
+    assert sorted(released) == sorted(finalized)
+    assert set(g.group_id for g in unreleased.groups) <= set(released[9:])
+
+
+def test_batch_tensors_match_the_packed_rows_in_tq(kafka, tq_store, unique):
+    names, finalized = _finalized_by_version(kafka, tq_store, unique, per_version=2)
+    consumer = ExperienceConsumer(kafka, tq_store, ConsumerConfig(names, group_id=f"tr-{unique}"),
+                                  policy_by_name("ready_first"), version=10)
+    try:
+        batch = consumer.next_batch(3, timeout_s=10.0)
+        assert batch is not None
+        rows = tq_store.get(TRAIN, list(batch.sample_ids), select=["input_ids"])["input_ids"].unbind()
+        lengths = batch.tensors["input_lengths"].tolist()
+        for i, row in enumerate(rows):
+            assert torch.equal(batch.tensors["input_ids"][i, : lengths[i]], row)
+            assert (batch.tensors["input_ids"][i, lengths[i]:] == 0).all()
+        consumer.release(batch)
+    finally:
+        consumer.close()
+
+
+def test_unknown_policy_name_is_a_clear_error():
+    with pytest.raises(ValueError, match="unknown consumption policy 'newest'"):
+        policy_by_name("newest")

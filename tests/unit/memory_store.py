@@ -1,0 +1,57 @@
+"""A dict-backed `KVStore` for unit tests of pure logic; integration tests use the real TQ."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import torch
+from tensordict import TensorDict
+
+from streams.tq import MissingKeysError
+
+
+class InMemoryStore:
+    """KVStore over a dict, for unit tests of pure logic; integration tests use TQStore."""
+
+    def __init__(self) -> None:
+        self._rows: dict[str, dict[str, tuple[dict[str, torch.Tensor], dict[str, Any]]]] = {}
+
+    def put(self, partition: str, keys: Sequence[str], fields: TensorDict,
+            tags: Sequence[Mapping[str, Any]]) -> None:
+        part = self._rows.setdefault(partition, {})
+        for i, key in enumerate(keys):
+            row = {name: _row(fields.get(name), i).clone() for name in fields.keys()}
+            part[key] = (row, dict(tags[i]) if tags else {})
+
+    def get(self, partition: str, keys: Sequence[str], select: Sequence[str] | None = None) -> TensorDict:
+        part = self._rows.get(partition, {})
+        missing = [k for k in keys if k not in part]
+        if missing:
+            raise MissingKeysError(partition, missing)
+        names = list(select) if select is not None else list(part[keys[0]][0])
+        out: dict[str, torch.Tensor] = {}
+        for name in names:
+            rows = [part[k][0][name] for k in keys]
+            if all(r.shape == rows[0].shape for r in rows):
+                out[name] = torch.stack(rows)
+            else:
+                out[name] = torch.nested.nested_tensor(rows, layout=torch.jagged)
+        return TensorDict(out, batch_size=[len(keys)])
+
+    def present(self, partition: str, keys: Sequence[str]) -> set[str]:
+        part = self._rows.get(partition, {})
+        return {k for k in keys if k in part}
+
+    def list(self, partition: str) -> dict[str, dict[str, Any]]:
+        return {k: dict(tag) for k, (_, tag) in self._rows.get(partition, {}).items()}
+
+    def clear(self, partition: str, keys: Sequence[str]) -> None:
+        part = self._rows.get(partition, {})
+        for k in keys:
+            part.pop(k, None)
+
+
+def _row(value: torch.Tensor, i: int) -> torch.Tensor:
+    if value.is_nested:
+        return value.unbind()[i]
+    return value[i]

@@ -1,0 +1,141 @@
+"""The seed's Ray face: `RolloutReassemblerActor` and `create_rollout_reassembler_actors`.
+
+An actor owns a connect-only TQ client. It finalizes one metadata-only request at a time over RPC,
+runs TQ checkpoint commands owner-locally, and can run the Kafka worker loop, so a Ray pool of
+actors is a consumer group.
+"""
+
+from __future__ import annotations
+
+import importlib
+import threading
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import msgspec
+
+from schemas.errors import SchemaError
+from schemas.finalized import FinalizedGroup
+from schemas.metadata_guard import assert_metadata_only
+from schemas.receipt import Receipt
+from schemas.request import ReassemblyRequest, RolloutReassemblerActorConfig
+from streams.tq import TQConfig
+
+
+@dataclass(frozen=True)
+class DataPlaneConfig:
+    """How an actor reaches the data plane: the Ray/TQ address and what it must be able to import."""
+
+    tq: TQConfig = TQConfig()
+    required_modules: tuple[str, ...] = ("transfer_queue", "tensordict", "schemas.group_build", "workers.reassembler.finalize")
+
+
+class RolloutReassemblerActor:
+    """Own a connect-only TQ client and a lightweight finalizer in one process."""
+
+    def __init__(self, dp_config: DataPlaneConfig, config: RolloutReassemblerActorConfig):
+        self.dp_config = dp_config
+        self.config = config
+        self._store = None
+        self._stop = threading.Event()
+
+    def _tq(self):
+        if self._store is None:
+            from streams.tq import TQStore, init_tq
+
+            init_tq(self.dp_config.tq)
+            self._store = TQStore()
+        return self._store
+
+    def check_dependencies(self) -> None:
+        """Import the finalization API and attach to TQ before the controller starts rollouts."""
+        for name in self.dp_config.required_modules:
+            importlib.import_module(name)
+        self._tq()
+
+    def finalize(self, request: ReassemblyRequest) -> FinalizedGroup:
+        """Finalize one request without allowing tensor payloads across Ray RPC."""
+        assert_metadata_only(request, path="rpc")
+        from workers.reassembler.finalize import finalize_groups
+        from workers.reassembler.groups import OpenGroup
+
+        receipts = [_receipt(r, f"rpc.receipts[{i}]") for i, r in enumerate(request.receipts)]
+        group = OpenGroup(request.group_id, partition=-1, group_size=len(request.rollout_ids),
+                          prompt_idx=request.prompt_idx, first_offset=0, last_offset=0, first_seen_ms=0)
+        for i, r in enumerate(receipts):
+            if r is not None:
+                group.receipts[i] = r
+        (outcome,) = finalize_groups(self._tq(), [group], self.config, receipts_topic="rpc", now_ms=0)
+        if outcome.finalized is None:
+            raise ValueError(f"group {request.group_id}: {outcome.dead_letter_message}")
+        result = outcome.finalized
+        assert_metadata_only(result, path="result")
+        return result
+
+    def mooncake_checkpoint(self, body: dict[str, Any]) -> dict[str, Any] | None:
+        """Run an owner-local TQ checkpoint command ({"op": "save"|"load", "path": ...}); return metadata only."""
+        assert_metadata_only(body, path="body")
+        import transfer_queue as tq
+
+        self._tq()
+        op, path = body.get("op"), body.get("path")
+        if op not in ("save", "load") or not isinstance(path, str) or not path:
+            raise ValueError(f"checkpoint body needs op 'save' or 'load' and a path, got {body!r}")
+        if op == "save":
+            tq.save_checkpoint(path, metadata=body.get("metadata") or {})
+        else:
+            tq.load_checkpoint(path)
+        result = {"op": op, "path": path, "ok": True}
+        assert_metadata_only(result, path="result")
+        return result
+
+    def run_worker(self, kafka, worker_config) -> dict[str, Any]:
+        """Run the Kafka reassembler loop (a `ReassemblerConfig`) in this actor until `stop_worker`."""
+        from workers.reassembler.worker import ReassemblerWorker
+
+        self._stop.clear()
+        worker = ReassemblerWorker(kafka, self._tq(), worker_config)
+        stats = worker.run(self._stop)
+        return {"receipts": stats.receipts, "finalized": stats.finalized, "dead_letters": dict(stats.dead_letters),
+                "transactions": stats.transactions, "aborts": stats.aborts}
+
+    def stop_worker(self) -> None:
+        self._stop.set()
+
+
+def _receipt(value: dict | None, path: str) -> Receipt | None:
+    if value is None:
+        return None
+    try:
+        return msgspec.convert(value, Receipt)
+    except (msgspec.ValidationError, SchemaError) as exc:
+        raise SchemaError(path, str(exc)) from None
+
+
+def create_rollout_reassembler_actors(dp_config: DataPlaneConfig | Sequence[DataPlaneConfig],
+                                      config: RolloutReassemblerActorConfig, *, num_workers: int,
+                                      name_prefix: str | None = None) -> list[Any]:
+    """Construct and validate the pool after TQ partitions are registered; all or nothing.
+
+    `dp_config` may be one config for all actors or one per actor (e.g. per-node addresses);
+    with `name_prefix`, actor i is a named actor `<name_prefix>-<i>` that other processes can find.
+    """
+    if num_workers <= 0:
+        raise ValueError(f"num_workers must be > 0, got {num_workers}")
+    configs = [dp_config] * num_workers if isinstance(dp_config, DataPlaneConfig) else list(dp_config)
+    if len(configs) != num_workers:
+        raise ValueError(f"got {len(configs)} data-plane configs for num_workers={num_workers}")
+    import ray
+
+    remote_cls = ray.remote(num_cpus=1, max_concurrency=4)(RolloutReassemblerActor)
+    actors: list[Any] = []
+    try:
+        for i, c in enumerate(configs):
+            opts = {"name": f"{name_prefix}-{i}"} if name_prefix else {}
+            actors.append(remote_cls.options(**opts).remote(c, config))
+        ray.get([a.check_dependencies.remote() for a in actors])
+    except BaseException:
+        for a in actors:
+            ray.kill(a, no_restart=True)
+        raise
+    return actors

@@ -1,0 +1,124 @@
+"""Finalization of ready groups: one batched fetch from TQ staging, the pure build, an idempotent put to TQ train."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+import torch
+
+from schemas.deadletter import ALL_ROLLOUTS_FAILED, INCONSISTENT_GROUP
+from schemas.finalized import FinalizedGroup, SourceRange
+from schemas.group_build import GroupBuild, build_group
+from schemas.request import RolloutReassemblerActorConfig
+from streams.tq import KVStore, MissingKeysError
+from workers.reassembler.groups import OpenGroup
+from workers.rollout.publisher import ROUTED_EXPERTS, SEGMENT_FIELDS
+
+Segments = dict[str, dict[str, torch.Tensor]]
+
+
+@dataclass(frozen=True)
+class GroupOutcome:
+    """What finalizing one group produced: a finalized record, or the reason it goes to the dead-letter topic."""
+
+    group: OpenGroup
+    finalized: FinalizedGroup | None
+    dead_letter_kind: str | None
+    dead_letter_message: str | None
+    staging_keys: tuple[str, ...]
+
+
+def fetch_segments(store: KVStore, staging_partition: str, keys: Sequence[str], *,
+                   routed_experts: bool = False) -> Segments:
+    """One batched get of the staged call deltas; absent keys are simply missing from the result."""
+    keys = list(dict.fromkeys(keys))
+    if not keys:
+        return {}
+    select = list(SEGMENT_FIELDS) + ([ROUTED_EXPERTS] if routed_experts else [])
+    try:
+        td = store.get(staging_partition, keys, select=select)
+    except MissingKeysError as exc:
+        missing = set(exc.missing)
+        keys = [k for k in keys if k not in missing]
+        if not keys:
+            return {}
+        td = store.get(staging_partition, keys, select=select)
+    columns = {name: tensor_rows(td.get(name)) for name in select}
+    out: Segments = {}
+    for i, key in enumerate(keys):
+        seg = {name: columns[name][i] for name in SEGMENT_FIELDS}
+        if routed_experts:
+            seg[ROUTED_EXPERTS] = _unflatten_experts(columns[ROUTED_EXPERTS][i], seg["token_ids"].numel())
+        out[key] = seg
+    return out
+
+
+def _unflatten_experts(flat: torch.Tensor, tokens: int) -> torch.Tensor:
+    """Routed experts are staged flattened; each token has the same number of them."""
+    if tokens == 0 or flat.numel() % tokens:
+        return flat  # left 1-D: linearize rejects the row as invalid_staging_row
+    return flat.reshape(tokens, -1)
+
+
+def tensor_rows(value: torch.Tensor) -> list[torch.Tensor]:
+    """The rows of a batched field as a list, whether TQ returned it jagged or dense."""
+    return list(value.unbind()) if value.is_nested else list(value)
+
+
+def _source(group: OpenGroup, topic: str) -> SourceRange | None:
+    if group.partition < 0:  # finalized over RPC, not from a receipts partition
+        return None
+    return SourceRange(topic=topic, partition=group.partition, first_offset=group.first_offset,
+                       last_offset=group.last_offset)
+
+
+def _finalized_record(group: OpenGroup, build: GroupBuild, config: RolloutReassemblerActorConfig,
+                      topic: str, metrics: Mapping[str, float]) -> FinalizedGroup:
+    return FinalizedGroup(
+        group_id=group.group_id, prompt_idx=group.prompt_idx, partition_id=config.partition_id,
+        sample_ids=tuple(build.sample_ids), tags=tuple(build.tags), group_min_wv=build.group_min_wv,
+        group_max_wv=build.group_max_wv, canonical_output_tokens=build.canonical_output_tokens,
+        valid_row_count=build.valid_row_count, total_row_count=build.total_row_count,
+        rejection_reasons=tuple(build.rejection_reasons), dropped=False, drop_reason=None,
+        metrics=dict(metrics), source=_source(group, topic), finalized_at_ms=int(time.time() * 1000))
+
+
+def build_one(group: OpenGroup, segments: Segments, config: RolloutReassemblerActorConfig) -> GroupBuild:
+    receipts = group.by_index()
+    present = [r for r in receipts if r is not None]
+    loss_multiplier = present[0].loss_multiplier if present else 1.0
+    versions = [c.weight_version for r in present for c in r.manifest]
+    return build_group(group_id=group.group_id, prompt_idx=group.prompt_idx, group_size=group.group_size,
+                       receipts=receipts, segments=segments, config=config,
+                       fallback_weight_version=min(versions) if versions else 0,
+                       loss_multiplier=loss_multiplier)
+
+
+def finalize_groups(store: KVStore, groups: Sequence[OpenGroup], config: RolloutReassemblerActorConfig,
+                    *, receipts_topic: str, now_ms: int) -> list[GroupOutcome]:
+    """Finalize ready groups; rows go to TQ train now, staging is cleared by the caller after commit."""
+    t0 = time.perf_counter()
+    keys = [k for g in groups for k in g.staging_keys()]
+    segments = fetch_segments(store, config.staging_partition, keys, routed_experts=config.router_replay_enabled)
+    fetch_ms = (time.perf_counter() - t0) * 1000.0
+    outcomes = []
+    for group in groups:
+        t1 = time.perf_counter()
+        build = build_one(group, segments, config)
+        staging = tuple(dict.fromkeys(group.staging_keys()))
+        if build.valid_row_count == 0:
+            reasons = sorted({r for r in build.rejection_reasons if r})
+            kind = ALL_ROLLOUTS_FAILED if reasons == ["rollout_failed"] else INCONSISTENT_GROUP
+            outcomes.append(GroupOutcome(group, None, kind,
+                                         f"group {group.group_id}: no valid row ({', '.join(reasons)})", staging))
+            continue
+        store.put(config.partition_id, build.sample_ids, build.fields, build.tags)
+        metrics = {"fetch_ms": fetch_ms, "build_put_ms": (time.perf_counter() - t1) * 1000.0,
+                   "receipts": float(len(group.receipts)),
+                   "timed_out": float(not group.complete),
+                   "open_ms": float(max(0, now_ms - group.first_seen_ms))}
+        outcomes.append(GroupOutcome(group, _finalized_record(group, build, config, receipts_topic, metrics),
+                                     None, None, staging))
+    return outcomes

@@ -1,0 +1,96 @@
+"""What the pipeline reports, behind one interface per role with a do-nothing default.
+
+Workers call their sensor unconditionally; what happens to a reading is the sensor's business:
+`ReassemblerStats` keeps the totals behind the rate line and the actor's return value, the
+Prometheus sensors (`workers.telemetry.prometheus`) feed `/metrics`, and `fan_out` combines them.
+Nothing here keeps per-event history: every reading folds into a fixed-size total.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+
+class ReassemblerSensor:
+    """Readings of a reassembler worker; the base class ignores them all."""
+
+    def on_receipts(self, n: int) -> None:
+        """`n` receipt records were consumed."""
+
+    def on_commit(self, *, seconds: float, finalized: int, dead_letters: Mapping[str, int]) -> None:
+        """A step's transaction committed, with how long the step took and what it emitted."""
+
+    def on_abort(self) -> None:
+        """A step's transaction failed; the worker rebuilt from committed state."""
+
+    def on_open_groups(self, n: int, *, paused: bool) -> None:
+        """Open prompt groups after a step, and whether fetching is paused for backpressure."""
+
+    def on_lag(self, topic: str, lags: Mapping[int, int]) -> None:
+        """Records between the worker's position and the end, per assigned partition (others dropped)."""
+
+
+class TrainerSensor:
+    """Readings of the trainer's experience consumer; the base class ignores them all."""
+
+    def on_yield(self, version: int, group_min_wv: int) -> None:
+        """A prompt group was handed to the trainer at weight version `version`."""
+
+    def on_evict(self, n: int = 1) -> None:
+        """Groups dropped (or routed to replay) as too stale."""
+
+    def on_duplicate(self, n: int = 1) -> None:
+        """Finalized records dropped because their prompt group was already taken in."""
+
+
+class ReassemblerStats(ReassemblerSensor):
+    """Running totals of one worker: what the rate line prints and the actor returns."""
+
+    def __init__(self) -> None:
+        self.receipts = 0
+        self.finalized = 0
+        self.dead_letters: dict[str, int] = {}
+        self.transactions = 0
+        self.aborts = 0
+        self.open_groups = 0
+        self.paused = False
+        self.commit_seconds_total = 0.0
+
+    def on_receipts(self, n: int) -> None:
+        self.receipts += n
+
+    def on_commit(self, *, seconds: float, finalized: int, dead_letters: Mapping[str, int]) -> None:
+        self.transactions += 1
+        self.finalized += finalized
+        self.commit_seconds_total += seconds
+        for kind, n in dead_letters.items():
+            self.dead_letters[kind] = self.dead_letters.get(kind, 0) + n
+
+    def on_abort(self) -> None:
+        self.aborts += 1
+
+    def on_open_groups(self, n: int, *, paused: bool) -> None:
+        self.open_groups, self.paused = n, paused
+
+    def snapshot(self) -> dict[str, object]:
+        """Plain totals (what a Ray actor returns)."""
+        return {"receipts": self.receipts, "finalized": self.finalized, "dead_letters": dict(self.dead_letters),
+                "transactions": self.transactions, "aborts": self.aborts, "open_groups": self.open_groups}
+
+
+class _FanOut:
+    def __init__(self, sensors) -> None:
+        self._sensors = tuple(sensors)
+
+    def __getattr__(self, name: str):
+        calls = [getattr(s, name) for s in self._sensors]
+
+        def call(*args, **kwargs) -> None:
+            for c in calls:
+                c(*args, **kwargs)
+        return call
+
+
+def fan_out(*sensors):
+    """One sensor that passes every reading to each of `sensors` (of one role)."""
+    return sensors[0] if len(sensors) == 1 else _FanOut(sensors)

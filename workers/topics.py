@@ -1,0 +1,144 @@
+"""The pipeline's topics: their names under a prefix, their specs, and what a record of each holds.
+
+A record's role comes from its topic name, and its value is decoded as that role's message.
+
+A pipeline topic's role comes from its name suffix; a replay topic (`[prefix.]replay.<name>`) may hold
+a slice of any of them, so its values are recognised by the `"kind"` every message carries.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import msgspec
+
+from schemas.codec import Message
+from schemas.deadletter import DeadLetter
+from schemas.errors import SchemaError
+from schemas.finalized import FinalizedGroup
+from schemas.receipt import Receipt
+from schemas.state import GroupState
+from streams.admin import TopicSpec
+
+RECEIPTS = "rollout.receipts"
+FINALIZED = "experience.finalized"
+DEADLETTER = "experience.deadletter"
+STATE = "reassembler.state"
+REPLAY_PREFIX = "replay."
+
+
+@dataclass(frozen=True)
+class TopicNames:
+    """The pipeline's topic names under a prefix, so several runs can share one cluster."""
+
+    prefix: str = ""
+
+    def _p(self, name: str) -> str:
+        return f"{self.prefix}.{name}" if self.prefix else name
+
+    @property
+    def receipts(self) -> str:
+        return self._p(RECEIPTS)
+
+    @property
+    def finalized(self) -> str:
+        return self._p(FINALIZED)
+
+    @property
+    def deadletter(self) -> str:
+        return self._p(DEADLETTER)
+
+    @property
+    def state(self) -> str:
+        return self._p(STATE)
+
+    def replay(self, name: str) -> str:
+        return self._p(REPLAY_PREFIX + name)
+
+
+def pipeline_topics(names: TopicNames, partitions: int = 4, replication_factor: int = 1) -> list[TopicSpec]:
+    """Receipts, finalized, dead-letter and the state changelog (compacted, co-partitioned with receipts)."""
+    if partitions < 1:
+        raise ValueError(f"partitions must be >= 1, got {partitions}")
+    return [
+        TopicSpec(names.receipts, partitions, replication_factor=replication_factor),
+        TopicSpec(names.finalized, partitions, replication_factor=replication_factor),
+        TopicSpec(names.deadletter, 1, replication_factor=replication_factor),
+        TopicSpec(names.state, partitions, {"cleanup.policy": "compact", "min.cleanable.dirty.ratio": "0.1",
+                                            "segment.ms": "60000"}, replication_factor=replication_factor),
+    ]
+
+
+RECEIPTS_ROLE, FINALIZED_ROLE, DEADLETTER_ROLE, STATE_ROLE = "receipts", "finalized", "deadletter", "state"
+_SUFFIXES = {RECEIPTS: RECEIPTS_ROLE, FINALIZED: FINALIZED_ROLE, DEADLETTER: DEADLETTER_ROLE, STATE: STATE_ROLE}
+_BY_ROLE: dict[str, type[Message]] = {RECEIPTS_ROLE: Receipt, FINALIZED_ROLE: FinalizedGroup,
+                                      DEADLETTER_ROLE: DeadLetter, STATE_ROLE: GroupState}
+_BY_KIND: dict[str, type[Message]] = {cls.kind(): cls for cls in _BY_ROLE.values()}
+
+
+class _Kind(msgspec.Struct):
+    kind: str = ""
+
+
+_KIND = msgspec.msgpack.Decoder(_Kind)
+
+
+def is_replay_topic(topic: str) -> bool:
+    return topic.startswith(REPLAY_PREFIX) or f".{REPLAY_PREFIX}" in topic
+
+
+def topic_role(topic: str) -> str | None:
+    """'receipts' | 'finalized' | 'deadletter' | 'state' from the name; None for replay or unknown topics."""
+    if is_replay_topic(topic):
+        return None
+    for suffix, role in _SUFFIXES.items():
+        if topic == suffix or topic.endswith("." + suffix):
+            return role
+    return None
+
+
+def sniff_kind(value: bytes | None) -> str | None:
+    """The message kind a MessagePack value says it is, or None when it is not one of ours."""
+    if not value:
+        return None
+    try:
+        return _KIND.decode(value).kind or None
+    except Exception:  # noqa: BLE001 - garbage is a normal input here (poison receipts)
+        return None
+
+
+def decode_value(value: bytes | None, role: str | None = None) -> Message:
+    """Decode a record value as its role's message (sniffing the kind when role is None); SchemaError if not."""
+    if value is None:
+        raise SchemaError("record", "empty value (tombstone)")
+    cls = _BY_ROLE.get(role) if role else _BY_KIND.get(sniff_kind(value) or "")
+    if cls is None:
+        raise SchemaError("record", f"not an rlstream message (kind {sniff_kind(value)!r})")
+    return cls.from_bytes(value)
+
+
+def message_group_id(msg: Message) -> str | None:
+    """The prompt group a message is about (a dead letter: the group of its original receipt, if any)."""
+    if isinstance(msg, (Receipt, FinalizedGroup, GroupState)):
+        return msg.group_id
+    if isinstance(msg, DeadLetter):
+        try:
+            return Receipt.from_bytes(msg.original).group_id
+        except SchemaError:
+            return msg.source_key.decode(errors="replace") if msg.source_key else None
+    return None
+
+
+def message_weight_versions(msg: Message) -> tuple[int, int] | None:
+    """(lowest, highest) policy weight version a message carries, or None when it carries none."""
+    if isinstance(msg, FinalizedGroup):
+        return msg.group_min_wv, msg.group_max_wv
+    if isinstance(msg, Receipt):
+        versions = [c.weight_version for c in msg.manifest]
+        return (min(versions), max(versions)) if versions else None
+    if isinstance(msg, DeadLetter):
+        try:
+            return message_weight_versions(Receipt.from_bytes(msg.original))
+        except SchemaError:
+            return None
+    return None
