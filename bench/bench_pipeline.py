@@ -22,20 +22,21 @@ from pathlib import Path
 from confluent_kafka import Consumer
 
 from schemas.finalized import FinalizedGroup
+from streams.admin import create_topics
 from streams.broker import BrokerConfig, LocalBroker
 from streams.config import KafkaConfig
-from streams.admin import create_topics
-from workers.topics import TopicNames, pipeline_topics
-from streams.tq import TRAIN, TQConfig, TQStore, init_tq, ray_address
-from workers.reassembler.run import worker_command
 from streams.producer import AckedProducer, Outgoing
-from workers.rollout.publisher import RolloutPublisher, stage_rollouts
+from streams.tq import TRAIN, TQConfig, TQStore, init_tq, ray_address
 from workers.reassembler.config import ReassemblerConfig
+from workers.reassembler.run import worker_command
+from workers.rollout.publisher import RolloutPublisher, stage_rollouts
 from workers.rollout.synthetic import SyntheticShape, make_group
+from workers.topics import TopicNames, pipeline_topics
 
 # 256 prompt tokens + 4 answers of 412 + 3 observations of 48 = 2048 tokens per rollout.
-SHAPE = SyntheticShape(group_size=8, calls=(4, 4), prompt_len=(256, 256), answer_len=(412, 412),
-                       observation_len=(48, 48))
+SHAPE = SyntheticShape(
+    group_size=8, calls=(4, 4), prompt_len=(256, 256), answer_len=(412, 412), observation_len=(48, 48)
+)
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -66,10 +67,18 @@ def run_case(kafka: KafkaConfig, store: TQStore, workers: int, groups: int, rate
     create_topics(kafka, pipeline_topics(names, 4))
     arrivals = _Arrivals(kafka, names.finalized)
     arrivals.start()
-    procs = [subprocess.Popen(worker_command(kafka, ReassemblerConfig(prefix=names.prefix, worker_id=f"b{i}",
-                                                                      consumer_group=f"bench.{names.prefix}"),
-                                             ray_address()),
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for i in range(workers)]
+    procs = [
+        subprocess.Popen(
+            worker_command(
+                kafka,
+                ReassemblerConfig(prefix=names.prefix, worker_id=f"b{i}", consumer_group=f"bench.{names.prefix}"),
+                ray_address(),
+            ),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for i in range(workers)
+    ]
     pub = RolloutPublisher(kafka, store, names.receipts)
     try:
         # Warm-up group: excludes process start, Ray attach and the first rebalance from the figures.
@@ -80,8 +89,9 @@ def run_case(kafka: KafkaConfig, store: TQStore, workers: int, groups: int, rate
         backlog = [r for i in range(groups) for r in make_group(f"t{i:04d}", i, 1, shape=SHAPE)]
         stage_rollouts(store, backlog)
         t0 = time.time()
-        AckedProducer(kafka).send([Outgoing(names.receipts, r.receipt.group_id.encode(), r.receipt.to_bytes())
-                                   for r in backlog])
+        AckedProducer(kafka).send(
+            [Outgoing(names.receipts, r.receipt.group_id.encode(), r.receipt.to_bytes()) for r in backlog]
+        )
         drained = [f"t{i:04d}" for i in range(groups)]
         while any(g not in arrivals.seen for g in drained):
             time.sleep(0.05)
@@ -106,9 +116,15 @@ def run_case(kafka: KafkaConfig, store: TQStore, workers: int, groups: int, rate
     latencies = [(arrivals.seen[g] - acked[g]) * 1000 for g in acked]
     tokens = groups * SHAPE.group_size * 2048
     store.clear(TRAIN, [f"{g}_g{i}" for g in list(acked) + drained + ["warmup"] for i in range(8)])
-    return {"workers": workers, "groups": groups, "seconds": drain_s, "groups_per_s": groups / drain_s,
-            "tokens_per_s": tokens / drain_s, "p50_ms": _percentile(latencies, 0.5),
-            "p99_ms": _percentile(latencies, 0.99)}
+    return {
+        "workers": workers,
+        "groups": groups,
+        "seconds": drain_s,
+        "groups_per_s": groups / drain_s,
+        "tokens_per_s": tokens / drain_s,
+        "p50_ms": _percentile(latencies, 0.5),
+        "p99_ms": _percentile(latencies, 0.99),
+    }
 
 
 def main() -> None:
@@ -124,12 +140,16 @@ def main() -> None:
             rows = [run_case(kafka, store, w, args.groups, args.rate) for w in (1, 2)]
         finally:
             session.close()
-    print(f"\nreassembler end to end: groups of 8 rollouts x 2048 tokens (4 calls), 4 partitions; "
-          f"throughput = drain of {args.groups} staged groups, latency at {args.rate} groups/s")
+    print(
+        f"\nreassembler end to end: groups of 8 rollouts x 2048 tokens (4 calls), 4 partitions; "
+        f"throughput = drain of {args.groups} staged groups, latency at {args.rate} groups/s"
+    )
     print(f"{'workers':>8} {'groups/s':>10} {'tokens/s':>12} {'p50 ms':>9} {'p99 ms':>9} {'drain s':>8}")
     for r in rows:
-        print(f"{r['workers']:>8} {r['groups_per_s']:>10.1f} {r['tokens_per_s']:>12,.0f} {r['p50_ms']:>9.1f} "
-              f"{r['p99_ms']:>9.1f} {r['seconds']:>8.1f}")
+        print(
+            f"{r['workers']:>8} {r['groups_per_s']:>10.1f} {r['tokens_per_s']:>12,.0f} {r['p50_ms']:>9.1f} "
+            f"{r['p99_ms']:>9.1f} {r['seconds']:>8.1f}"
+        )
     print(f"2 workers / 1 worker throughput ratio: {rows[1]['groups_per_s'] / rows[0]['groups_per_s']:.2f}")
 
 

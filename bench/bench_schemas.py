@@ -41,8 +41,7 @@ def steady_allocator() -> bool:
     except OSError:
         return False
     m_trim_threshold, m_mmap_threshold = -1, -3
-    return bool(libc.mallopt(m_trim_threshold, 1 << 30)
-                and libc.mallopt(m_mmap_threshold, 32 << 20))
+    return bool(libc.mallopt(m_trim_threshold, 1 << 30) and libc.mallopt(m_mmap_threshold, 32 << 20))
 
 
 def _rate(fn, items: float, min_seconds: float) -> float:
@@ -89,9 +88,17 @@ def _receipt() -> Receipt:
         )
         prev += 300
     return Receipt(
-        rollout_id="rollout-0001", group_id="group-000042", prompt_idx=42, rollout_index=3,
-        group_size=16, reward=0.75, mask_sample=True, loss_multiplier=1.0,
-        environment="math", failure_reason=None, manifest=tuple(calls),
+        rollout_id="rollout-0001",
+        group_id="group-000042",
+        prompt_idx=42,
+        rollout_index=3,
+        group_size=16,
+        reward=0.75,
+        mask_sample=True,
+        loss_multiplier=1.0,
+        environment="math",
+        failure_reason=None,
+        manifest=tuple(calls),
     )
 
 
@@ -108,24 +115,29 @@ def _train_batch(lengths: list[int]) -> dict:
     for length in lengths:
         gen = length - PROMPT_LEN
         log = [
-            {"role": "user", "token_ids": prompt,
-             "routed_experts": torch.randint(0, 64, (PROMPT_LEN, EXPERTS_K), dtype=torch.int16)},
-            {"role": "assistant", "token_ids": torch.randint(0, 150_000, (gen,)),
-             "generation_logprobs": -torch.rand(gen),
-             "routed_experts": torch.randint(0, 64, (gen, EXPERTS_K), dtype=torch.int16)},
+            {
+                "role": "user",
+                "token_ids": prompt,
+                "routed_experts": torch.randint(0, 64, (PROMPT_LEN, EXPERTS_K), dtype=torch.int16),
+            },
+            {
+                "role": "assistant",
+                "token_ids": torch.randint(0, 150_000, (gen,)),
+                "generation_logprobs": -torch.rand(gen),
+                "routed_experts": torch.randint(0, 64, (gen, EXPERTS_K), dtype=torch.int16),
+            },
         ]
         completions.append(Completion(log, 1.0, False, True))
     record = PromptGroupRecord(prompt, tuple(completions))
-    return record_to_train_batch(
-        record, pad_value_dict={"input_ids": 0}, include_message_violation_fields=True
-    )
+    return record_to_train_batch(record, pad_value_dict={"input_ids": 0}, include_message_violation_fields=True)
 
 
 def bench_pack(lengths: list[int], label: str) -> float:
     batch = _train_batch(lengths)
     pad = {"input_ids": 0}
-    token_fields = [k for k, v in batch.items()
-                    if isinstance(v, torch.Tensor) and v.dim() >= 2 and k != "prompt_ids_for_adv"]
+    token_fields = [
+        k for k, v in batch.items() if isinstance(v, torch.Tensor) and v.dim() >= 2 and k != "prompt_ids_for_adv"
+    ]
     rows = {k: [batch[k][i, : lengths[i]] for i in range(len(lengths))] for k in token_fields}
     nbytes = sum(r.numel() * r.element_size() for parts in rows.values() for r in parts)
 
@@ -142,12 +154,14 @@ def bench_pack(lengths: list[int], label: str) -> float:
 
     _, fields, tags = pack()
     mb = nbytes / 1e6
-    seconds = _paired_seconds({
-        "cat": cat,
-        "pack": pack,
-        "unpack": lambda: unpack_payload(fields, tags, pad_value_dict=pad),
-        "round trip": pack_unpack,
-    })
+    seconds = _paired_seconds(
+        {
+            "cat": cat,
+            "pack": pack,
+            "unpack": lambda: unpack_payload(fields, tags, pad_value_dict=pad),
+            "round trip": pack_unpack,
+        }
+    )
     cat_s = seconds["cat"]
     # In the pipeline pack runs in a reassembler and unpack in the trainer, each in its own
     # process: hence their summed times. A back-to-back round trip on one core also pays for
@@ -155,14 +169,18 @@ def bench_pack(lengths: list[int], label: str) -> float:
     separate = [c / (p + u) for c, p, u in zip(cat_s, seconds["pack"], seconds["unpack"])]
     back_to_back = [c / r for c, r in zip(cat_s, seconds["round trip"])]
     us = {name: median(values) * 1e6 for name, values in seconds.items()}
-    print(f"  {label}: {mb:.2f} MB in {len(rows)} token fields; medians of 9 rounds: "
-          f"torch.cat {us['cat']:.0f} us ({mb / us['cat'] * 1e6:,.0f} MB/s), "
-          f"pack {us['pack']:.0f} us, "
-          f"unpack {us['unpack']:.0f} us, back to back {us['round trip']:.0f} us")
-    print(f"    pack + unpack {mb / (us['pack'] + us['unpack']) * 1e6:,.0f} MB/s: "
-          f"{median(separate):.1%} of the copy bound ({min(separate):.1%}..{max(separate):.1%}); "
-          f"back to back {median(back_to_back):.1%} "
-          f"({min(back_to_back):.1%}..{max(back_to_back):.1%})")
+    print(
+        f"  {label}: {mb:.2f} MB in {len(rows)} token fields; medians of 9 rounds: "
+        f"torch.cat {us['cat']:.0f} us ({mb / us['cat'] * 1e6:,.0f} MB/s), "
+        f"pack {us['pack']:.0f} us, "
+        f"unpack {us['unpack']:.0f} us, back to back {us['round trip']:.0f} us"
+    )
+    print(
+        f"    pack + unpack {mb / (us['pack'] + us['unpack']) * 1e6:,.0f} MB/s: "
+        f"{median(separate):.1%} of the copy bound ({min(separate):.1%}..{max(separate):.1%}); "
+        f"back to back {median(back_to_back):.1%} "
+        f"({min(back_to_back):.1%}..{max(back_to_back):.1%})"
+    )
     return min(median(separate), median(back_to_back))
 
 
@@ -170,17 +188,21 @@ def main() -> None:
     torch.set_num_threads(1)
     print(f"glibc heap kept between calls: {'yes' if steady_allocator() else 'no (not glibc)'}")
     rate = bench_receipts()
-    print(f"receipt (4-call manifest) encode+decode: {rate:,.0f} round trips/s "
-          f"(target {RECEIPT_TARGET:,}: {'met' if rate >= RECEIPT_TARGET else 'NOT met'})")
-    print(f"pack + unpack of {GROUP_SIZE} rollouts x {SEQ_LEN} tokens "
-          f"(routed experts k={EXPERTS_K}):")
+    print(
+        f"receipt (4-call manifest) encode+decode: {rate:,.0f} round trips/s "
+        f"(target {RECEIPT_TARGET:,}: {'met' if rate >= RECEIPT_TARGET else 'NOT met'})"
+    )
+    print(f"pack + unpack of {GROUP_SIZE} rollouts x {SEQ_LEN} tokens (routed experts k={EXPERTS_K}):")
     full = [SEQ_LEN] * GROUP_SIZE
     ragged = [SEQ_LEN - 97 * i for i in range(GROUP_SIZE)]
     print(f"  rows padded back by: {'native row copier' if native_row_copier() else 'numpy'}")
-    worst = min(bench_pack(lengths, label)
-                for lengths, label in ((full, "all rows 4096"), (ragged, "ragged rows 2641..4096")))
-    print(f"worst median ratio {worst:.1%} (target {PACK_RATIO_TARGET:.0%}: "
-          f"{'met' if worst >= PACK_RATIO_TARGET else 'NOT met'})")
+    worst = min(
+        bench_pack(lengths, label) for lengths, label in ((full, "all rows 4096"), (ragged, "ragged rows 2641..4096"))
+    )
+    print(
+        f"worst median ratio {worst:.1%} (target {PACK_RATIO_TARGET:.0%}: "
+        f"{'met' if worst >= PACK_RATIO_TARGET else 'NOT met'})"
+    )
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ import msgspec
 
 from schemas.errors import SchemaError
 
-
 SCHEMA_VERSION: tuple[int, int] = (1, 0)
 MAX_MESSAGE_BYTES = 1 << 20
 
@@ -97,8 +96,7 @@ def decode(data: bytes, cls: type[T], *, max_bytes: int = MAX_MESSAGE_BYTES) -> 
     if header.schema_version[0] != SCHEMA_VERSION[0]:
         raise SchemaError(
             f"{kind}.schema_version",
-            f"unsupported major version {header.schema_version[0]} "
-            f"(this reader speaks {SCHEMA_VERSION[0]}.x)",
+            f"unsupported major version {header.schema_version[0]} (this reader speaks {SCHEMA_VERSION[0]}.x)",
         )
     if header.kind != kind:
         raise SchemaError(f"{kind}.kind", f"expected {kind!r}, got {header.kind!r}")

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Union
-
 import msgspec
 
 from schemas.codec import Message
@@ -11,7 +9,7 @@ from schemas.errors import SchemaError
 from schemas.validate import all_finite, at_least, non_empty, optional_non_empty, same_length
 
 # A per-row tag value; list[int] carries `<field>__row_shapes`.
-TagValue = Union[str, int, float, bool, None, list[int]]
+TagValue = str | int | float | bool | None | list[int]
 
 
 class SourceRange(msgspec.Struct, frozen=True):
@@ -67,8 +65,7 @@ class FinalizedGroup(Message, frozen=True, tag="finalized_group"):
         if len(self.rejection_reasons) != self.total_row_count:
             raise SchemaError(
                 "finalized_group.rejection_reasons",
-                f"has {len(self.rejection_reasons)} entries but total_row_count is "
-                f"{self.total_row_count}",
+                f"has {len(self.rejection_reasons)} entries but total_row_count is {self.total_row_count}",
             )
         valid = sum(reason is None for reason in self.rejection_reasons)
         if valid != self.valid_row_count:
@@ -85,8 +82,7 @@ class FinalizedGroup(Message, frozen=True, tag="finalized_group"):
             if len(self.sample_ids) != self.total_row_count:
                 raise SchemaError(
                     "finalized_group.sample_ids",
-                    f"has {len(self.sample_ids)} entries but total_row_count is "
-                    f"{self.total_row_count}",
+                    f"has {len(self.sample_ids)} entries but total_row_count is {self.total_row_count}",
                 )
         all_finite("finalized_group.metrics", self.metrics)
         for i, tag in enumerate(self.tags):

@@ -64,9 +64,7 @@ def build_group(
         log, cut = _truncate(result.message_log, config.max_seq_len)
         if not config.router_replay_enabled:
             log = [{k: v for k, v in m.items() if k != "routed_experts"} for m in log]
-        completions.append(
-            Completion(log, receipt.reward, receipt.truncated or cut, receipt.mask_sample)
-        )
+        completions.append(Completion(log, receipt.reward, receipt.truncated or cut, receipt.mask_sample))
         rollouts.append(result)
 
     valid = [r for r in rollouts if r is not None]
@@ -81,9 +79,7 @@ def build_group(
         batch.pop("routed_experts", None)
     min_wv = min((r.min_wv for r in valid), default=fallback_weight_version)
     max_wv = max((r.max_wv for r in valid), default=fallback_weight_version)
-    sample_ids, fields, tags = pack_payload(
-        batch, weight_version=min_wv, group_id=group_id, prompt_idx=prompt_idx
-    )
+    sample_ids, fields, tags = pack_payload(batch, weight_version=min_wv, group_id=group_id, prompt_idx=prompt_idx)
     lengths = batch["input_lengths"].tolist()
     return GroupBuild(
         sample_ids=sample_ids,
@@ -94,9 +90,7 @@ def build_group(
         group_max_wv=max_wv,
         valid_row_count=len(valid),
         total_row_count=group_size,
-        canonical_output_tokens=sum(
-            n for n, r in zip(lengths, rollouts) if r is not None
-        ),
+        canonical_output_tokens=sum(n for n, r in zip(lengths, rollouts) if r is not None),
         all_failed=not valid,
     )
 
@@ -117,8 +111,7 @@ def _linearize_slot(
         # A receipt in the wrong slot would silently swap rewards between rows.
         return Rejection(
             "invalid_receipt",
-            f"slot {index}: (group_id, rollout_index, group_size, prompt_idx) is {got}, "
-            f"expected {expected}",
+            f"slot {index}: (group_id, rollout_index, group_size, prompt_idx) is {got}, expected {expected}",
         )
     return linearize(receipt, segments)
 
@@ -137,10 +130,7 @@ def _truncate(log: list[dict[str, Any]], limit: int) -> tuple[list[dict[str, Any
             out.append(message)
         else:
             out.append(
-                {
-                    k: v[:remaining] if isinstance(v, torch.Tensor) and v.dim() >= 1 else v
-                    for k, v in message.items()
-                }
+                {k: v[:remaining] if isinstance(v, torch.Tensor) and v.dim() >= 1 else v for k, v in message.items()}
             )
         remaining -= length
     return out, True

@@ -42,9 +42,7 @@ def offsets_from_lengths(lengths: torch.Tensor) -> torch.Tensor:
     return offsets
 
 
-def make_jagged(
-    values: torch.Tensor, offsets: torch.Tensor, lengths: torch.Tensor | None = None
-) -> torch.Tensor:
+def make_jagged(values: torch.Tensor, offsets: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
     """A jagged nested tensor over 1-D `values`: row i starts at offsets[i] and runs to
     offsets[i + 1], or for `lengths[i]` elements when given (rows may then have gaps). No copy."""
     if _NestedTensor is not None:
@@ -84,8 +82,20 @@ def _fast_njt_builder():
 
     def build(values: torch.Tensor, r: _Ragged) -> torch.Tensor:
         njt = torch.Tensor._make_wrapper_subclass(
-            _NestedTensor, r.size, r.strides, 0, torch.contiguous_format, values.dtype,
-            torch.jagged, values.device, False, False, "sizes", False, True, keys,
+            _NestedTensor,
+            r.size,
+            r.strides,
+            0,
+            torch.contiguous_format,
+            values.dtype,
+            torch.jagged,
+            values.device,
+            False,
+            False,
+            "sizes",
+            False,
+            True,
+            keys,
             storage_size=values.untyped_storage().size(),
         )
         njt._ragged_idx, njt._size, njt._strides = 1, r.size, r.strides
@@ -93,15 +103,17 @@ def _fast_njt_builder():
         return njt
 
     try:
-        for offsets, lengths in ((torch.tensor([0, 3, 7]), torch.tensor([2, 4])),
-                                 (torch.tensor([0, 3, 7]), None)):
+        for offsets, lengths in ((torch.tensor([0, 3, 7]), torch.tensor([2, 4])), (torch.tensor([0, 3, 7]), None)):
             values = torch.arange(7, dtype=torch.int16)
             fast = build(values, ragged(offsets, lengths))
             public = _NestedTensor(values, offsets, lengths=lengths)
-            same = (fast.shape == public.shape and fast.stride() == public.stride()
-                    and fast.dtype == public.dtype and fast.layout == public.layout
-                    and [r.tolist() for r in fast.unbind()]
-                    == [r.tolist() for r in public.unbind()])
+            same = (
+                fast.shape == public.shape
+                and fast.stride() == public.stride()
+                and fast.dtype == public.dtype
+                and fast.layout == public.layout
+                and [r.tolist() for r in fast.unbind()] == [r.tolist() for r in public.unbind()]
+            )
             if not same:
                 return None
     except Exception:  # pragma: no cover - only on a torch whose internals moved
@@ -132,10 +144,8 @@ class JaggedLayout:
             offsets = _row_starts(padded.shape[0], self.width * per_token, device)
             # Rows shorter than the stride leave gaps; TQ's put serializes each row on its own,
             # so the gaps are never copied and nothing needs cutting here.
-            lengths = None if self.full else (
-                self.lengths if per_token == 1 else self.lengths * per_token).to(device)
-            rows = _FAST_NJT[0](offsets, lengths) if _FAST_NJT is not None else (
-                _Ragged(offsets, lengths, (), ()))
+            lengths = None if self.full else (self.lengths if per_token == 1 else self.lengths * per_token).to(device)
+            rows = _FAST_NJT[0](offsets, lengths) if _FAST_NJT is not None else (_Ragged(offsets, lengths, (), ()))
             self._rows[(per_token, device)] = rows
         values = padded.contiguous().view(-1)  # the fast wrapper assumes unit stride
         if _FAST_NJT is not None:
@@ -151,9 +161,11 @@ def _row_starts(n: int, stride: int, device: torch.device) -> torch.Tensor:
     if starts is None:
         if len(_ROW_STARTS) >= 256:
             _ROW_STARTS.clear()
-        starts = _ROW_STARTS[key] = (torch.arange(0, (n + 1) * stride, stride, device=device)
-                                     if stride else torch.zeros(n + 1, dtype=torch.int64,
-                                                                device=device))
+        starts = _ROW_STARTS[key] = (
+            torch.arange(0, (n + 1) * stride, stride, device=device)
+            if stride
+            else torch.zeros(n + 1, dtype=torch.int64, device=device)
+        )
     return starts
 
 
@@ -192,8 +204,7 @@ def jagged_rows(value: torch.Tensor) -> JaggedRows:
             return JaggedRows(values, value._offsets, value._lengths, 1, ())
         if values.is_contiguous():
             rest = tuple(values.shape[1:])
-            return JaggedRows(values.reshape(-1), value._offsets, value._lengths,
-                              math.prod(rest), rest)
+            return JaggedRows(values.reshape(-1), value._offsets, value._lengths, math.prod(rest), rest)
     rows = value.unbind()
     rest = tuple(rows[0].shape[1:]) if rows else ()
     flat = [row.reshape(-1) for row in rows]
@@ -217,8 +228,15 @@ def pad_rows(rows: JaggedRows, row_width: int, fill: float) -> torch.Tensor:
     offsets, values = _int64(offsets), values.contiguous()
     lengths = None if lengths is None else _int64(lengths)
     _rowcopy.pad_rows(
-        out.data_ptr(), out.numel(), values.data_ptr(), values.shape[0], offsets.data_ptr(), n,
-        0 if lengths is None else lengths.data_ptr(), rows.scale, row_width,
+        out.data_ptr(),
+        out.numel(),
+        values.data_ptr(),
+        values.shape[0],
+        offsets.data_ptr(),
+        n,
+        0 if lengths is None else lengths.data_ptr(),
+        rows.scale,
+        row_width,
         _fill_item(values.dtype, fill),
     )
     return out
@@ -231,8 +249,9 @@ def stack_padded(rows: Sequence[torch.Tensor], width: int, fill: float) -> torch
     rest = tuple(rows[0].shape[1:])
     for i, row in enumerate(rows):
         if tuple(row.shape[1:]) != rest or row.shape[0] > width:
-            raise ValueError(f"row {i} of shape {tuple(row.shape)} does not fit width {width} "
-                             f"with per-token shape {rest}")
+            raise ValueError(
+                f"row {i} of shape {tuple(row.shape)} does not fit width {width} with per-token shape {rest}"
+            )
     lengths = torch.tensor([int(row.shape[0]) for row in rows], dtype=torch.int64)
     values = torch.cat([row.reshape(-1) for row in rows])
     per_token = math.prod(rest)
@@ -261,8 +280,7 @@ def _pad_rows_fallback(rows: JaggedRows, out: torch.Tensor, fill: float) -> torc
         return out
     src = _as_numpy(rows.values)
     pad = _as_numpy(torch.full((row_width - min(lengths),), fill, dtype=out.dtype))
-    pieces = [piece for s, k in zip(starts, lengths)
-              for piece in (src[s : s + k], pad[: row_width - k])]
+    pieces = [piece for s, k in zip(starts, lengths) for piece in (src[s : s + k], pad[: row_width - k])]
     np.concatenate(pieces, out=_as_numpy(out).reshape(-1))
     return out
 

@@ -50,9 +50,7 @@ class LinearizedRollout:
     length: int
 
 
-def linearize(
-    receipt: Receipt, segments: Mapping[str, Mapping[str, torch.Tensor]]
-) -> LinearizedRollout | Rejection:
+def linearize(receipt: Receipt, segments: Mapping[str, Mapping[str, torch.Tensor]]) -> LinearizedRollout | Rejection:
     """Check the receipt's call chain and staged segments, then split each call's delta into
     prompt/environment runs (mask False) and assistant runs (mask True, with logprobs)."""
     if receipt.failure_reason is not None:
@@ -104,14 +102,11 @@ def _check_chain(manifest: tuple[CallRecord, ...]) -> Rejection | None:
     for i, call in enumerate(manifest):
         expected = 0 if i == 0 else manifest[i - 1].cum_len
         if call.prev_len != expected:
-            return Rejection(
-                "invalid_receipt", f"manifest[{i}].prev_len is {call.prev_len}, expected {expected}"
-            )
+            return Rejection("invalid_receipt", f"manifest[{i}].prev_len is {call.prev_len}, expected {expected}")
         if call.prev_len + call.delta_len != call.cum_len:
             return Rejection(
                 "invalid_receipt",
-                f"manifest[{i}]: prev_len {call.prev_len} + delta_len {call.delta_len} "
-                f"!= cum_len {call.cum_len}",
+                f"manifest[{i}]: prev_len {call.prev_len} + delta_len {call.delta_len} != cum_len {call.cum_len}",
             )
     return None
 

@@ -65,16 +65,12 @@ def _walk(value: Any, path: str, active: set[int]) -> None:
         elif isinstance(value, dict):
             for key, item in value.items():
                 if not isinstance(key, _SCALARS):
-                    raise MetadataViolation(
-                        f"{path}[<key>]", f"dict key: {_describe(key)} is not metadata"
-                    )
+                    raise MetadataViolation(f"{path}[<key>]", f"dict key: {_describe(key)} is not metadata")
                 key_path = f'{path}["{key}"]' if isinstance(key, str) else f"{path}[{key!r}]"
                 if key in _FORBIDDEN_RPC_KEYS:
                     raise MetadataViolation(key_path, f"per-token field {key!r} belongs in TQ")
                 _walk(item, key_path, active)
-        elif isinstance(value, msgspec.Struct) or (
-            dataclasses.is_dataclass(value) and not isinstance(value, type)
-        ):
+        elif isinstance(value, msgspec.Struct) or (dataclasses.is_dataclass(value) and not isinstance(value, type)):
             names = (
                 value.__struct_fields__
                 if isinstance(value, msgspec.Struct)
@@ -82,9 +78,7 @@ def _walk(value: Any, path: str, active: set[int]) -> None:
             )
             for name in names:
                 if name in _FORBIDDEN_RPC_KEYS:
-                    raise MetadataViolation(
-                        f"{path}.{name}", f"per-token field {name!r} belongs in TQ"
-                    )
+                    raise MetadataViolation(f"{path}.{name}", f"per-token field {name!r} belongs in TQ")
                 _walk(getattr(value, name), f"{path}.{name}", active)
         else:
             raise MetadataViolation(path, f"{_describe(value)} is not metadata")

@@ -61,9 +61,7 @@ def _violation_counts(message_log: Sequence[Mapping[str, Any]]) -> dict[str, int
             counts["num_assistant_messages"] += 1
             counts["num_invalid_tool_calls"] += bool(message.get("invalid_tool_call", False))
             counts["num_malformed_thinking"] += bool(message.get("malformed_thinking", False))
-            counts["num_routed_experts_backfilled"] += bool(
-                message.get("routed_experts_backfilled", False)
-            )
+            counts["num_routed_experts_backfilled"] += bool(message.get("routed_experts_backfilled", False))
     return counts
 
 
@@ -77,9 +75,7 @@ def _add_message_violation_masks(message_logs: Sequence[list[dict[str, Any]]]) -
         for message in message_log:
             length = int(message["token_ids"].shape[0])
             generated = _is_generated(message)
-            message[_INVALID_MASK] = torch.full(
-                (length,), generated and bool(message.get("invalid_tool_call", False))
-            )
+            message[_INVALID_MASK] = torch.full((length,), generated and bool(message.get("invalid_tool_call", False)))
             message[_MALFORMED_MASK] = torch.full(
                 (length,), generated and bool(message.get("malformed_thinking", False))
             )
@@ -101,23 +97,17 @@ def record_to_train_batch(
         raise ValueError("a prompt group needs at least one completion")
     pad_id = int(pad_value_dict.get("input_ids", 0))
     # Shallow copies: the violation masks land on these, not on the caller's messages.
-    logs = [
-        None if c.rejection_reason is not None else [dict(m) for m in c.message_log]
-        for c in completions
-    ]
+    logs = [None if c.rejection_reason is not None else [dict(m) for m in c.message_log] for c in completions]
     if include_message_violation_fields:
         _add_message_violation_masks([log for log in logs if log is not None])
-    experts_like = next(
-        (m["routed_experts"] for log in logs if log for m in log if "routed_experts" in m), None
-    )
-    rows: dict[str, list[torch.Tensor]] = {"input_ids": [], "generation_logprobs": [],
-                                           "token_mask": []}
+    experts_like = next((m["routed_experts"] for log in logs if log for m in log if "routed_experts" in m), None)
+    rows: dict[str, list[torch.Tensor]] = {"input_ids": [], "generation_logprobs": [], "token_mask": []}
     if include_message_violation_fields:
         rows[_INVALID_MASK], rows[_MALFORMED_MASK] = [], []
     if experts_like is not None:
         rows["routed_experts"] = []
     counts: list[dict[str, int]] = []
-    for completion, log in zip(completions, logs):
+    for _completion, log in zip(completions, logs):
         if log is None:
             _append_placeholder(rows, pad_id, experts_like)
             counts.append(dict.fromkeys(VIOLATION_TAG_KEYS, 0))
@@ -133,8 +123,7 @@ def record_to_train_batch(
     lengths = torch.tensor(length_list, dtype=torch.int64)
     width = max(length_list)
     batch: dict[str, Any] = {
-        name: stack_padded(parts, width, pad_value_dict.get(name, 0))
-        for name, parts in rows.items()
+        name: stack_padded(parts, width, pad_value_dict.get(name, 0)) for name, parts in rows.items()
     }
     valid = [c.rejection_reason is None for c in completions]
     multiplier = float(record.loss_multiplier)
@@ -163,9 +152,7 @@ def record_to_train_batch(
     return out
 
 
-def _append_placeholder(
-    rows: dict[str, list[torch.Tensor]], pad_id: int, experts_like: torch.Tensor | None
-) -> None:
+def _append_placeholder(rows: dict[str, list[torch.Tensor]], pad_id: int, experts_like: torch.Tensor | None) -> None:
     # One pad token, so that every row has input_length >= 1 and nothing is learned from it.
     rows["input_ids"].append(torch.tensor([pad_id], dtype=torch.int64))
     rows["generation_logprobs"].append(torch.zeros(1, dtype=torch.float32))
@@ -274,8 +261,7 @@ def pack_payload(
     shape_tags = [(name + ROW_SHAPES_SUFFIX, rest) for name, rest in row_shapes.items()]
     tags = []
     for i, row_counts in enumerate(counts):
-        tag = {"weight_version": weight_version, "prompt_idx": prompt_idx, "group_id": group_id,
-               "rollout_index": i}
+        tag = {"weight_version": weight_version, "prompt_idx": prompt_idx, "group_id": group_id, "rollout_index": i}
         for key in VIOLATION_TAG_KEYS:
             tag[key] = int(row_counts.get(key, 0))
         for key, rest in shape_tags:

@@ -45,10 +45,7 @@ class GroupState(Message, frozen=True, tag="group_state"):
             if self.outcome not in (FINALIZED, DEAD_LETTERED):
                 raise SchemaError(
                     "group_state.outcome",
-                    f"a closed group needs outcome {FINALIZED!r} or {DEAD_LETTERED!r}, "
-                    f"got {self.outcome!r}",
+                    f"a closed group needs outcome {FINALIZED!r} or {DEAD_LETTERED!r}, got {self.outcome!r}",
                 )
         else:
-            raise SchemaError(
-                "group_state.status", f"must be {OPEN!r} or {CLOSED!r}, got {self.status!r}"
-            )
+            raise SchemaError("group_state.status", f"must be {OPEN!r} or {CLOSED!r}, got {self.status!r}")

@@ -5,13 +5,14 @@ Generic: it knows nothing of the pipeline's own topics (see `workers.topics`).""
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from streams.config import KafkaConfig
+
 
 class TopicError(RuntimeError):
     """A topic could not be created or described; the message names the topic."""
@@ -42,8 +43,14 @@ def create_topics(kafka: KafkaConfig, specs: list[TopicSpec], *, timeout_s: floa
                 raise TopicError(f"topic {spec.name} exists with {have} partitions, expected {spec.partitions}")
             result[spec.name] = "exists"
         else:
-            to_create.append(NewTopic(spec.name, num_partitions=spec.partitions,
-                                      replication_factor=spec.replication_factor, config=dict(spec.config)))
+            to_create.append(
+                NewTopic(
+                    spec.name,
+                    num_partitions=spec.partitions,
+                    replication_factor=spec.replication_factor,
+                    config=dict(spec.config),
+                )
+            )
     if to_create:
         futures = admin.create_topics(to_create, operation_timeout=timeout_s, request_timeout=timeout_s)
         for name, fut in futures.items():
@@ -65,8 +72,11 @@ def _wait_for_leaders(admin: AdminClient, names: list[str], timeout_s: float) ->
     deadline = time.monotonic() + timeout_s
     while True:
         md = admin.list_topics(timeout=timeout_s).topics
-        pending = [n for n in names if n not in md or md[n].error is not None
-                   or any(p.leader < 0 for p in md[n].partitions.values())]
+        pending = [
+            n
+            for n in names
+            if n not in md or md[n].error is not None or any(p.leader < 0 for p in md[n].partitions.values())
+        ]
         if not pending:
             return
         if time.monotonic() > deadline:

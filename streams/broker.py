@@ -17,10 +17,10 @@ import subprocess
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Callable
 
 KAFKA_MAIN = "kafka.Kafka"
 STORAGE_TOOL = "kafka.tools.StorageTool"
@@ -92,8 +92,16 @@ def ensure_kafka_jars(cache_dir: Path, *, log: Callable[[str], None] = print) ->
         pom = Path(tmp) / "pom.xml"
         pom.write_bytes(_pom_text())
         out = Path(tmp) / "libs"
-        cmd = [mvn, "-q", "-B", "-f", str(pom), "dependency:copy-dependencies",
-               "-DincludeScope=runtime", f"-DoutputDirectory={out}"]
+        cmd = [
+            mvn,
+            "-q",
+            "-B",
+            "-f",
+            str(pom),
+            "dependency:copy-dependencies",
+            "-DincludeScope=runtime",
+            f"-DoutputDirectory={out}",
+        ]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0 or not any(out.glob("kafka_2.13-*.jar")):
             tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-20:])
@@ -116,12 +124,13 @@ def _check_port_free(port: int) -> None:
         try:
             s.bind(("127.0.0.1", port))
         except OSError as exc:
-            raise BrokerError(f"port {port} on 127.0.0.1 is in use ({exc.strerror}); "
-                              "choose another with --port or omit it to pick a free one") from None
+            raise BrokerError(
+                f"port {port} on 127.0.0.1 is in use ({exc.strerror}); "
+                "choose another with --port or omit it to pick a free one"
+            ) from None
 
 
-def server_properties(data_dir: Path, port: int, controller_port: int,
-                      extra: tuple[tuple[str, str], ...] = ()) -> str:
+def server_properties(data_dir: Path, port: int, controller_port: int, extra: tuple[tuple[str, str], ...] = ()) -> str:
     props = {
         "process.roles": "broker,controller",
         "node.id": "1",
@@ -205,8 +214,10 @@ def start_broker(config: BrokerConfig, *, log: Callable[[str], None] = print) ->
     data_dir.mkdir(parents=True, exist_ok=True)
     running = read_handle(data_dir)
     if running is not None:
-        raise BrokerError(f"a broker is already running from {data_dir} (pid {running.pid}, "
-                          f"{running.bootstrap_servers}); stop it first")
+        raise BrokerError(
+            f"a broker is already running from {data_dir} (pid {running.pid}, "
+            f"{running.bootstrap_servers}); stop it first"
+        )
     libs = ensure_kafka_jars(config.cache_dir, log=log)
     port = config.port or free_port()
     _check_port_free(port)
@@ -220,19 +231,30 @@ def start_broker(config: BrokerConfig, *, log: Callable[[str], None] = print) ->
     log4j.write_bytes(resources.files("streams").joinpath("resources/log4j2.yaml").read_bytes())
     log_path = data_dir / LOG_FILE
     classpath = f"{libs}/*"
-    jvm = [java, f"-Xmx{config.heap}", "-Xms128m", "-XX:+UseG1GC", "-Djava.awt.headless=true",
-           f"-Dlog4j2.configurationFile={log4j}", "-cp", classpath]
+    jvm = [
+        java,
+        f"-Xmx{config.heap}",
+        "-Xms128m",
+        "-XX:+UseG1GC",
+        "-Djava.awt.headless=true",
+        f"-Dlog4j2.configurationFile={log4j}",
+        "-cp",
+        classpath,
+    ]
 
-    fmt = subprocess.run(jvm + [STORAGE_TOOL, "format", "-t", str(uuid.uuid4()), "-c", str(props)],
-                         capture_output=True, text=True)
+    fmt = subprocess.run(
+        jvm + [STORAGE_TOOL, "format", "-t", str(uuid.uuid4()), "-c", str(props)], capture_output=True, text=True
+    )
     if fmt.returncode != 0:
-        raise BrokerError(f"formatting KRaft storage in {data_dir} failed:\n"
-                          f"{(fmt.stdout + fmt.stderr)[-2000:]}")
+        raise BrokerError(f"formatting KRaft storage in {data_dir} failed:\n{(fmt.stdout + fmt.stderr)[-2000:]}")
 
     with open(log_path, "ab") as out:
         proc = subprocess.Popen(
-            jvm + [KAFKA_MAIN, str(props)], stdout=out, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, start_new_session=config.detached,
+            jvm + [KAFKA_MAIN, str(props)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=config.detached,
             preexec_fn=None if config.detached else _die_with_parent,
         )
     bootstrap = f"127.0.0.1:{port}"
@@ -244,14 +266,18 @@ def start_broker(config: BrokerConfig, *, log: Callable[[str], None] = print) ->
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             _forget(data_dir)
-            raise BrokerError(f"the broker JVM exited with code {proc.returncode} during start; "
-                              f"last lines of {log_path}:\n{_log_tail(log_path)}")
+            raise BrokerError(
+                f"the broker JVM exited with code {proc.returncode} during start; "
+                f"last lines of {log_path}:\n{_log_tail(log_path)}"
+            )
         if broker_answers(bootstrap, timeout_s=1.0):
             return handle
         time.sleep(0.3)
     stop_broker(data_dir, timeout_s=config.stop_timeout_s)
-    raise BrokerError(f"the broker did not answer metadata requests within {config.start_timeout_s:.0f}s; "
-                      f"last lines of {log_path}:\n{_log_tail(log_path)}")
+    raise BrokerError(
+        f"the broker did not answer metadata requests within {config.start_timeout_s:.0f}s; "
+        f"last lines of {log_path}:\n{_log_tail(log_path)}"
+    )
 
 
 def read_handle(data_dir: Path) -> BrokerHandle | None:
@@ -330,7 +356,7 @@ class LocalBroker:
             raise BrokerError("the local broker is not running")
         return self.handle.bootstrap_servers
 
-    def start(self) -> "LocalBroker":
+    def start(self) -> LocalBroker:
         self.handle = start_broker(self.config, log=self._log)
         atexit.register(self.stop)
         return self
@@ -340,7 +366,7 @@ class LocalBroker:
             stop_broker(self.handle.data_dir, timeout_s=self.config.stop_timeout_s)
             self.handle = None
 
-    def __enter__(self) -> "LocalBroker":
+    def __enter__(self) -> LocalBroker:
         return self.start()
 
     def __exit__(self, *exc) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 from typing import Annotated
 
-import msgspec
 from msgspec import Meta
 
 from streams.settings import ConfigError, Settings
@@ -30,8 +29,9 @@ class KafkaConfig(Settings, frozen=True, kw_only=False):
     section = "kafka"
 
     bootstrap_servers: Annotated[str, Meta(min_length=1, description="Kafka bootstrap servers, host:port[,...]")]
-    client_settings: Annotated[dict[str, str], Meta(
-        description="extra librdkafka settings for every client (SASL, TLS, ...)")] = {}
+    client_settings: Annotated[
+        dict[str, str], Meta(description="extra librdkafka settings for every client (SASL, TLS, ...)")
+    ] = {}
 
     def __repr__(self) -> str:
         shown = {k: ("***" if is_secret(k) else v) for k, v in self.client_settings.items()}
@@ -41,8 +41,11 @@ class KafkaConfig(Settings, frozen=True, kw_only=False):
 
     def common(self) -> dict[str, object]:
         # Brokers closing idle connections is routine; librdkafka would log each one.
-        conf: dict[str, object] = {"bootstrap.servers": self.bootstrap_servers, "log.connection.close": False,
-                                   "logger": logging.getLogger(CLIENT_LOGGER)}
+        conf: dict[str, object] = {
+            "bootstrap.servers": self.bootstrap_servers,
+            "log.connection.close": False,
+            "logger": logging.getLogger(CLIENT_LOGGER),
+        }
         conf.update(self.client_settings)
         return conf
 
@@ -54,8 +57,15 @@ class KafkaConfig(Settings, frozen=True, kw_only=False):
         conf = self.common()
         # murmur2 is the Java clients' partitioner: keyed records land where Kafka Streams or a
         # Java producer would put them, which co-partitioning across clients depends on.
-        conf.update({"enable.idempotence": True, "acks": "all", "linger.ms": 5,
-                     "compression.type": "lz4", "partitioner": "murmur2_random"})
+        conf.update(
+            {
+                "enable.idempotence": True,
+                "acks": "all",
+                "linger.ms": 5,
+                "compression.type": "lz4",
+                "partitioner": "murmur2_random",
+            }
+        )
         if transactional_id is not None:
             conf["transactional.id"] = transactional_id
         conf.update(overrides)
@@ -64,13 +74,15 @@ class KafkaConfig(Settings, frozen=True, kw_only=False):
     def consumer(self, group_id: str, *, read_committed: bool = True, **overrides: object) -> dict[str, object]:
         """Manual-commit consumer settings; offsets move only through transactions or explicit commits."""
         conf = self.common()
-        conf.update({
-            "group.id": group_id,
-            "enable.auto.commit": False,
-            "enable.auto.offset.store": False,
-            "auto.offset.reset": "earliest",
-            "isolation.level": "read_committed" if read_committed else "read_uncommitted",
-        })
+        conf.update(
+            {
+                "group.id": group_id,
+                "enable.auto.commit": False,
+                "enable.auto.offset.store": False,
+                "auto.offset.reset": "earliest",
+                "isolation.level": "read_committed" if read_committed else "read_uncommitted",
+            }
+        )
         conf.update(overrides)
         return conf
 

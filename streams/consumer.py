@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Callable, Iterator, Sequence
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
 
@@ -25,9 +25,16 @@ class Record:
     timestamp_ms: int
 
     @staticmethod
-    def of(msg) -> "Record":
-        return Record(msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(),
-                      tuple(msg.headers() or ()), msg.timestamp()[1])
+    def of(msg) -> Record:
+        return Record(
+            msg.topic(),
+            msg.partition(),
+            msg.offset(),
+            msg.key(),
+            msg.value(),
+            tuple(msg.headers() or ()),
+            msg.timestamp()[1],
+        )
 
 
 def _throwaway_group() -> str:
@@ -41,13 +48,16 @@ def partitions_of(consumer: Consumer, topic: str, timeout_s: float = 10.0) -> li
     return sorted(md.partitions)
 
 
-def end_offsets(kafka: KafkaConfig, topic: str, *, read_committed: bool = True,
-                timeout_s: float = 10.0) -> dict[int, tuple[int, int]]:
+def end_offsets(
+    kafka: KafkaConfig, topic: str, *, read_committed: bool = True, timeout_s: float = 10.0
+) -> dict[int, tuple[int, int]]:
     """partition -> (low, high) watermark; with read_committed, high is the last stable offset."""
     c = Consumer(kafka.consumer(_throwaway_group(), read_committed=read_committed))
     try:
-        return {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s, cached=False)
-                for p in partitions_of(c, topic, timeout_s)}
+        return {
+            p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s, cached=False)
+            for p in partitions_of(c, topic, timeout_s)
+        }
     finally:
         c.close()
 
@@ -62,9 +72,16 @@ def committed_offsets(kafka: KafkaConfig, group_id: str, topic: str, *, timeout_
         c.close()
 
 
-def read_topic(kafka: KafkaConfig, topic: str, *, read_committed: bool = True,
-               start: dict[int, int] | None = None, stop: dict[int, int] | None = None,
-               partitions: Sequence[int] | None = None, idle_timeout_s: float = 10.0) -> Iterator[Record]:
+def read_topic(
+    kafka: KafkaConfig,
+    topic: str,
+    *,
+    read_committed: bool = True,
+    start: dict[int, int] | None = None,
+    stop: dict[int, int] | None = None,
+    partitions: Sequence[int] | None = None,
+    idle_timeout_s: float = 10.0,
+) -> Iterator[Record]:
     """Yield a topic's records from `start` (default: beginning) up to `stop` (default: current end).
 
     Uses manual assignment and no group, so it never disturbs production consumer groups.
@@ -90,8 +107,10 @@ def read_topic(kafka: KafkaConfig, topic: str, *, read_committed: bool = True,
                     if tp.offset >= stop_at[tp.partition]:
                         pending.discard(tp.partition)
                 if time.monotonic() - last_progress > idle_timeout_s:
-                    raise TimeoutError(f"reading {topic}: no progress for {idle_timeout_s:.0f}s, "
-                                       f"partitions {sorted(pending)} short of their end")
+                    raise TimeoutError(
+                        f"reading {topic}: no progress for {idle_timeout_s:.0f}s, "
+                        f"partitions {sorted(pending)} short of their end"
+                    )
                 continue
             last_progress = time.monotonic()
             for m in msgs:
@@ -110,8 +129,9 @@ def read_topic(kafka: KafkaConfig, topic: str, *, read_committed: bool = True,
         c.close()
 
 
-def wait_until(predicate: Callable[[], bool], *, timeout_s: float, interval_s: float = 0.2,
-               what: str = "condition") -> None:
+def wait_until(
+    predicate: Callable[[], bool], *, timeout_s: float, interval_s: float = 0.2, what: str = "condition"
+) -> None:
     deadline = time.monotonic() + timeout_s
     while not predicate():
         if time.monotonic() > deadline:

@@ -6,9 +6,9 @@ outcome explicit (an exception, never a silently dropped message).
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator, Sequence
 
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
@@ -67,6 +67,7 @@ class AckedProducer:
                     errors.append(f"{rec.topic} key={rec.key!r}: {err.str()}")
                 else:
                     results[i] = (msg.partition(), msg.offset())
+
             return cb
 
         for i, rec in enumerate(records):
@@ -85,10 +86,18 @@ class AckedProducer:
 class TransactionalProducer:
     """A transactional producer: records and consumer offsets become visible together or not at all."""
 
-    def __init__(self, kafka: KafkaConfig, transactional_id: str, *, transaction_timeout_ms: int = 30000,
-                 init_timeout_s: float = 60.0, **overrides: object):
-        conf = kafka.producer(transactional_id=transactional_id,
-                              **{"transaction.timeout.ms": transaction_timeout_ms, **overrides})
+    def __init__(
+        self,
+        kafka: KafkaConfig,
+        transactional_id: str,
+        *,
+        transaction_timeout_ms: int = 30000,
+        init_timeout_s: float = 60.0,
+        **overrides: object,
+    ):
+        conf = kafka.producer(
+            transactional_id=transactional_id, **{"transaction.timeout.ms": transaction_timeout_ms, **overrides}
+        )
         self.transactional_id = transactional_id
         self._producer = Producer(conf)
         # Fences any earlier producer with the same id and aborts its open transaction.
@@ -119,7 +128,7 @@ class TransactionalProducer:
         self._in_txn = False
 
     @contextmanager
-    def transaction(self) -> Iterator["TransactionalProducer"]:
+    def transaction(self) -> Iterator[TransactionalProducer]:
         """Begin; commit when the block ends, abort (best effort) and re-raise when it raises."""
         self.begin()
         try:

@@ -15,9 +15,10 @@ from __future__ import annotations
 import json
 import os
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Mapping, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import msgspec
 
@@ -90,8 +91,16 @@ def fields_of(cls: type[Settings]) -> list[FieldDoc]:
 
 
 def _scalar_field(f: FieldDoc) -> bool:
-    return isinstance(f.scalar, (msgspec.inspect.IntType, msgspec.inspect.FloatType, msgspec.inspect.StrType,
-                                 msgspec.inspect.BoolType, msgspec.inspect.LiteralType))
+    return isinstance(
+        f.scalar,
+        (
+            msgspec.inspect.IntType,
+            msgspec.inspect.FloatType,
+            msgspec.inspect.StrType,
+            msgspec.inspect.BoolType,
+            msgspec.inspect.LiteralType,
+        ),
+    )
 
 
 def env_name(cls: type[Settings], name: str) -> str:
@@ -118,7 +127,8 @@ def read_file(path: str | Path) -> dict[str, Any]:
     try:
         data = tomllib.loads(text.decode()) if path.suffix == ".toml" else json.loads(text)
     except (ValueError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"config file {path}: not valid {'TOML' if path.suffix == '.toml' else 'JSON'}: {exc}")
+        kind = "TOML" if path.suffix == ".toml" else "JSON"
+        raise ConfigError(f"config file {path}: not valid {kind}: {exc}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path}: expected a table of sections at the top level")
     return data
@@ -132,8 +142,13 @@ def convert(cls: type[S], data: Mapping[str, Any], *, source: str) -> S:
         raise ConfigError(f"{cls.section} settings ({source}): {exc}") from None
 
 
-def load(cls: type[S], *, file: str | Path | Mapping[str, Any] | None = None,
-         env: Mapping[str, str] | None = None, overrides: Mapping[str, Any] | None = None) -> S:
+def load(
+    cls: type[S],
+    *,
+    file: str | Path | Mapping[str, Any] | None = None,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> S:
     """Build `cls` from defaults, then the file's `[section]`, then the environment, then `overrides`.
 
     Overrides that are None are treated as not given (a flag left unset).

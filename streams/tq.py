@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Protocol, Sequence
+from typing import Any, Protocol
 
 import psutil
 from tensordict import TensorDict
@@ -24,12 +25,16 @@ class MissingKeysError(KeyError):
     def __init__(self, partition: str, missing: Sequence[str]):
         self.partition = partition
         self.missing = list(missing)
-        super().__init__(f"{len(self.missing)} key(s) missing from TQ partition {partition!r}: "
-                         f"{', '.join(self.missing[:5])}{' ...' if len(self.missing) > 5 else ''}")
+        super().__init__(
+            f"{len(self.missing)} key(s) missing from TQ partition {partition!r}: "
+            f"{', '.join(self.missing[:5])}{' ...' if len(self.missing) > 5 else ''}"
+        )
 
 
 class KVStore(Protocol):
-    def put(self, partition: str, keys: Sequence[str], fields: TensorDict, tags: Sequence[Mapping[str, Any]]) -> None: ...
+    def put(
+        self, partition: str, keys: Sequence[str], fields: TensorDict, tags: Sequence[Mapping[str, Any]]
+    ) -> None: ...
 
     def get(self, partition: str, keys: Sequence[str], select: Sequence[str] | None = None) -> TensorDict: ...
 
@@ -84,11 +89,22 @@ def init_tq(config: TQConfig = TQConfig()) -> TQSession:
     if not ray.is_initialized():
         env = {"env_vars": {"TQ_NUM_THREADS": os.environ["TQ_NUM_THREADS"]}}
         if config.address is not None:
-            ray.init(address=config.address, namespace=config.namespace, runtime_env=env,
-                     logging_level=logging.WARNING, log_to_driver=False)
+            ray.init(
+                address=config.address,
+                namespace=config.namespace,
+                runtime_env=env,
+                logging_level=logging.WARNING,
+                log_to_driver=False,
+            )
         else:
-            ray.init(num_cpus=config.num_cpus, include_dashboard=False, namespace=config.namespace,
-                     runtime_env=env, logging_level=logging.WARNING, log_to_driver=False)
+            ray.init(
+                num_cpus=config.num_cpus,
+                include_dashboard=False,
+                namespace=config.namespace,
+                runtime_env=env,
+                logging_level=logging.WARNING,
+                log_to_driver=False,
+            )
             started_ray = True
     import transfer_queue as tq
     from transfer_queue import interface
@@ -124,12 +140,10 @@ class TQStore:
 
         self._tq = tq
 
-    def put(self, partition: str, keys: Sequence[str], fields: TensorDict,
-            tags: Sequence[Mapping[str, Any]]) -> None:
+    def put(self, partition: str, keys: Sequence[str], fields: TensorDict, tags: Sequence[Mapping[str, Any]]) -> None:
         if not keys:
             return
-        self._tq.kv_batch_put(keys=list(keys), partition_id=partition, fields=fields,
-                              tags=[dict(t) for t in tags])
+        self._tq.kv_batch_put(keys=list(keys), partition_id=partition, fields=fields, tags=[dict(t) for t in tags])
 
     def get(self, partition: str, keys: Sequence[str], select: Sequence[str] | None = None) -> TensorDict:
         """Rows in the order of `keys`; raises MissingKeysError naming absent keys instead of returning fewer rows."""
@@ -140,8 +154,9 @@ class TQStore:
         if meta.size != len(keys):
             present = self.present(partition, keys)
             raise MissingKeysError(partition, [k for k in keys if k not in present])
-        return self._tq.kv_batch_get(keys=keys, partition_id=partition,
-                                     select_fields=list(select) if select is not None else None)
+        return self._tq.kv_batch_get(
+            keys=keys, partition_id=partition, select_fields=list(select) if select is not None else None
+        )
 
     def present(self, partition: str, keys: Sequence[str]) -> set[str]:
         listed = self.list(partition)

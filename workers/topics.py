@@ -64,15 +64,23 @@ def pipeline_topics(names: TopicNames, partitions: int = 4, replication_factor: 
         TopicSpec(names.receipts, partitions, replication_factor=replication_factor),
         TopicSpec(names.finalized, partitions, replication_factor=replication_factor),
         TopicSpec(names.deadletter, 1, replication_factor=replication_factor),
-        TopicSpec(names.state, partitions, {"cleanup.policy": "compact", "min.cleanable.dirty.ratio": "0.1",
-                                            "segment.ms": "60000"}, replication_factor=replication_factor),
+        TopicSpec(
+            names.state,
+            partitions,
+            {"cleanup.policy": "compact", "min.cleanable.dirty.ratio": "0.1", "segment.ms": "60000"},
+            replication_factor=replication_factor,
+        ),
     ]
 
 
 RECEIPTS_ROLE, FINALIZED_ROLE, DEADLETTER_ROLE, STATE_ROLE = "receipts", "finalized", "deadletter", "state"
 _SUFFIXES = {RECEIPTS: RECEIPTS_ROLE, FINALIZED: FINALIZED_ROLE, DEADLETTER: DEADLETTER_ROLE, STATE: STATE_ROLE}
-_BY_ROLE: dict[str, type[Message]] = {RECEIPTS_ROLE: Receipt, FINALIZED_ROLE: FinalizedGroup,
-                                      DEADLETTER_ROLE: DeadLetter, STATE_ROLE: GroupState}
+_BY_ROLE: dict[str, type[Message]] = {
+    RECEIPTS_ROLE: Receipt,
+    FINALIZED_ROLE: FinalizedGroup,
+    DEADLETTER_ROLE: DeadLetter,
+    STATE_ROLE: GroupState,
+}
 _BY_KIND: dict[str, type[Message]] = {cls.kind(): cls for cls in _BY_ROLE.values()}
 
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from streams.admin import TopicSpec, create_topics
 from streams.broker import BrokerConfig, LocalBroker
 from streams.config import KafkaConfig
-from streams.admin import TopicSpec, create_topics
 
 
 @pytest.fixture(scope="session")

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import random
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from schemas.deadletter import DeadLetter
 from schemas.finalized import FinalizedGroup
-from streams.consumer import read_topic
 from streams.admin import create_topics
-from workers.topics import TopicNames, pipeline_topics
+from streams.consumer import read_topic
 from workers.rollout.publisher import RolloutPublisher, StagedRollout
 from workers.rollout.synthetic import SyntheticShape, make_group
+from workers.topics import TopicNames, pipeline_topics
 
 SMALL = SyntheticShape(group_size=8, calls=(1, 3), prompt_len=(4, 12), answer_len=(2, 16), observation_len=(1, 6))
 
@@ -23,17 +23,28 @@ def setup_topics(kafka, prefix: str, partitions: int = 4) -> TopicNames:
     return names
 
 
-def publish_groups(kafka, store, names: TopicNames, n_groups: int, *, shape: SyntheticShape = SMALL,
-                   seed: int = 0, weight_version: int = 1, prefix: str = "g",
-                   batch: int = 200) -> dict[str, list[StagedRollout]]:
+def publish_groups(
+    kafka,
+    store,
+    names: TopicNames,
+    n_groups: int,
+    *,
+    shape: SyntheticShape = SMALL,
+    seed: int = 0,
+    weight_version: int = 1,
+    prefix: str = "g",
+    batch: int = 200,
+) -> dict[str, list[StagedRollout]]:
     """Publish n_groups groups with their receipts shuffled across groups; returns group_id -> rollouts."""
-    groups = {f"{prefix}{i:04d}": make_group(f"{prefix}{i:04d}", i, weight_version, shape=shape, seed=seed)
-              for i in range(n_groups)}
+    groups = {
+        f"{prefix}{i:04d}": make_group(f"{prefix}{i:04d}", i, weight_version, shape=shape, seed=seed)
+        for i in range(n_groups)
+    }
     rollouts = [r for g in groups.values() for r in g]
     random.Random(seed).shuffle(rollouts)
     pub = RolloutPublisher(kafka, store, names.receipts)
     for i in range(0, len(rollouts), batch):
-        pub.publish(rollouts[i:i + batch])
+        pub.publish(rollouts[i : i + batch])
     pub.close()
     return groups
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 from tensordict import TensorDict
@@ -16,11 +17,10 @@ class InMemoryStore:
     def __init__(self) -> None:
         self._rows: dict[str, dict[str, tuple[dict[str, torch.Tensor], dict[str, Any]]]] = {}
 
-    def put(self, partition: str, keys: Sequence[str], fields: TensorDict,
-            tags: Sequence[Mapping[str, Any]]) -> None:
+    def put(self, partition: str, keys: Sequence[str], fields: TensorDict, tags: Sequence[Mapping[str, Any]]) -> None:
         part = self._rows.setdefault(partition, {})
         for i, key in enumerate(keys):
-            row = {name: _row(fields.get(name), i).clone() for name in fields.keys()}
+            row = {name: _row(fields.get(name), i).clone() for name in fields}
             part[key] = (row, dict(tags[i]) if tags else {})
 
     def get(self, partition: str, keys: Sequence[str], select: Sequence[str] | None = None) -> TensorDict:

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import importlib
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import msgspec
 
@@ -27,7 +28,12 @@ class DataPlaneConfig:
     """How an actor reaches the data plane: the Ray/TQ address and what it must be able to import."""
 
     tq: TQConfig = TQConfig()
-    required_modules: tuple[str, ...] = ("transfer_queue", "tensordict", "schemas.group_build", "workers.reassembler.finalize")
+    required_modules: tuple[str, ...] = (
+        "transfer_queue",
+        "tensordict",
+        "schemas.group_build",
+        "workers.reassembler.finalize",
+    )
 
 
 class RolloutReassemblerActor:
@@ -60,8 +66,15 @@ class RolloutReassemblerActor:
         from workers.reassembler.groups import OpenGroup
 
         receipts = [_receipt(r, f"rpc.receipts[{i}]") for i, r in enumerate(request.receipts)]
-        group = OpenGroup(request.group_id, partition=-1, group_size=len(request.rollout_ids),
-                          prompt_idx=request.prompt_idx, first_offset=0, last_offset=0, first_seen_ms=0)
+        group = OpenGroup(
+            request.group_id,
+            partition=-1,
+            group_size=len(request.rollout_ids),
+            prompt_idx=request.prompt_idx,
+            first_offset=0,
+            last_offset=0,
+            first_seen_ms=0,
+        )
         for i, r in enumerate(receipts):
             if r is not None:
                 group.receipts[i] = r
@@ -96,8 +109,13 @@ class RolloutReassemblerActor:
         self._stop.clear()
         worker = ReassemblerWorker(kafka, self._tq(), worker_config)
         stats = worker.run(self._stop)
-        return {"receipts": stats.receipts, "finalized": stats.finalized, "dead_letters": dict(stats.dead_letters),
-                "transactions": stats.transactions, "aborts": stats.aborts}
+        return {
+            "receipts": stats.receipts,
+            "finalized": stats.finalized,
+            "dead_letters": dict(stats.dead_letters),
+            "transactions": stats.transactions,
+            "aborts": stats.aborts,
+        }
 
     def stop_worker(self) -> None:
         self._stop.set()
@@ -112,9 +130,13 @@ def _receipt(value: dict | None, path: str) -> Receipt | None:
         raise SchemaError(path, str(exc)) from None
 
 
-def create_rollout_reassembler_actors(dp_config: DataPlaneConfig | Sequence[DataPlaneConfig],
-                                      config: RolloutReassemblerActorConfig, *, num_workers: int,
-                                      name_prefix: str | None = None) -> list[Any]:
+def create_rollout_reassembler_actors(
+    dp_config: DataPlaneConfig | Sequence[DataPlaneConfig],
+    config: RolloutReassemblerActorConfig,
+    *,
+    num_workers: int,
+    name_prefix: str | None = None,
+) -> list[Any]:
     """Construct and validate the pool after TQ partitions are registered; all or nothing.
 
     `dp_config` may be one config for all actors or one per actor (e.g. per-node addresses);

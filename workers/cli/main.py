@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from confluent_kafka import KafkaException
 
+from streams.admin import create_topics, list_topics
 from streams.broker import BrokerConfig, BrokerError, broker_status, ensure_kafka_jars, start_broker, stop_broker
 from streams.config import KafkaConfig, parse_client_settings
-from streams.admin import create_topics, list_topics
 from workers.topics import TopicNames, pipeline_topics
 
 DEFAULT_DATA_DIR = Path(".rlstream/broker")
@@ -23,8 +23,13 @@ def _kafka(args) -> KafkaConfig:
 
 def _add_kafka_args(p: argparse.ArgumentParser, *, required: bool = True) -> None:
     p.add_argument("--bootstrap-servers", required=required, help="Kafka bootstrap servers, host:port[,...]")
-    p.add_argument("-X", "--kafka-setting", action="append", metavar="KEY=VALUE",
-                   help="extra client setting passed to every Kafka client (SASL, TLS, ...); repeatable")
+    p.add_argument(
+        "-X",
+        "--kafka-setting",
+        action="append",
+        metavar="KEY=VALUE",
+        help="extra client setting passed to every Kafka client (SASL, TLS, ...); repeatable",
+    )
     p.add_argument("--prefix", default="", help="topic name prefix, so several runs can share a cluster")
 
 
@@ -53,8 +58,7 @@ def cmd_broker_status(args) -> int:
 
 
 def cmd_broker_fetch(args) -> int:
-    path = ensure_kafka_jars(BrokerConfig(data_dir=DEFAULT_DATA_DIR).cache_dir,
-                             log=lambda m: print(m, file=sys.stderr))
+    path = ensure_kafka_jars(BrokerConfig(data_dir=DEFAULT_DATA_DIR).cache_dir, log=lambda m: print(m, file=sys.stderr))
     print(f"Kafka jars in {path}")
     return 0
 
@@ -78,10 +82,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="verb", required=True)
 
     broker = sub.add_parser("broker", help="run a local single-node Kafka broker").add_subparsers(
-        dest="action", required=True)
-    for name, fn, hlp in (("start", cmd_broker_start, "start in the background and print its address"),
-                          ("stop", cmd_broker_stop, "stop gracefully, kill after a bound"),
-                          ("status", cmd_broker_status, "say whether it runs and answers")):
+        dest="action", required=True
+    )
+    for name, fn, hlp in (
+        ("start", cmd_broker_start, "start in the background and print its address"),
+        ("stop", cmd_broker_stop, "stop gracefully, kill after a bound"),
+        ("status", cmd_broker_status, "say whether it runs and answers"),
+    ):
         p = broker.add_parser(name, help=hlp)
         p.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR)
         if name == "start":
@@ -90,7 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
     broker.add_parser("fetch", help="fetch the Kafka jars into the cache (once)").set_defaults(func=cmd_broker_fetch)
 
     topics = sub.add_parser("topics", help="create or list the pipeline topics").add_subparsers(
-        dest="action", required=True)
+        dest="action", required=True
+    )
     p = topics.add_parser("create", help="create receipts, finalized, dead-letter and state topics")
     _add_kafka_args(p)
     p.add_argument("--partitions", type=int, default=4)
@@ -106,7 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _extra_verbs() -> list[Callable]:
     # Heavier verbs live in their own modules and import torch/ray only when they run.
-    from workers.cli import ops as cli_tools, pipeline as cli_pipeline
+    from workers.cli import ops as cli_tools
+    from workers.cli import pipeline as cli_pipeline
 
     return [cli_pipeline.register, cli_tools.register]
 

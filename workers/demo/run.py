@@ -16,22 +16,22 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Callable
 
 from schemas.deadletter import ALL_ROLLOUTS_FAILED, INCONSISTENT_GROUP, DeadLetter
+from streams.admin import create_topics
 from streams.broker import BrokerConfig, LocalBroker
 from streams.config import KafkaConfig
 from streams.producer import AckedProducer, Outgoing
-from streams.admin import create_topics
-from workers.topics import TopicNames, pipeline_topics
 from streams.tq import TQConfig, TQStore, init_tq
-from workers.trainer.policies import policy_by_name
-from workers.telemetry.progress import Progress
 from workers.rollout.publisher import RolloutPublisher
 from workers.rollout.synthetic import SyntheticShape, make_group
+from workers.telemetry.progress import Progress
+from workers.topics import TopicNames, pipeline_topics
 from workers.trainer.consumer import ConsumerConfig, ExperienceConsumer
+from workers.trainer.policies import policy_by_name
 
 GROUP_DEAD_LETTER_KINDS = (ALL_ROLLOUTS_FAILED, INCONSISTENT_GROUP)
 
@@ -55,8 +55,15 @@ class DemoConfig:
     produce_rate_groups_s: float = 8.0
     group_timeout_s: float = 10.0
     timeout_s: float = 300.0
-    shape: SyntheticShape = SyntheticShape(group_size=8, calls=(1, 4), prompt_len=(16, 96), answer_len=(16, 192),
-                                           observation_len=(4, 48), failure_rate=0.03, violation_rate=0.1)
+    shape: SyntheticShape = SyntheticShape(
+        group_size=8,
+        calls=(1, 4),
+        prompt_len=(16, 96),
+        answer_len=(16, 192),
+        observation_len=(4, 48),
+        failure_rate=0.03,
+        violation_rate=0.1,
+    )
 
 
 @dataclass
@@ -98,8 +105,9 @@ class _Shared:
         self.errors: list[str] = []
 
 
-def _producer(kafka: KafkaConfig, names: TopicNames, cfg: DemoConfig, index: int, shared: _Shared,
-              stop: threading.Event) -> None:
+def _producer(
+    kafka: KafkaConfig, names: TopicNames, cfg: DemoConfig, index: int, shared: _Shared, stop: threading.Event
+) -> None:
     rng = random.Random(index)
     pub = RolloutPublisher(kafka, TQStore(), names.receipts)
     try:
@@ -134,12 +142,21 @@ def _start_reassemblers(kafka: KafkaConfig, names: TopicNames, cfg: DemoConfig, 
     from workers.actors.reassembler import DataPlaneConfig, create_rollout_reassembler_actors
     from workers.reassembler.config import ReassemblerConfig, default_actor_config
 
-    actors = create_rollout_reassembler_actors(DataPlaneConfig(tq=tq), default_actor_config(),
-                                               num_workers=cfg.reassemblers)
-    runs = [a.run_worker.remote(kafka, ReassemblerConfig(prefix=names.prefix, worker_id=f"actor-{i}",
-                                                         consumer_group=f"reassemblers.{names.prefix}",
-                                                         group_timeout_s=cfg.group_timeout_s))
-            for i, a in enumerate(actors)]
+    actors = create_rollout_reassembler_actors(
+        DataPlaneConfig(tq=tq), default_actor_config(), num_workers=cfg.reassemblers
+    )
+    runs = [
+        a.run_worker.remote(
+            kafka,
+            ReassemblerConfig(
+                prefix=names.prefix,
+                worker_id=f"actor-{i}",
+                consumer_group=f"reassemblers.{names.prefix}",
+                group_timeout_s=cfg.group_timeout_s,
+            ),
+        )
+        for i, a in enumerate(actors)
+    ]
 
     def stop() -> None:
         for a in actors:
@@ -215,19 +232,25 @@ def run_demo(cfg: DemoConfig, *, log: Callable[[str], None] = print) -> DemoRepo
         cleanups.append(session.close)
         _stop_on_sigterm()
         create_topics(kafka, pipeline_topics(names, cfg.partitions))
-        log(f"topics: {names.receipts}, {names.finalized}, {names.deadletter}, {names.state} "
-            f"({cfg.partitions} partitions)")
+        log(
+            f"topics: {names.receipts}, {names.finalized}, {names.deadletter}, {names.state} "
+            f"({cfg.partitions} partitions)"
+        )
         if not cfg.external_reassemblers:
             actor_tq = replace(tq, address=tq.address or "auto")
             cleanups.append(_start_reassemblers(kafka, names, cfg, actor_tq))
             log(f"reassemblers: {cfg.reassemblers} Ray actors in consumer group reassemblers.{names.prefix}")
         shared = _Shared()
-        producers = [threading.Thread(target=_producer, args=(kafka, names, cfg, i, shared, stop), daemon=True)
-                     for i in range(cfg.producers)]
+        producers = [
+            threading.Thread(target=_producer, args=(kafka, names, cfg, i, shared, stop), daemon=True)
+            for i in range(cfg.producers)
+        ]
         for t in producers:
             t.start()
-        log(f"producers: {cfg.producers} x {cfg.groups // cfg.producers} groups of {cfg.shape.group_size} "
-            f"rollouts; trainer: {cfg.policy} policy, staleness bound {cfg.max_staleness}")
+        log(
+            f"producers: {cfg.producers} x {cfg.groups // cfg.producers} groups of {cfg.shape.group_size} "
+            f"rollouts; trainer: {cfg.policy} policy, staleness bound {cfg.max_staleness}"
+        )
         _train(kafka, names, cfg, shared, producers, report, time.monotonic(), log)
         stop.set()
         for t in producers:
@@ -247,11 +270,22 @@ def run_demo(cfg: DemoConfig, *, log: Callable[[str], None] = print) -> DemoRepo
     return report
 
 
-def _train(kafka: KafkaConfig, names: TopicNames, cfg: DemoConfig, shared: _Shared, producers, report: DemoReport,
-           t_stream: float, log: Callable[[str], None]) -> None:
+def _train(
+    kafka: KafkaConfig,
+    names: TopicNames,
+    cfg: DemoConfig,
+    shared: _Shared,
+    producers,
+    report: DemoReport,
+    t_stream: float,
+    log: Callable[[str], None],
+) -> None:
     """The trainer loop; throughput is measured over the streaming window, from the first receipt on."""
-    params = {"max_staleness_versions": cfg.max_staleness} if cfg.policy == "windowed" else (
-        {"max_lookahead_versions": cfg.max_staleness} if cfg.policy == "in_order" else {})
+    params = (
+        {"max_staleness_versions": cfg.max_staleness}
+        if cfg.policy == "windowed"
+        else ({"max_lookahead_versions": cfg.max_staleness} if cfg.policy == "in_order" else {})
+    )
     consumed: list[str] = []
     evicted: list[str] = []
     latencies: list[float] = []
@@ -261,9 +295,14 @@ def _train(kafka: KafkaConfig, names: TopicNames, cfg: DemoConfig, shared: _Shar
         latencies.append((time.time() - shared.acked_at.get(group.group_id, time.time())) * 1000.0)
         consumed.append(group.group_id)
 
-    consumer = ExperienceConsumer(kafka, TQStore(), ConsumerConfig(names, group_id=f"trainer.{names.prefix}"),
-                                  policy_by_name(cfg.policy, **params), on_yield=on_yield,
-                                  on_evict=lambda g, v: evicted.append(g.group_id))
+    consumer = ExperienceConsumer(
+        kafka,
+        TQStore(),
+        ConsumerConfig(names, group_id=f"trainer.{names.prefix}"),
+        policy_by_name(cfg.policy, **params),
+        on_yield=on_yield,
+        on_evict=lambda g, v: evicted.append(g.group_id),
+    )
     progress = Progress(cfg.groups, log)
     dead = _DeadLetterWatch(kafka, names.deadletter)
     steps = 0
@@ -285,9 +324,14 @@ def _train(kafka: KafkaConfig, names: TopicNames, cfg: DemoConfig, shared: _Shar
             with shared.lock:
                 produced = len(shared.produced)
             done = len(set(consumed)) + len(set(evicted)) + len(dead.groups)
-            progress.update(produced=produced, finalized=consumer.counts.yielded + consumer.counts.evicted_stale
-                            + consumer.counts.waiting, consumed=len(consumed), evicted=len(evicted),
-                            dead=len(dead.groups), version=shared.version)
+            progress.update(
+                produced=produced,
+                finalized=consumer.counts.yielded + consumer.counts.evicted_stale + consumer.counts.waiting,
+                consumed=len(consumed),
+                evicted=len(evicted),
+                dead=len(dead.groups),
+                version=shared.version,
+            )
             if not producing and done >= produced and produced == cfg.groups:
                 break
             if not producing and shared.errors:

@@ -13,11 +13,11 @@ from pathlib import Path
 import torch
 from tensordict import TensorDict
 
+from streams.admin import TopicSpec, create_topics
 from streams.broker import BrokerConfig, LocalBroker
 from streams.config import KafkaConfig
 from streams.consumer import read_topic
 from streams.producer import AckedProducer, Outgoing
-from streams.admin import TopicSpec, create_topics
 from streams.tq import STAGING, TQConfig, TQStore, init_tq
 
 
@@ -53,8 +53,14 @@ def run_smoke(bootstrap_servers: str | None = None, *, log=print) -> SmokeResult
             rows = [torch.arange(n, dtype=torch.int64) for n in (5, 17, 3)]
             store = TQStore()
             keys = [f"smoke-{uuid.uuid4().hex[:8]}/{i}" for i in range(len(rows))]
-            store.put(STAGING, keys, TensorDict({"token_ids": torch.nested.nested_tensor(rows, layout=torch.jagged)},
-                                                batch_size=[len(rows)]), [{"row": i} for i in range(len(rows))])
+            store.put(
+                STAGING,
+                keys,
+                TensorDict(
+                    {"token_ids": torch.nested.nested_tensor(rows, layout=torch.jagged)}, batch_size=[len(rows)]
+                ),
+                [{"row": i} for i in range(len(rows))],
+            )
             back = store.get(STAGING, keys)["token_ids"].unbind()
             if not all(torch.equal(a, b) for a, b in zip(rows, back)):
                 raise RuntimeError("TQ round trip returned different tensors")

@@ -10,8 +10,9 @@ import base64
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, KafkaException, TopicPartition
 
@@ -21,9 +22,8 @@ from schemas.finalized import FinalizedGroup
 from schemas.receipt import Receipt
 from streams.config import KafkaConfig
 from streams.consumer import Record, committed_offsets, end_offsets, partitions_of, read_topic
-from workers.topics import decode_value, message_group_id, topic_role
-from workers.topics import TopicNames
 from streams.tq import STAGING, TRAIN, KVStore
+from workers.topics import TopicNames, decode_value, message_group_id, topic_role
 
 
 def _text(data: bytes | None) -> str | None:
@@ -41,9 +41,14 @@ def describe_record(rec: Record, role: str | None = None) -> dict[str, Any]:
     A dead letter shows `error_kind` and `message` at the top level and its original receipt decoded
     when it decodes (else the original's size); `role` None sniffs the message kind (replay topics).
     """
-    out: dict[str, Any] = {"topic": rec.topic, "partition": rec.partition, "offset": rec.offset,
-                           "timestamp_ms": rec.timestamp_ms, "key": _text(rec.key),
-                           "headers": {k: _text(v) for k, v in rec.headers}}
+    out: dict[str, Any] = {
+        "topic": rec.topic,
+        "partition": rec.partition,
+        "offset": rec.offset,
+        "timestamp_ms": rec.timestamp_ms,
+        "key": _text(rec.key),
+        "headers": {k: _text(v) for k, v in rec.headers},
+    }
     try:
         msg = decode_value(rec.value, role)
     except SchemaError as exc:
@@ -65,14 +70,25 @@ def describe_record(rec: Record, role: str | None = None) -> dict[str, Any]:
 
 
 def _matches_group(desc: dict[str, Any], group_id: str | None) -> bool:
-    return group_id is None or desc.get("group_id") == group_id or (
-        desc.get("group_id") is None and desc.get("key") == group_id)
+    return (
+        group_id is None
+        or desc.get("group_id") == group_id
+        or (desc.get("group_id") is None and desc.get("key") == group_id)
+    )
 
 
-def tail(kafka: KafkaConfig, topic: str, emit: Callable[[dict[str, Any]], None], *,
-         from_beginning: bool = False, group_id: str | None = None, max_records: int | None = None,
-         idle_exit_s: float | None = None, stop: threading.Event | None = None,
-         read_committed: bool = True) -> int:
+def tail(
+    kafka: KafkaConfig,
+    topic: str,
+    emit: Callable[[dict[str, Any]], None],
+    *,
+    from_beginning: bool = False,
+    group_id: str | None = None,
+    max_records: int | None = None,
+    idle_exit_s: float | None = None,
+    stop: threading.Event | None = None,
+    read_committed: bool = True,
+) -> int:
     """Decode the topic's records (by its role) and `emit` each, following new ones.
 
     Returns after `max_records` emitted, after `idle_exit_s` without any new record, or when `stop`
@@ -109,35 +125,55 @@ def tail(kafka: KafkaConfig, topic: str, emit: Callable[[dict[str, Any]], None],
     return emitted
 
 
-def inspect_group(kafka: KafkaConfig, names: TopicNames, group_id: str, *,
-                  store: KVStore | None = None, staging_partition: str = STAGING) -> dict[str, Any]:
+def inspect_group(
+    kafka: KafkaConfig,
+    names: TopicNames,
+    group_id: str,
+    *,
+    store: KVStore | None = None,
+    staging_partition: str = STAGING,
+) -> dict[str, Any]:
     """Everything about one prompt group: receipts, state entries, finalized records, dead letters and,
     with a store, which of its staging keys and train sample ids are still in TQ."""
     found: dict[str, list[dict[str, Any]]] = {}
-    for section, topic in (("receipts", names.receipts), ("state", names.state),
-                           ("finalized", names.finalized), ("dead_letters", names.deadletter)):
+    for section, topic in (
+        ("receipts", names.receipts),
+        ("state", names.state),
+        ("finalized", names.finalized),
+        ("dead_letters", names.deadletter),
+    ):
         role = topic_role(topic)
-        found[section] = [d for d in (describe_record(r, role) for r in read_topic(kafka, topic))
-                          if _matches_group(d, group_id)]
+        found[section] = [
+            d for d in (describe_record(r, role) for r in read_topic(kafka, topic)) if _matches_group(d, group_id)
+        ]
     report: dict[str, Any] = {"group_id": group_id, **found}
     receipts = [d["value"] for d in found["receipts"] if d.get("kind") == Receipt.kind()]
-    receipts += [d["value"]["original_receipt"] for d in found["dead_letters"]
-                 if "original_receipt" in d.get("value", {})]
+    receipts += [
+        d["value"]["original_receipt"] for d in found["dead_letters"] if "original_receipt" in d.get("value", {})
+    ]
     staging_keys = sorted({c["staging_key"] for r in receipts for c in r["manifest"]})
     finalized = [d["value"] for d in found["finalized"] if d.get("kind") == FinalizedGroup.kind()]
     sample_ids = sorted({s for f in finalized for s in f["sample_ids"]})
     train = finalized[-1]["partition_id"] if finalized else TRAIN
-    outcome = ("finalized" if finalized else "dead_lettered" if found["dead_letters"]
-               else "open" if receipts else "unknown")
-    report["summary"] = {"receipts": len(found["receipts"]), "state_entries": len(found["state"]),
-                         "finalized_records": len(finalized), "dead_letters": len(found["dead_letters"]),
-                         "outcome": outcome}
+    outcome = (
+        "finalized" if finalized else "dead_lettered" if found["dead_letters"] else "open" if receipts else "unknown"
+    )
+    report["summary"] = {
+        "receipts": len(found["receipts"]),
+        "state_entries": len(found["state"]),
+        "finalized_records": len(finalized),
+        "dead_letters": len(found["dead_letters"]),
+        "outcome": outcome,
+    }
     if store is not None:
         staged = store.present(staging_partition, staging_keys)
         trained = store.present(train, sample_ids)
-        report["tq"] = {"staging_partition": staging_partition, "train_partition": train,
-                        "staging_keys": {k: k in staged for k in staging_keys},
-                        "sample_ids": {s: s in trained for s in sample_ids}}
+        report["tq"] = {
+            "staging_partition": staging_partition,
+            "train_partition": train,
+            "staging_keys": {k: k in staged for k in staging_keys},
+            "sample_ids": {s: s in trained for s in sample_ids},
+        }
     return report
 
 
@@ -171,8 +207,15 @@ def group_lag(kafka: KafkaConfig, group: str, topic: str) -> list[LagRow]:
     return rows
 
 
-def lag(kafka: KafkaConfig, names: TopicNames, *, reassembler_group: str = "reassemblers",
-        trainer_group: str = "trainer", input_topic: str | None = None) -> list[LagRow]:
+def lag(
+    kafka: KafkaConfig,
+    names: TopicNames,
+    *,
+    reassembler_group: str = "reassemblers",
+    trainer_group: str = "trainer",
+    input_topic: str | None = None,
+) -> list[LagRow]:
     """Lag of the reassembler group on receipts (or `input_topic`) and of the trainer group on finalized."""
-    return (group_lag(kafka, reassembler_group, input_topic or names.receipts)
-            + group_lag(kafka, trainer_group, names.finalized))
+    return group_lag(kafka, reassembler_group, input_topic or names.receipts) + group_lag(
+        kafka, trainer_group, names.finalized
+    )

@@ -21,8 +21,8 @@ from schemas.errors import SchemaError
 from streams.config import KafkaConfig
 from streams.consumer import committed_offsets, end_offsets, read_topic
 from streams.producer import Outgoing, TransactionalProducer
-from workers.topics import TopicNames
 from workers.reassembler.worker import REDRIVE_HEADER
+from workers.topics import TopicNames
 
 
 @dataclass
@@ -40,18 +40,29 @@ class RedriveReport:
 
     def lines(self) -> list[str]:
         verb = "would redrive" if self.dry_run else "redrove"
-        out = [f"{verb} {len(self.redriven)} dead letter(s) from {self.deadletter_topic}"
-               + "".join(f"; {n} to {t}" for t, n in sorted(self.destinations.items()))]
+        out = [
+            f"{verb} {len(self.redriven)} dead letter(s) from {self.deadletter_topic}"
+            + "".join(f"; {n} to {t}" for t, n in sorted(self.destinations.items()))
+        ]
         for kind, topic, p, off in self.redriven[:50]:
             out.append(f"  {kind}: {topic} partition {p} offset {off}")
-        out.append(f"skipped: {self.skipped_max} at the redrive limit, {self.already_done} already handled, "
-                   f"{self.skipped_other_kind} of other kinds, {self.undecodable} undecodable")
+        out.append(
+            f"skipped: {self.skipped_max} at the redrive limit, {self.already_done} already handled, "
+            f"{self.skipped_other_kind} of other kinds, {self.undecodable} undecodable"
+        )
         return out
 
 
-def redrive(kafka: KafkaConfig, names: TopicNames, *, reason: str | None = None, to_source: bool = False,
-            to_topic: str | None = None, max_redrives: int = 1,
-            consumer_group: str = "rlstream.redrive") -> RedriveReport:
+def redrive(
+    kafka: KafkaConfig,
+    names: TopicNames,
+    *,
+    reason: str | None = None,
+    to_source: bool = False,
+    to_topic: str | None = None,
+    max_redrives: int = 1,
+    consumer_group: str = "rlstream.redrive",
+) -> RedriveReport:
     """Re-publish dead letters (of kind `reason`, or all) whose redrive_count < max_redrives.
 
     to_source: to the topic each came from; to_topic: all to that topic instead (e.g. a replay
@@ -92,8 +103,14 @@ def redrive(kafka: KafkaConfig, names: TopicNames, *, reason: str | None = None,
             report.skipped_max += 1
             continue
         dest = to_topic or letter.source_topic
-        out.append(Outgoing(dest, letter.source_key, letter.original,
-                            headers=[(REDRIVE_HEADER, str(letter.redrive_count + 1).encode())]))
+        out.append(
+            Outgoing(
+                dest,
+                letter.source_key,
+                letter.original,
+                headers=[(REDRIVE_HEADER, str(letter.redrive_count + 1).encode())],
+            )
+        )
         report.redriven.append((kind, letter.source_topic, letter.source_partition, letter.source_offset))
         report.destinations[dest] = report.destinations.get(dest, 0) + 1
     if producer is None:
@@ -106,8 +123,9 @@ def redrive(kafka: KafkaConfig, names: TopicNames, *, reason: str | None = None,
             group = f"{consumer_group}.{kind}"
             meta = Consumer(kafka.consumer(group))
             try:
-                producer.send_offsets([TopicPartition(topic, p, end) for p, end in ends.items()],
-                                      meta.consumer_group_metadata())
+                producer.send_offsets(
+                    [TopicPartition(topic, p, end) for p, end in ends.items()], meta.consumer_group_metadata()
+                )
             finally:
                 meta.close()
     return report

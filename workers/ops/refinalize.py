@@ -23,16 +23,24 @@ from schemas.receipt import Receipt
 from schemas.request import RolloutReassemblerActorConfig
 from streams.config import KafkaConfig
 from streams.consumer import read_topic
-from workers.topics import decode_value
-from workers.topics import TopicNames
 from streams.tq import KVStore, MissingKeysError
+from workers.reassembler.config import default_actor_config
 from workers.reassembler.finalize import build_one, fetch_segments, tensor_rows
 from workers.reassembler.groups import OpenGroup, PartitionGroups
-from workers.reassembler.config import default_actor_config
+from workers.topics import TopicNames, decode_value
 
 # Compared field by field; partition_id, source, metrics and finalized_at_ms describe the run, not the result.
-COMPARED_FIELDS = ("prompt_idx", "sample_ids", "tags", "group_min_wv", "group_max_wv", "canonical_output_tokens",
-                   "valid_row_count", "total_row_count", "rejection_reasons")
+COMPARED_FIELDS = (
+    "prompt_idx",
+    "sample_ids",
+    "tags",
+    "group_min_wv",
+    "group_max_wv",
+    "canonical_output_tokens",
+    "valid_row_count",
+    "total_row_count",
+    "rejection_reasons",
+)
 
 
 @dataclass(frozen=True)
@@ -69,9 +77,15 @@ def replayed_groups(kafka: KafkaConfig, topic: str) -> dict[str, OpenGroup]:
     return {gid: g for groups in parts.values() for gid, g in groups.open.items()}
 
 
-def refinalize(kafka: KafkaConfig, replay_topic: str, *, prefix: str, store: KVStore,
-               recorded_store: KVStore | None = None,
-               config: RolloutReassemblerActorConfig | None = None) -> list[Diff]:
+def refinalize(
+    kafka: KafkaConfig,
+    replay_topic: str,
+    *,
+    prefix: str,
+    store: KVStore,
+    recorded_store: KVStore | None = None,
+    config: RolloutReassemblerActorConfig | None = None,
+) -> list[Diff]:
     """Rebuild every group of `replay_topic` from the staged tensors in `store` and diff against the record.
 
     Recorded metadata comes from `TopicNames(prefix).finalized` (last record per group); recorded
@@ -93,29 +107,60 @@ def refinalize(kafka: KafkaConfig, replay_topic: str, *, prefix: str, store: KVS
     return diffs
 
 
-def _diff_group(group: OpenGroup, record: FinalizedGroup | None, store: KVStore, recorded_store: KVStore,
-                config: RolloutReassemblerActorConfig) -> list[Diff]:
+def _diff_group(
+    group: OpenGroup,
+    record: FinalizedGroup | None,
+    store: KVStore,
+    recorded_store: KVStore,
+    config: RolloutReassemblerActorConfig,
+) -> list[Diff]:
     gid = group.group_id
     keys = group.staging_keys()
     segments = fetch_segments(store, config.staging_partition, keys, routed_experts=config.router_replay_enabled)
     if keys and not segments and record is not None and record.valid_row_count:
-        return [Diff(gid, "staging", len(keys), 0,
-                     detail=f"none of its {len(keys)} staged tensors are in TQ {config.staging_partition!r}; "
-                            f"cannot rebuild")]
+        return [
+            Diff(
+                gid,
+                "staging",
+                len(keys),
+                0,
+                detail=f"none of its {len(keys)} staged tensors are in TQ {config.staging_partition!r}; cannot rebuild",
+            )
+        ]
     build = build_one(group, segments, config)
     if record is None:
         if build.valid_row_count == 0:
             return []  # dead-lettered both times
-        return [Diff(gid, "finalized_record", None, f"{build.valid_row_count} valid rows",
-                     detail="no finalized record, but the rebuild finalizes it")]
+        return [
+            Diff(
+                gid,
+                "finalized_record",
+                None,
+                f"{build.valid_row_count} valid rows",
+                detail="no finalized record, but the rebuild finalizes it",
+            )
+        ]
     if build.valid_row_count == 0:
-        return [Diff(gid, "finalized_record", f"{record.valid_row_count} valid rows", None,
-                     detail="recorded as finalized, but the rebuild has no valid row (would be dead-lettered)")]
-    rebuilt = {"prompt_idx": group.prompt_idx, "sample_ids": tuple(build.sample_ids), "tags": tuple(build.tags),
-               "group_min_wv": build.group_min_wv, "group_max_wv": build.group_max_wv,
-               "canonical_output_tokens": build.canonical_output_tokens,
-               "valid_row_count": build.valid_row_count, "total_row_count": build.total_row_count,
-               "rejection_reasons": tuple(build.rejection_reasons)}
+        return [
+            Diff(
+                gid,
+                "finalized_record",
+                f"{record.valid_row_count} valid rows",
+                None,
+                detail="recorded as finalized, but the rebuild has no valid row (would be dead-lettered)",
+            )
+        ]
+    rebuilt = {
+        "prompt_idx": group.prompt_idx,
+        "sample_ids": tuple(build.sample_ids),
+        "tags": tuple(build.tags),
+        "group_min_wv": build.group_min_wv,
+        "group_max_wv": build.group_max_wv,
+        "canonical_output_tokens": build.canonical_output_tokens,
+        "valid_row_count": build.valid_row_count,
+        "total_row_count": build.total_row_count,
+        "rejection_reasons": tuple(build.rejection_reasons),
+    }
     diffs = []
     for name in COMPARED_FIELDS:
         mine, theirs = _plain(rebuilt[name]), _plain(getattr(record, name))
@@ -135,9 +180,16 @@ def _diff_rows(gid: str, record: FinalizedGroup, fields, recorded_store: KVStore
     try:
         got = recorded_store.get(record.partition_id, list(record.sample_ids), select=names)
     except MissingKeysError as exc:
-        return [Diff(gid, "train_rows", len(record.sample_ids), len(record.sample_ids) - len(exc.missing),
-                     detail=f"{len(exc.missing)} row(s) missing from TQ {record.partition_id!r}: "
-                            f"{', '.join(exc.missing[:3])}")]
+        return [
+            Diff(
+                gid,
+                "train_rows",
+                len(record.sample_ids),
+                len(record.sample_ids) - len(exc.missing),
+                detail=f"{len(exc.missing)} row(s) missing from TQ {record.partition_id!r}: "
+                f"{', '.join(exc.missing[:3])}",
+            )
+        ]
     diffs = []
     for name in names:
         mine, theirs = tensor_rows(fields.get(name)), tensor_rows(got.get(name))

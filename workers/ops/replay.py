@@ -17,13 +17,18 @@ from dataclasses import dataclass, field
 from confluent_kafka import Consumer, TopicPartition
 
 from schemas.errors import SchemaError
+from streams.admin import TopicSpec, create_topics, list_topics, partition_count
 from streams.config import KafkaConfig
 from streams.consumer import read_topic
 from streams.producer import Outgoing, TransactionalProducer
-from workers.topics import (DEADLETTER_ROLE, decode_value, message_group_id, message_weight_versions,
-                           topic_role)
-from streams.admin import TopicSpec, create_topics, list_topics, partition_count
-from workers.topics import TopicNames
+from workers.topics import (
+    DEADLETTER_ROLE,
+    TopicNames,
+    decode_value,
+    message_group_id,
+    message_weight_versions,
+    topic_role,
+)
 
 
 @dataclass
@@ -44,14 +49,18 @@ class ReplayReport:
         return sum(self.copied.values())
 
     def lines(self) -> list[str]:
-        out = [f"{self.total} record(s) copied from {self.source_topic} to {self.dest_topic}"
-               f"{' (created)' if self.created else ''}"]
+        out = [
+            f"{self.total} record(s) copied from {self.source_topic} to {self.dest_topic}"
+            f"{' (created)' if self.created else ''}"
+        ]
         for p in sorted(self.scanned):
-            span = (f" offsets {self.first_offset[p]}..{self.last_offset[p]}" if self.copied.get(p) else "")
+            span = f" offsets {self.first_offset[p]}..{self.last_offset[p]}" if self.copied.get(p) else ""
             out.append(f"  partition {p}: {self.copied.get(p, 0)} of {self.scanned[p]} scanned{span}")
         if self.undecodable:
-            out.append(f"  {self.undecodable} record(s) could not be decoded to check a group id or weight "
-                       f"version filter and were not copied")
+            out.append(
+                f"  {self.undecodable} record(s) could not be decoded to check a group id or weight "
+                f"version filter and were not copied"
+            )
         return out
 
 
@@ -70,12 +79,18 @@ def parse_partition_offsets(text: str) -> dict[int, tuple[int, int]]:
     return out
 
 
-def replay(kafka: KafkaConfig, source_topic: str, dest_name: str, *, prefix: str = "",
-           offsets: dict[int, tuple[int, int]] | None = None,
-           time_range_ms: tuple[int, int] | None = None,
-           group_ids: set[str] | None = None,
-           weight_versions: tuple[int, int] | None = None,
-           transaction_timeout_ms: int = 600_000) -> ReplayReport:
+def replay(
+    kafka: KafkaConfig,
+    source_topic: str,
+    dest_name: str,
+    *,
+    prefix: str = "",
+    offsets: dict[int, tuple[int, int]] | None = None,
+    time_range_ms: tuple[int, int] | None = None,
+    group_ids: set[str] | None = None,
+    weight_versions: tuple[int, int] | None = None,
+    transaction_timeout_ms: int = 600_000,
+) -> ReplayReport:
     """Copy the matching committed records of `source_topic` to `TopicNames(prefix).replay(dest_name)`.
 
     offsets: partition -> (first, last) inclusive; only those partitions are read. time_range_ms:
@@ -120,8 +135,9 @@ def replay(kafka: KafkaConfig, source_topic: str, dest_name: str, *, prefix: str
                     continue
                 if not keep:
                     continue
-            producer.produce(Outgoing(dest, rec.key, rec.value, rec.headers, partition=rec.partition,
-                                      timestamp_ms=rec.timestamp_ms))
+            producer.produce(
+                Outgoing(dest, rec.key, rec.value, rec.headers, partition=rec.partition, timestamp_ms=rec.timestamp_ms)
+            )
             report.copied[rec.partition] = report.copied.get(rec.partition, 0) + 1
             report.first_offset.setdefault(rec.partition, rec.offset)
             report.last_offset[rec.partition] = rec.offset

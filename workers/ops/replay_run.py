@@ -9,16 +9,13 @@ belong to production, which may not have finalized those groups yet.
 
 from __future__ import annotations
 
-
 import msgspec
 
-from streams.config import KafkaConfig
-from workers.topics import is_replay_topic
 from streams.admin import create_topics, partition_count
-from workers.topics import REPLAY_PREFIX, pipeline_topics
-from workers.reassembler.config import ReassemblerConfig
-
+from streams.config import KafkaConfig
 from workers.reassembler.config import DEFAULT_CONSUMER_GROUP as PRODUCTION_GROUP
+from workers.reassembler.config import ReassemblerConfig
+from workers.topics import REPLAY_PREFIX, is_replay_topic, pipeline_topics
 
 
 def replay_source_prefix(replay_topic: str) -> str:
@@ -46,12 +43,16 @@ def prepare_replay_run(kafka: KafkaConfig, config: ReassemblerConfig, *, create:
         return config
     source_prefix = replay_source_prefix(topic)
     if config.topics.prefix == source_prefix:
-        raise ValueError(f"input {topic} is a replay topic: pass --prefix other than {source_prefix!r}, or the "
-                         f"run would write to the production topics {config.topics.finalized} and "
-                         f"{config.topics.state}")
+        raise ValueError(
+            f"input {topic} is a replay topic: pass --prefix other than {source_prefix!r}, or the "
+            f"run would write to the production topics {config.topics.finalized} and "
+            f"{config.topics.state}"
+        )
     if config.consumer_group == PRODUCTION_GROUP:
-        raise ValueError(f"input {topic} is a replay topic: pass its own --group, not the production "
-                         f"consumer group {PRODUCTION_GROUP!r}")
+        raise ValueError(
+            f"input {topic} is a replay topic: pass its own --group, not the production "
+            f"consumer group {PRODUCTION_GROUP!r}"
+        )
     if create:
         create_topics(kafka, pipeline_topics(config.topics, partition_count(kafka, topic)))
     actor = msgspec.structs.replace(config.actor, partition_id=replay_train_partition(config.topics.prefix))

@@ -19,9 +19,14 @@ CRASH_POINTS: tuple[str, ...] = CrashPoint.__args__
 
 
 def default_actor_config() -> RolloutReassemblerActorConfig:
-    return RolloutReassemblerActorConfig(partition_id=TRAIN, staging_partition=STAGING, pad_token_id=0,
-                                         router_replay_enabled=False, defer_routed_experts_to_policy=False,
-                                         max_seq_len=16384)
+    return RolloutReassemblerActorConfig(
+        partition_id=TRAIN,
+        staging_partition=STAGING,
+        pad_token_id=0,
+        router_replay_enabled=False,
+        defer_routed_experts_to_policy=False,
+        max_seq_len=16384,
+    )
 
 
 class ReassemblerConfig(Settings, frozen=True):
@@ -30,29 +35,52 @@ class ReassemblerConfig(Settings, frozen=True):
     section = "reassembler"
 
     prefix: Annotated[str, Meta(description="topic name prefix, so several runs can share a cluster")] = ""
-    worker_id: Annotated[str, Meta(description="stable worker id; a restarted worker with the same id fences "
-                                               "its predecessor's transactions at once (default: random)")] = ""
+    worker_id: Annotated[
+        str,
+        Meta(
+            description="stable worker id; a restarted worker with the same id fences "
+            "its predecessor's transactions at once (default: random)"
+        ),
+    ] = ""
     consumer_group: Annotated[str, Meta(min_length=1, description="Kafka consumer group of the reassemblers")] = (
-        DEFAULT_CONSUMER_GROUP)
-    input_topic: Annotated[str | None, Meta(description="read receipts from this topic instead of the prefix's "
-                                                        "receipts topic (e.g. a replay topic)")] = None
-    group_timeout_s: Annotated[float, Meta(gt=0, le=86_400, description="seconds from a prompt group's first "
-                                                                        "receipt until it is finalized incomplete")] = 30.0
+        DEFAULT_CONSUMER_GROUP
+    )
+    input_topic: Annotated[
+        str | None,
+        Meta(description="read receipts from this topic instead of the prefix's receipts topic (e.g. a replay topic)"),
+    ] = None
+    group_timeout_s: Annotated[
+        float,
+        Meta(
+            gt=0, le=86_400, description="seconds from a prompt group's first receipt until it is finalized incomplete"
+        ),
+    ] = 30.0
     # Size it above the rate of new groups times group_timeout_s, or groups whose receipts wait
     # behind the pause time out.
-    max_open_groups: Annotated[int, Meta(ge=1, le=10_000_000, description="open prompt groups at which the "
-                                                                          "worker pauses its partitions")] = 10_000
+    max_open_groups: Annotated[
+        int, Meta(ge=1, le=10_000_000, description="open prompt groups at which the worker pauses its partitions")
+    ] = 10_000
     max_poll_records: Annotated[int, Meta(ge=1, le=100_000, description="receipts read per step at most")] = 1000
     poll_timeout_s: Annotated[float, Meta(ge=0, le=10, description="longest wait for receipts in one step")] = 0.05
-    session_timeout_ms: Annotated[int, Meta(ge=1000, le=300_000, description="consumer-group session timeout: "
-                                                                             "how soon a dead worker's partitions "
-                                                                             "move")] = 6000
-    transaction_timeout_ms: Annotated[int, Meta(ge=1000, le=900_000, description="Kafka transaction timeout of "
-                                                                                 "one step")] = 10_000
-    clear_staging: Annotated[bool, Meta(description="clear a group's staged tensors once it is committed (off "
-                                                    "for replay runs: the tensors belong to production)")] = True
-    crash_point: Annotated[CrashPoint | None, Meta(description="crash drills only: SIGKILL this process at that "
-                                                               "point of a step")] = None
+    session_timeout_ms: Annotated[
+        int,
+        Meta(
+            ge=1000, le=300_000, description="consumer-group session timeout: how soon a dead worker's partitions move"
+        ),
+    ] = 6000
+    transaction_timeout_ms: Annotated[
+        int, Meta(ge=1000, le=900_000, description="Kafka transaction timeout of one step")
+    ] = 10_000
+    clear_staging: Annotated[
+        bool,
+        Meta(
+            description="clear a group's staged tensors once it is committed (off "
+            "for replay runs: the tensors belong to production)"
+        ),
+    ] = True
+    crash_point: Annotated[
+        CrashPoint | None, Meta(description="crash drills only: SIGKILL this process at that point of a step")
+    ] = None
     actor: RolloutReassemblerActorConfig = msgspec.field(default_factory=default_actor_config)
 
     @property

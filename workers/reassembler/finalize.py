@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
 import torch
 
@@ -30,8 +30,9 @@ class GroupOutcome:
     staging_keys: tuple[str, ...]
 
 
-def fetch_segments(store: KVStore, staging_partition: str, keys: Sequence[str], *,
-                   routed_experts: bool = False) -> Segments:
+def fetch_segments(
+    store: KVStore, staging_partition: str, keys: Sequence[str], *, routed_experts: bool = False
+) -> Segments:
     """One batched get of the staged call deltas; absent keys are simply missing from the result."""
     keys = list(dict.fromkeys(keys))
     if not keys:
@@ -70,19 +71,32 @@ def tensor_rows(value: torch.Tensor) -> list[torch.Tensor]:
 def _source(group: OpenGroup, topic: str) -> SourceRange | None:
     if group.partition < 0:  # finalized over RPC, not from a receipts partition
         return None
-    return SourceRange(topic=topic, partition=group.partition, first_offset=group.first_offset,
-                       last_offset=group.last_offset)
+    return SourceRange(
+        topic=topic, partition=group.partition, first_offset=group.first_offset, last_offset=group.last_offset
+    )
 
 
-def _finalized_record(group: OpenGroup, build: GroupBuild, config: RolloutReassemblerActorConfig,
-                      topic: str, metrics: Mapping[str, float]) -> FinalizedGroup:
+def _finalized_record(
+    group: OpenGroup, build: GroupBuild, config: RolloutReassemblerActorConfig, topic: str, metrics: Mapping[str, float]
+) -> FinalizedGroup:
     return FinalizedGroup(
-        group_id=group.group_id, prompt_idx=group.prompt_idx, partition_id=config.partition_id,
-        sample_ids=tuple(build.sample_ids), tags=tuple(build.tags), group_min_wv=build.group_min_wv,
-        group_max_wv=build.group_max_wv, canonical_output_tokens=build.canonical_output_tokens,
-        valid_row_count=build.valid_row_count, total_row_count=build.total_row_count,
-        rejection_reasons=tuple(build.rejection_reasons), dropped=False, drop_reason=None,
-        metrics=dict(metrics), source=_source(group, topic), finalized_at_ms=int(time.time() * 1000))
+        group_id=group.group_id,
+        prompt_idx=group.prompt_idx,
+        partition_id=config.partition_id,
+        sample_ids=tuple(build.sample_ids),
+        tags=tuple(build.tags),
+        group_min_wv=build.group_min_wv,
+        group_max_wv=build.group_max_wv,
+        canonical_output_tokens=build.canonical_output_tokens,
+        valid_row_count=build.valid_row_count,
+        total_row_count=build.total_row_count,
+        rejection_reasons=tuple(build.rejection_reasons),
+        dropped=False,
+        drop_reason=None,
+        metrics=dict(metrics),
+        source=_source(group, topic),
+        finalized_at_ms=int(time.time() * 1000),
+    )
 
 
 def build_one(group: OpenGroup, segments: Segments, config: RolloutReassemblerActorConfig) -> GroupBuild:
@@ -90,14 +104,26 @@ def build_one(group: OpenGroup, segments: Segments, config: RolloutReassemblerAc
     present = [r for r in receipts if r is not None]
     loss_multiplier = present[0].loss_multiplier if present else 1.0
     versions = [c.weight_version for r in present for c in r.manifest]
-    return build_group(group_id=group.group_id, prompt_idx=group.prompt_idx, group_size=group.group_size,
-                       receipts=receipts, segments=segments, config=config,
-                       fallback_weight_version=min(versions) if versions else 0,
-                       loss_multiplier=loss_multiplier)
+    return build_group(
+        group_id=group.group_id,
+        prompt_idx=group.prompt_idx,
+        group_size=group.group_size,
+        receipts=receipts,
+        segments=segments,
+        config=config,
+        fallback_weight_version=min(versions) if versions else 0,
+        loss_multiplier=loss_multiplier,
+    )
 
 
-def finalize_groups(store: KVStore, groups: Sequence[OpenGroup], config: RolloutReassemblerActorConfig,
-                    *, receipts_topic: str, now_ms: int) -> list[GroupOutcome]:
+def finalize_groups(
+    store: KVStore,
+    groups: Sequence[OpenGroup],
+    config: RolloutReassemblerActorConfig,
+    *,
+    receipts_topic: str,
+    now_ms: int,
+) -> list[GroupOutcome]:
     """Finalize ready groups; rows go to TQ train now, staging is cleared by the caller after commit."""
     t0 = time.perf_counter()
     keys = [k for g in groups for k in g.staging_keys()]
@@ -111,14 +137,19 @@ def finalize_groups(store: KVStore, groups: Sequence[OpenGroup], config: Rollout
         if build.valid_row_count == 0:
             reasons = sorted({r for r in build.rejection_reasons if r})
             kind = ALL_ROLLOUTS_FAILED if reasons == ["rollout_failed"] else INCONSISTENT_GROUP
-            outcomes.append(GroupOutcome(group, None, kind,
-                                         f"group {group.group_id}: no valid row ({', '.join(reasons)})", staging))
+            outcomes.append(
+                GroupOutcome(group, None, kind, f"group {group.group_id}: no valid row ({', '.join(reasons)})", staging)
+            )
             continue
         store.put(config.partition_id, build.sample_ids, build.fields, build.tags)
-        metrics = {"fetch_ms": fetch_ms, "build_put_ms": (time.perf_counter() - t1) * 1000.0,
-                   "receipts": float(len(group.receipts)),
-                   "timed_out": float(not group.complete),
-                   "open_ms": float(max(0, now_ms - group.first_seen_ms))}
-        outcomes.append(GroupOutcome(group, _finalized_record(group, build, config, receipts_topic, metrics),
-                                     None, None, staging))
+        metrics = {
+            "fetch_ms": fetch_ms,
+            "build_put_ms": (time.perf_counter() - t1) * 1000.0,
+            "receipts": float(len(group.receipts)),
+            "timed_out": float(not group.complete),
+            "open_ms": float(max(0, now_ms - group.first_seen_ms)),
+        }
+        outcomes.append(
+            GroupOutcome(group, _finalized_record(group, build, config, receipts_topic, metrics), None, None, staging)
+        )
     return outcomes

@@ -94,21 +94,30 @@ class PartitionGroups:
         """True when this receipt's dead letters and state entries were already committed."""
         return offset <= self.emitted_through
 
-    def add(self, receipt: Receipt, offset: int, timestamp_ms: int,
-            raw: tuple[bytes | None, bytes] = (None, b"")) -> tuple[Added, OpenGroup | None]:
+    def add(
+        self, receipt: Receipt, offset: int, timestamp_ms: int, raw: tuple[bytes | None, bytes] = (None, b"")
+    ) -> tuple[Added, OpenGroup | None]:
         """Add a decoded receipt; `raw` (key, value) is kept so a failed group can be dead-lettered intact."""
         gid = receipt.group_id
         if gid in self.closed:
             return (Added.REPLAYED_CLOSED if offset <= self.closed[gid] else Added.LATE), None
         group = self.open.get(gid)
         if group is None:
-            group = OpenGroup(gid, self.partition, receipt.group_size, receipt.prompt_idx, offset, offset,
-                              self.restored_open_ms.get(gid, timestamp_ms))
+            group = OpenGroup(
+                gid,
+                self.partition,
+                receipt.group_size,
+                receipt.prompt_idx,
+                offset,
+                offset,
+                self.restored_open_ms.get(gid, timestamp_ms),
+            )
             self.open[gid] = group
         elif receipt.group_size != group.group_size or receipt.prompt_idx != group.prompt_idx:
             return Added.INCONSISTENT, group
         elif receipt.rollout_index in group.receipts or any(
-                r.rollout_id == receipt.rollout_id for r in group.receipts.values()):
+            r.rollout_id == receipt.rollout_id for r in group.receipts.values()
+        ):
             return Added.DUPLICATE, group
         group.receipts[receipt.rollout_index] = receipt
         group.offsets[receipt.rollout_index] = offset
@@ -152,5 +161,11 @@ class PartitionGroups:
     def progress_entry(self, position: int, now_ms: int) -> GroupState:
         """State entry recording that outputs for receipts below `position` are committed."""
         # Never below what was already recorded: compaction keeps only the latest entry per key.
-        return GroupState(group_id=PROGRESS_KEY, status=OPEN, partition=self.partition, first_offset=0,
-                          last_offset=max(position - 1, self.emitted_through, 0), first_seen_ms=now_ms)
+        return GroupState(
+            group_id=PROGRESS_KEY,
+            status=OPEN,
+            partition=self.partition,
+            first_offset=0,
+            last_offset=max(position - 1, self.emitted_through, 0),
+            first_seen_ms=now_ms,
+        )

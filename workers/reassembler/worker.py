@@ -13,8 +13,8 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import msgpack
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
@@ -28,8 +28,8 @@ from schemas.state import CLOSED, DEAD_LETTERED, FINALIZED, OPEN, GroupState
 from streams.config import KafkaConfig
 from streams.consumer import read_topic
 from streams.producer import Outgoing, TransactionalProducer, is_fatal, is_fenced
+from streams.tq import KVStore
 from workers.reassembler.config import ReassemblerConfig
-from streams.tq import STAGING, TRAIN, KVStore
 from workers.reassembler.finalize import GroupOutcome, finalize_groups
 from workers.reassembler.groups import PROGRESS_KEY, Added, OpenGroup, PartitionGroups
 
@@ -97,9 +97,16 @@ class ClosedNote:
 
 def _cleared(note: ClosedNote) -> GroupState:
     """The closed entry again, without staging keys: nothing is left to clear after a restart."""
-    return GroupState(group_id=note.group_id, status=CLOSED, partition=note.partition, first_offset=0,
-                      last_offset=note.last_offset, first_seen_ms=0, outcome=note.outcome,
-                      finalized_at_ms=int(time.time() * 1000))
+    return GroupState(
+        group_id=note.group_id,
+        status=CLOSED,
+        partition=note.partition,
+        first_offset=0,
+        last_offset=note.last_offset,
+        first_seen_ms=0,
+        outcome=note.outcome,
+        finalized_at_ms=int(time.time() * 1000),
+    )
 
 
 def _crash_here(config: ReassemblerConfig, point: str) -> None:
@@ -124,16 +131,23 @@ class ReassemblerWorker:
         self._max_ts: dict[int, int] = {}
         self._pending_done: list[GroupState] = []
         self._dirty: set[int] = set()
-        self._producer = TransactionalProducer(kafka, config.transactional_id,
-                                               transaction_timeout_ms=config.transaction_timeout_ms)
-        self._consumer = Consumer(kafka.consumer(config.consumer_group, **{
-            "session.timeout.ms": config.session_timeout_ms,
-            "heartbeat.interval.ms": max(100, config.session_timeout_ms // 6),
-            "max.poll.interval.ms": max(60_000, config.session_timeout_ms),
-            "client.id": config.transactional_id,
-        }))
-        self._consumer.subscribe([config.receipts_topic], on_assign=self._on_assign,
-                                 on_revoke=self._on_revoke, on_lost=self._on_revoke)
+        self._producer = TransactionalProducer(
+            kafka, config.transactional_id, transaction_timeout_ms=config.transaction_timeout_ms
+        )
+        self._consumer = Consumer(
+            kafka.consumer(
+                config.consumer_group,
+                **{
+                    "session.timeout.ms": config.session_timeout_ms,
+                    "heartbeat.interval.ms": max(100, config.session_timeout_ms // 6),
+                    "max.poll.interval.ms": max(60_000, config.session_timeout_ms),
+                    "client.id": config.transactional_id,
+                },
+            )
+        )
+        self._consumer.subscribe(
+            [config.receipts_topic], on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_revoke
+        )
 
     # ----- rebalance -------------------------------------------------------------------------
 
@@ -157,8 +171,10 @@ class ReassemblerWorker:
         groups = PartitionGroups(partition)
         # A fetch of committed offsets waits until a predecessor's open transaction (holding offsets
         # for this partition) commits or aborts, so the state read below includes its outcome.
-        self._consumer.committed([TopicPartition(self.config.receipts_topic, partition)],
-                                 timeout=self.config.transaction_timeout_ms / 1000 + 30)
+        self._consumer.committed(
+            [TopicPartition(self.config.receipts_topic, partition)],
+            timeout=self.config.transaction_timeout_ms / 1000 + 30,
+        )
         for rec in read_topic(self.kafka, self.config.topics.state, partitions=[partition]):
             if rec.value is None:
                 continue
@@ -214,7 +230,8 @@ class ReassemblerWorker:
         lags = {}
         for part, position in self._positions.items():
             _, high = self._consumer.get_watermark_offsets(
-                TopicPartition(self.config.receipts_topic, part), cached=True) or (0, -1)
+                TopicPartition(self.config.receipts_topic, part), cached=True
+            ) or (0, -1)
             if high >= 0:
                 lags[part] = high - position
         self.metrics.set_lag(self.config.receipts_topic, lags)
@@ -231,8 +248,9 @@ class ReassemblerWorker:
         position = self._positions.get(partition)
         if position is None:
             return self._max_ts.get(partition, 0)
-        _, high = self._consumer.get_watermark_offsets(TopicPartition(self.config.receipts_topic, partition),
-                                                       cached=True) or (0, -1)
+        _, high = self._consumer.get_watermark_offsets(
+            TopicPartition(self.config.receipts_topic, partition), cached=True
+        ) or (0, -1)
         if high < 0 or position >= high:
             return now_ms
         return self._max_ts.get(partition, 0)
@@ -254,29 +272,60 @@ class ReassemblerWorker:
             self._redriven[(groups.partition, offset)] = redriven
         if outcome in (Added.ADDED, Added.COMPLETED):
             if group.first_offset == offset and not replay:
-                state_out.append(GroupState(group_id=group.group_id, status=OPEN, partition=groups.partition,
-                                            first_offset=offset, last_offset=offset,
-                                            first_seen_ms=group.first_seen_ms))
+                state_out.append(
+                    GroupState(
+                        group_id=group.group_id,
+                        status=OPEN,
+                        partition=groups.partition,
+                        first_offset=offset,
+                        last_offset=offset,
+                        first_seen_ms=group.first_seen_ms,
+                    )
+                )
             if outcome is Added.COMPLETED:
                 ready[group.group_id] = group
         elif outcome is not Added.REPLAYED_CLOSED and not replay:
-            kinds = {Added.DUPLICATE: dl.DUPLICATE_RECEIPT, Added.INCONSISTENT: dl.INCONSISTENT_GROUP,
-                     Added.LATE: dl.LATE_RECEIPT}
-            dead.append(self._dead_letter(m, kinds[outcome], f"receipt {receipt.rollout_id} of group "
-                                          f"{receipt.group_id}: {outcome.value}", now_ms))
+            kinds = {
+                Added.DUPLICATE: dl.DUPLICATE_RECEIPT,
+                Added.INCONSISTENT: dl.INCONSISTENT_GROUP,
+                Added.LATE: dl.LATE_RECEIPT,
+            }
+            dead.append(
+                self._dead_letter(
+                    m,
+                    kinds[outcome],
+                    f"receipt {receipt.rollout_id} of group {receipt.group_id}: {outcome.value}",
+                    now_ms,
+                )
+            )
 
     def _dead_letter(self, m, kind: str, message: str, now_ms: int) -> DeadLetter:
-        return DeadLetter(source_topic=m.topic(), source_partition=m.partition(), source_offset=m.offset(),
-                          source_key=m.key(), original=m.value() or b"", error_kind=kind, message=message,
-                          worker_id=self.config.worker_id, time_ms=now_ms, redrive_count=redrive_count(m.headers()))
+        return DeadLetter(
+            source_topic=m.topic(),
+            source_partition=m.partition(),
+            source_offset=m.offset(),
+            source_key=m.key(),
+            original=m.value() or b"",
+            error_kind=kind,
+            message=message,
+            worker_id=self.config.worker_id,
+            time_ms=now_ms,
+            redrive_count=redrive_count(m.headers()),
+        )
 
-    def _commit_step(self, ready: list[OpenGroup], dead: list[DeadLetter], state_out: list[GroupState],
-                     now_ms: int) -> None:
+    def _commit_step(
+        self, ready: list[OpenGroup], dead: list[DeadLetter], state_out: list[GroupState], now_ms: int
+    ) -> None:
         t0 = time.perf_counter()
         closed: list[ClosedNote] = []
         try:
-            outcomes = finalize_groups(self.store, ready, self.config.actor,
-                                       receipts_topic=self.config.receipts_topic, now_ms=now_ms) if ready else []
+            outcomes = (
+                finalize_groups(
+                    self.store, ready, self.config.actor, receipts_topic=self.config.receipts_topic, now_ms=now_ms
+                )
+                if ready
+                else []
+            )
             _crash_here(self.config, "after_tq_put")
             closed = self._close(outcomes, dead, state_out, now_ms)
             self._transact(outcomes, dead, state_out, now_ms)
@@ -293,33 +342,54 @@ class ReassemblerWorker:
                 self.metrics.dead_letters.labels(d.error_kind).inc()
         self._after_commit(closed)
 
-    def _close(self, outcomes: list[GroupOutcome], dead: list[DeadLetter], state_out: list[GroupState],
-               now_ms: int) -> list[ClosedNote]:
+    def _close(
+        self, outcomes: list[GroupOutcome], dead: list[DeadLetter], state_out: list[GroupState], now_ms: int
+    ) -> list[ClosedNote]:
         """Close groups in memory and add their dead letters and closed-state entries to the outputs."""
         closed = []
         for o in outcomes:
             g = self.parts[o.group.partition].close(o.group.group_id, dead_lettered=o.finalized is None)
             if o.dead_letter_kind is not None:
                 for idx, (key, value) in sorted(g.raw.items()):
-                    dead.append(DeadLetter(source_topic=self.config.receipts_topic, source_partition=g.partition,
-                                           source_offset=g.offsets[idx], source_key=key, original=value,
-                                           error_kind=o.dead_letter_kind, message=o.dead_letter_message or "",
-                                           worker_id=self.config.worker_id, time_ms=now_ms,
-                                           redrive_count=self._redriven.get((g.partition, g.offsets[idx]), 0)))
+                    dead.append(
+                        DeadLetter(
+                            source_topic=self.config.receipts_topic,
+                            source_partition=g.partition,
+                            source_offset=g.offsets[idx],
+                            source_key=key,
+                            original=value,
+                            error_kind=o.dead_letter_kind,
+                            message=o.dead_letter_message or "",
+                            worker_id=self.config.worker_id,
+                            time_ms=now_ms,
+                            redrive_count=self._redriven.get((g.partition, g.offsets[idx]), 0),
+                        )
+                    )
             for offset in g.offsets.values():
                 self._redriven.pop((g.partition, offset), None)
             keys = o.staging_keys if self.config.clear_staging else ()
-            note = ClosedNote(g.partition, g.group_id, keys, g.last_offset,
-                              FINALIZED if o.finalized is not None else DEAD_LETTERED)
-            state_out.append(GroupState(
-                group_id=g.group_id, status=CLOSED, partition=g.partition, first_offset=g.first_offset,
-                last_offset=g.last_offset, first_seen_ms=g.first_seen_ms, outcome=note.outcome,
-                finalized_at_ms=now_ms, staging_keys=keys))
+            note = ClosedNote(
+                g.partition, g.group_id, keys, g.last_offset, FINALIZED if o.finalized is not None else DEAD_LETTERED
+            )
+            state_out.append(
+                GroupState(
+                    group_id=g.group_id,
+                    status=CLOSED,
+                    partition=g.partition,
+                    first_offset=g.first_offset,
+                    last_offset=g.last_offset,
+                    first_seen_ms=g.first_seen_ms,
+                    outcome=note.outcome,
+                    finalized_at_ms=now_ms,
+                    staging_keys=keys,
+                )
+            )
             closed.append(note)
         return closed
 
-    def _transact(self, outcomes: list[GroupOutcome], dead: list[DeadLetter], state_out: list[GroupState],
-                  now_ms: int) -> None:
+    def _transact(
+        self, outcomes: list[GroupOutcome], dead: list[DeadLetter], state_out: list[GroupState], now_ms: int
+    ) -> None:
         topics = self.config.topics
         p = self._producer
         p.begin()
@@ -338,8 +408,14 @@ class ReassemblerWorker:
             position = self._positions.get(part)
             if groups is None or position is None:
                 continue
-            p.produce(Outgoing(topics.state, PROGRESS_KEY.encode(), groups.progress_entry(position, now_ms).to_bytes(),
-                               partition=part))
+            p.produce(
+                Outgoing(
+                    topics.state,
+                    PROGRESS_KEY.encode(),
+                    groups.progress_entry(position, now_ms).to_bytes(),
+                    partition=part,
+                )
+            )
             offsets.append(TopicPartition(self.config.receipts_topic, part, groups.safe_offset(position)))
         if offsets:
             p.send_offsets(offsets, self._consumer.consumer_group_metadata())
@@ -363,20 +439,27 @@ class ReassemblerWorker:
         self.stats.aborts += 1
         if self.metrics is not None:
             self.metrics.transaction_aborts.inc()
-        log.warning("%s: transaction failed (%s); rebuilding from committed state", self.config.worker_id,
-                    exc.args[0].str() if exc.args else exc)
+        log.warning(
+            "%s: transaction failed (%s); rebuilding from committed state",
+            self.config.worker_id,
+            exc.args[0].str() if exc.args else exc,
+        )
         if is_fenced(exc):
-            raise WorkerFenced(f"{self.config.worker_id}: another live worker uses transactional id "
-                               f"{self.config.transactional_id!r}; stopping this one") from exc
+            raise WorkerFenced(
+                f"{self.config.worker_id}: another live worker uses transactional id "
+                f"{self.config.transactional_id!r}; stopping this one"
+            ) from exc
         if is_fatal(exc):
-            self._producer = TransactionalProducer(self.kafka, self.config.transactional_id,
-                                                   transaction_timeout_ms=self.config.transaction_timeout_ms)
+            self._producer = TransactionalProducer(
+                self.kafka, self.config.transactional_id, transaction_timeout_ms=self.config.transaction_timeout_ms
+            )
         elif self._producer.in_transaction:
             try:
                 self._producer.abort()
             except KafkaException:
-                self._producer = TransactionalProducer(self.kafka, self.config.transactional_id,
-                                                       transaction_timeout_ms=self.config.transaction_timeout_ms)
+                self._producer = TransactionalProducer(
+                    self.kafka, self.config.transactional_id, transaction_timeout_ms=self.config.transaction_timeout_ms
+                )
         self._pending_done = []
         self._dirty.clear()
         self._redriven.clear()
@@ -384,8 +467,9 @@ class ReassemblerWorker:
         for part in assigned:
             self._restore(part)
             self._positions.pop(part, None)
-        committed = self._consumer.committed([TopicPartition(self.config.receipts_topic, p) for p in assigned],
-                                             timeout=30)
+        committed = self._consumer.committed(
+            [TopicPartition(self.config.receipts_topic, p) for p in assigned], timeout=30
+        )
         for tp in committed:
             tp.offset = tp.offset if tp.offset >= 0 else 0
             self._consumer.seek(tp)
@@ -406,8 +490,13 @@ class ReassemblerWorker:
 
     # ----- lifecycle -------------------------------------------------------------------------
 
-    def run(self, should_stop: Callable[[], bool] | threading.Event, *,
-            on_tick: Callable[[WorkerStats], None] | None = None, tick_s: float = 5.0) -> WorkerStats:
+    def run(
+        self,
+        should_stop: Callable[[], bool] | threading.Event,
+        *,
+        on_tick: Callable[[WorkerStats], None] | None = None,
+        tick_s: float = 5.0,
+    ) -> WorkerStats:
         stop = should_stop.is_set if isinstance(should_stop, threading.Event) else should_stop
         last = time.monotonic()
         try:

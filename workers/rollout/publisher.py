@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
 import torch
 from tensordict import TensorDict
@@ -30,13 +30,13 @@ def segments_to_fields(segments: Sequence[Mapping[str, torch.Tensor]]) -> tuple[
     """Stack call deltas as jagged rows; routed experts [len, k] are flattened with k kept in the tag."""
     n = len(segments)
     fields: dict[str, torch.Tensor] = {
-        name: torch.nested.nested_tensor([s[name] for s in segments], layout=torch.jagged)
-        for name in SEGMENT_FIELDS
+        name: torch.nested.nested_tensor([s[name] for s in segments], layout=torch.jagged) for name in SEGMENT_FIELDS
     }
     tags: list[dict] = [{} for _ in range(n)]
     if all(ROUTED_EXPERTS in s for s in segments) and n:
         fields[ROUTED_EXPERTS] = torch.nested.nested_tensor(
-            [s[ROUTED_EXPERTS].reshape(-1) for s in segments], layout=torch.jagged)
+            [s[ROUTED_EXPERTS].reshape(-1) for s in segments], layout=torch.jagged
+        )
         for tag, s in zip(tags, segments):
             tag["routed_experts_k"] = int(s[ROUTED_EXPERTS].shape[-1])
     return TensorDict(fields, batch_size=[n]), tags
@@ -47,11 +47,17 @@ def stage_rollouts(store: KVStore, rollouts: Sequence[StagedRollout], staging_pa
     by_layout: dict[bool, list[tuple[str, Mapping[str, torch.Tensor], Mapping]]] = {}
     for r in rollouts:
         if len(r.segments) != len(r.receipt.manifest):
-            raise ValueError(f"rollout {r.receipt.rollout_id}: {len(r.segments)} segment(s) for "
-                             f"{len(r.receipt.manifest)} manifest entries")
+            raise ValueError(
+                f"rollout {r.receipt.rollout_id}: {len(r.segments)} segment(s) for "
+                f"{len(r.receipt.manifest)} manifest entries"
+            )
         for call, seg in zip(r.receipt.manifest, r.segments):
-            tag = {"rollout_id": r.receipt.rollout_id, "call_id": call.call_id,
-                   "group_id": r.receipt.group_id, "weight_version": call.weight_version}
+            tag = {
+                "rollout_id": r.receipt.rollout_id,
+                "call_id": call.call_id,
+                "group_id": r.receipt.group_id,
+                "weight_version": call.weight_version,
+            }
             by_layout.setdefault(ROUTED_EXPERTS in seg, []).append((call.staging_key, seg, tag))
     for rows in by_layout.values():
         fields, extra = segments_to_fields([seg for _, seg, _ in rows])
@@ -65,8 +71,7 @@ class RolloutPublisher:
     The order is the contract: a receipt is never visible before its tensors are staged.
     """
 
-    def __init__(self, kafka: KafkaConfig, store: KVStore, receipts_topic: str, *,
-                 staging_partition: str = STAGING):
+    def __init__(self, kafka: KafkaConfig, store: KVStore, receipts_topic: str, *, staging_partition: str = STAGING):
         self._producer = AckedProducer(kafka)
         self._store = store
         self._topic = receipts_topic
@@ -79,7 +84,8 @@ class RolloutPublisher:
         stage_rollouts(self._store, [r for r in rollouts if r.receipt.manifest], self._staging)
         return self._producer.send(
             [Outgoing(self._topic, r.receipt.group_id.encode(), r.receipt.to_bytes()) for r in rollouts],
-            timeout_s=timeout_s)
+            timeout_s=timeout_s,
+        )
 
     def close(self) -> None:
         self._producer.close()

@@ -31,31 +31,50 @@ class SyntheticShape:
     routed_experts_k: int = 0
 
 
-def _segment(rng: random.Random, gen: torch.Generator, prefix_len: int, answer_len: int, vocab: int,
-             experts_k: int) -> dict[str, torch.Tensor]:
+def _segment(
+    rng: random.Random, gen: torch.Generator, prefix_len: int, answer_len: int, vocab: int, experts_k: int
+) -> dict[str, torch.Tensor]:
     n = prefix_len + answer_len
     seg = {
         "token_ids": torch.randint(1, vocab, (n,), generator=gen, dtype=torch.int64),
         "token_mask": torch.cat([torch.zeros(prefix_len, dtype=torch.bool), torch.ones(answer_len, dtype=torch.bool)]),
-        "generation_logprobs": torch.cat([torch.zeros(prefix_len),
-                                          -torch.rand(answer_len, generator=gen) * 4]).to(torch.float32),
+        "generation_logprobs": torch.cat([torch.zeros(prefix_len), -torch.rand(answer_len, generator=gen) * 4]).to(
+            torch.float32
+        ),
     }
     if experts_k:
         seg["routed_experts"] = torch.randint(0, 64, (n, experts_k), generator=gen, dtype=torch.int32)
     return seg
 
 
-def make_rollout(group_id: str, prompt_idx: int, rollout_index: int, weight_version: int, *,
-                 shape: SyntheticShape = SyntheticShape(), seed: int = 0,
-                 prompt: torch.Tensor | None = None) -> StagedRollout:
+def make_rollout(
+    group_id: str,
+    prompt_idx: int,
+    rollout_index: int,
+    weight_version: int,
+    *,
+    shape: SyntheticShape = SyntheticShape(),
+    seed: int = 0,
+    prompt: torch.Tensor | None = None,
+) -> StagedRollout:
     """One rollout of a group with its receipt, manifest, digests and staged call segments."""
     rng = random.Random(f"{group_id}/{rollout_index}/{seed}")
     gen = torch.Generator().manual_seed(rng.getrandbits(63))
     rollout_id = f"{group_id}-r{rollout_index}"
     if rng.random() < shape.failure_rate:
-        receipt = Receipt(rollout_id=rollout_id, group_id=group_id, prompt_idx=prompt_idx,
-                          rollout_index=rollout_index, group_size=shape.group_size, reward=0.0, mask_sample=True,
-                          loss_multiplier=1.0, environment="synthetic", failure_reason="env_crashed", manifest=())
+        receipt = Receipt(
+            rollout_id=rollout_id,
+            group_id=group_id,
+            prompt_idx=prompt_idx,
+            rollout_index=rollout_index,
+            group_size=shape.group_size,
+            reward=0.0,
+            mask_sample=True,
+            loss_multiplier=1.0,
+            environment="synthetic",
+            failure_reason="env_crashed",
+            manifest=(),
+        )
         return StagedRollout(receipt, [])
     segments, calls, cum = [], [], 0
     parent = None
@@ -69,24 +88,46 @@ def make_rollout(group_id: str, prompt_idx: int, rollout_index: int, weight_vers
             seg["token_ids"][:prefix] = prompt
         n = int(seg["token_ids"].numel())
         call_id = f"c{c}"
-        calls.append(CallRecord(staging_key=f"{rollout_id}/{call_id}", call_id=call_id, parent_call_id=parent,
-                                prev_len=cum, delta_len=n, cum_len=cum + n, weight_version=weight_version,
-                                digest=token_digest(seg["token_ids"]),
-                                invalid_tool_call=rng.random() < shape.violation_rate,
-                                malformed_thinking=rng.random() < shape.violation_rate))
+        calls.append(
+            CallRecord(
+                staging_key=f"{rollout_id}/{call_id}",
+                call_id=call_id,
+                parent_call_id=parent,
+                prev_len=cum,
+                delta_len=n,
+                cum_len=cum + n,
+                weight_version=weight_version,
+                digest=token_digest(seg["token_ids"]),
+                invalid_tool_call=rng.random() < shape.violation_rate,
+                malformed_thinking=rng.random() < shape.violation_rate,
+            )
+        )
         segments.append(seg)
         parent, cum = call_id, cum + n
-    receipt = Receipt(rollout_id=rollout_id, group_id=group_id, prompt_idx=prompt_idx, rollout_index=rollout_index,
-                      group_size=shape.group_size, reward=round(rng.uniform(-1, 1), 4), mask_sample=True,
-                      loss_multiplier=1.0, environment="synthetic", failure_reason=None, manifest=tuple(calls))
+    receipt = Receipt(
+        rollout_id=rollout_id,
+        group_id=group_id,
+        prompt_idx=prompt_idx,
+        rollout_index=rollout_index,
+        group_size=shape.group_size,
+        reward=round(rng.uniform(-1, 1), 4),
+        mask_sample=True,
+        loss_multiplier=1.0,
+        environment="synthetic",
+        failure_reason=None,
+        manifest=tuple(calls),
+    )
     return StagedRollout(receipt, segments)
 
 
-def make_group(group_id: str, prompt_idx: int, weight_version: int, *, shape: SyntheticShape = SyntheticShape(),
-               seed: int = 0) -> list[StagedRollout]:
+def make_group(
+    group_id: str, prompt_idx: int, weight_version: int, *, shape: SyntheticShape = SyntheticShape(), seed: int = 0
+) -> list[StagedRollout]:
     """All rollouts of one prompt group, sharing one prompt."""
     rng = random.Random(f"{group_id}/prompt/{seed}")
     gen = torch.Generator().manual_seed(rng.getrandbits(63))
     prompt = torch.randint(1, shape.vocab, (rng.randint(*shape.prompt_len),), generator=gen, dtype=torch.int64)
-    return [make_rollout(group_id, prompt_idx, i, weight_version, shape=shape, seed=seed, prompt=prompt)
-            for i in range(shape.group_size)]
+    return [
+        make_rollout(group_id, prompt_idx, i, weight_version, shape=shape, seed=seed, prompt=prompt)
+        for i in range(shape.group_size)
+    ]

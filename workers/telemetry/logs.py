@@ -33,8 +33,7 @@ class JsonFormatter(logging.Formatter):
 def configure_logging(*, json_lines: bool = False, level: int = logging.INFO, stream: IO[str] | None = None) -> None:
     """Route the root logger to `stream` (default stderr), as JSON lines or as plain text."""
     handler = logging.StreamHandler(stream or sys.stderr)
-    handler.setFormatter(JsonFormatter() if json_lines else
-                         logging.Formatter("%(asctime)s %(name)s %(message)s"))
+    handler.setFormatter(JsonFormatter() if json_lines else logging.Formatter("%(asctime)s %(name)s %(message)s"))
     root = logging.getLogger()
     for h in list(root.handlers):
         root.removeHandler(h)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Callable
+from collections.abc import Callable
 
 
 class Progress:
@@ -25,8 +25,10 @@ class Progress:
 
     def update(self, *, produced: int, finalized: int, consumed: int, evicted: int, dead: int, version: int) -> None:
         done = consumed + evicted + dead
-        self._line = (f"[{self._bar(done)}] produced {produced}/{self.total}  finalized {finalized}  "
-                      f"consumed {consumed}  evicted {evicted}  dead-lettered {dead}  trainer v{version}")
+        self._line = (
+            f"[{self._bar(done)}] produced {produced}/{self.total}  finalized {finalized}  "
+            f"consumed {consumed}  evicted {evicted}  dead-lettered {dead}  trainer v{version}"
+        )
         now = time.monotonic()
         if self._tty:
             sys.stderr.write("\r" + self._line)

@@ -16,8 +16,8 @@ _STALENESS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 32, 64)
 
 _lock = threading.Lock()
 _registry: CollectorRegistry | None = None
-_reassembler: "ReassemblerMetrics | None" = None
-_trainer: "TrainerMetrics | None" = None
+_reassembler: ReassemblerMetrics | None = None
+_trainer: TrainerMetrics | None = None
 
 
 def process_registry() -> CollectorRegistry:
@@ -35,22 +35,33 @@ class ReassemblerMetrics:
     def __init__(self, registry: CollectorRegistry | None = None):
         r = registry if registry is not None else process_registry()
         self.registry = r
-        self.receipts_consumed = Counter("rlstream_receipts_consumed_total",
-                                         "Receipt records consumed from the input topic", registry=r)
-        self.groups_finalized = Counter("rlstream_groups_finalized_total",
-                                        "Groups whose finalized record was committed", registry=r)
-        self.finalize_latency = Histogram("rlstream_finalize_latency_seconds",
-                                          "Time of one committed step that finalized groups: TQ fetch, build, "
-                                          "put and the Kafka transaction", buckets=_LATENCY_BUCKETS, registry=r)
+        self.receipts_consumed = Counter(
+            "rlstream_receipts_consumed_total", "Receipt records consumed from the input topic", registry=r
+        )
+        self.groups_finalized = Counter(
+            "rlstream_groups_finalized_total", "Groups whose finalized record was committed", registry=r
+        )
+        self.finalize_latency = Histogram(
+            "rlstream_finalize_latency_seconds",
+            "Time of one committed step that finalized groups: TQ fetch, build, put and the Kafka transaction",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
         self.open_groups = Gauge("rlstream_open_groups", "Groups with receipts but not yet finalized", registry=r)
-        self.dead_letters = Counter("rlstream_dead_letters_total", "Dead letters committed, by reason",
-                                    ["reason"], registry=r)
-        self.transaction_aborts = Counter("rlstream_transaction_aborts_total",
-                                          "Steps whose transaction failed and was rebuilt from committed state",
-                                          registry=r)
-        self.consumer_lag = Gauge("rlstream_consumer_lag_records",
-                                  "Input records between the worker's position and the partition end",
-                                  ["topic", "partition"], registry=r)
+        self.dead_letters = Counter(
+            "rlstream_dead_letters_total", "Dead letters committed, by reason", ["reason"], registry=r
+        )
+        self.transaction_aborts = Counter(
+            "rlstream_transaction_aborts_total",
+            "Steps whose transaction failed and was rebuilt from committed state",
+            registry=r,
+        )
+        self.consumer_lag = Gauge(
+            "rlstream_consumer_lag_records",
+            "Input records between the worker's position and the partition end",
+            ["topic", "partition"],
+            registry=r,
+        )
 
     def set_lag(self, topic: str, lags: dict[int, int]) -> None:
         """Replace the lag series of `topic` with `lags` (partition -> records), dropping revoked ones."""
@@ -70,14 +81,21 @@ class TrainerMetrics:
     def __init__(self, registry: CollectorRegistry | None = None):
         r = registry if registry is not None else process_registry()
         self.registry = r
-        self.staleness = Histogram("rlstream_trainer_staleness_versions",
-                                   "current weight version minus group_min_wv of each yielded group",
-                                   buckets=_STALENESS_BUCKETS, registry=r)
-        self.evicted = Counter("rlstream_trainer_evicted_groups_total",
-                               "Groups dropped (or routed to replay) as too stale", registry=r)
+        self.staleness = Histogram(
+            "rlstream_trainer_staleness_versions",
+            "current weight version minus group_min_wv of each yielded group",
+            buckets=_STALENESS_BUCKETS,
+            registry=r,
+        )
+        self.evicted = Counter(
+            "rlstream_trainer_evicted_groups_total", "Groups dropped (or routed to replay) as too stale", registry=r
+        )
         self.yielded = Counter("rlstream_trainer_yielded_groups_total", "Groups yielded to the trainer", registry=r)
-        self.duplicates = Counter("rlstream_trainer_duplicate_groups_total",
-                                  "Finalized records dropped because their group id was already yielded", registry=r)
+        self.duplicates = Counter(
+            "rlstream_trainer_duplicate_groups_total",
+            "Finalized records dropped because their group id was already yielded",
+            registry=r,
+        )
 
     def observe_yield(self, current_version: int, group_min_wv: int) -> None:
         self.yielded.inc()
@@ -115,12 +133,12 @@ def _registry_unlocked() -> CollectorRegistry:
     return _registry
 
 
-def start_metrics_server(port: int = 0, *, addr: str = "0.0.0.0",
-                         registry: CollectorRegistry | None = None) -> int:
+def start_metrics_server(port: int = 0, *, addr: str = "0.0.0.0", registry: CollectorRegistry | None = None) -> int:
     """Serve GET /metrics of `registry` (default: the process registry) from a daemon thread.
 
     Port 0 picks a free port; returns the port actually bound.
     """
-    server, _thread = start_http_server(port, addr=addr,
-                                        registry=registry if registry is not None else process_registry())
+    server, _thread = start_http_server(
+        port, addr=addr, registry=registry if registry is not None else process_registry()
+    )
     return int(server.server_address[1])

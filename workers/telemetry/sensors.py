@@ -8,7 +8,7 @@ Nothing here keeps per-event history: every reading folds into a fixed-size tota
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 
 class ReassemblerSensor:
@@ -74,8 +74,14 @@ class ReassemblerStats(ReassemblerSensor):
 
     def snapshot(self) -> dict[str, object]:
         """Plain totals (what a Ray actor returns)."""
-        return {"receipts": self.receipts, "finalized": self.finalized, "dead_letters": dict(self.dead_letters),
-                "transactions": self.transactions, "aborts": self.aborts, "open_groups": self.open_groups}
+        return {
+            "receipts": self.receipts,
+            "finalized": self.finalized,
+            "dead_letters": dict(self.dead_letters),
+            "transactions": self.transactions,
+            "aborts": self.aborts,
+            "open_groups": self.open_groups,
+        }
 
 
 class _FanOut:
@@ -88,6 +94,7 @@ class _FanOut:
         def call(*args, **kwargs) -> None:
             for c in calls:
                 c(*args, **kwargs)
+
         return call
 
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
 
 import torch
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
@@ -20,12 +20,18 @@ from schemas.finalized import FinalizedGroup
 from schemas.payload import unpack_payload
 from streams.config import KafkaConfig
 from streams.producer import AckedProducer, Outgoing
-from workers.topics import TopicNames
 from streams.tq import TRAIN, KVStore, MissingKeysError
+from workers.topics import TopicNames
 from workers.trainer.policies import Decision, Policy
 
-_RETRY_COMMIT = (KafkaError._NO_OFFSET, KafkaError.REBALANCE_IN_PROGRESS, KafkaError.ILLEGAL_GENERATION,
-                 KafkaError.UNKNOWN_MEMBER_ID, KafkaError._ASSIGNMENT_LOST, KafkaError._STATE)
+_RETRY_COMMIT = (
+    KafkaError._NO_OFFSET,
+    KafkaError.REBALANCE_IN_PROGRESS,
+    KafkaError.ILLEGAL_GENERATION,
+    KafkaError.UNKNOWN_MEMBER_ID,
+    KafkaError._ASSIGNMENT_LOST,
+    KafkaError._STATE,
+)
 
 
 @dataclass(frozen=True)
@@ -87,9 +93,18 @@ class _Pending:
 class ExperienceConsumer:
     """Read finalized groups read_committed and hand them to the trainer by weight version."""
 
-    def __init__(self, kafka: KafkaConfig, store: KVStore, config: ConsumerConfig, policy: Policy, *,
-                 version: int = 0, on_yield: Callable[[FinalizedGroup, int], None] | None = None,
-                 on_evict: Callable[[FinalizedGroup, int], None] | None = None, metrics=None):
+    def __init__(
+        self,
+        kafka: KafkaConfig,
+        store: KVStore,
+        config: ConsumerConfig,
+        policy: Policy,
+        *,
+        version: int = 0,
+        on_yield: Callable[[FinalizedGroup, int], None] | None = None,
+        on_evict: Callable[[FinalizedGroup, int], None] | None = None,
+        metrics=None,
+    ):
         self.config = config
         self.policy = policy
         self.version = version
@@ -102,8 +117,9 @@ class ExperienceConsumer:
         self.metrics = metrics
         self._committed: dict[int, int] = {}
         self._consumer = Consumer(kafka.consumer(config.group_id, **{"session.timeout.ms": 10000}))
-        self._consumer.subscribe([config.finalized_topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
-                                 on_lost=self._on_revoke)
+        self._consumer.subscribe(
+            [config.finalized_topic], on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_revoke
+        )
         self._pending: dict[int, dict[int, _Pending]] = {}  # partition -> offset -> pending
         self._positions: dict[int, int] = {}
         # Group ids already taken in, oldest forgotten first past max_seen_groups.
@@ -192,8 +208,15 @@ class ExperienceConsumer:
     def _evict(self, p: _Pending) -> None:
         self._store.clear(self.config.train_partition, list(p.group.sample_ids))
         if self._replay is not None:
-            self._replay.send([Outgoing(self.config.topics.replay(self.config.stale_replay),
-                                        p.group.group_id.encode(), p.group.to_bytes())])
+            self._replay.send(
+                [
+                    Outgoing(
+                        self.config.topics.replay(self.config.stale_replay),
+                        p.group.group_id.encode(),
+                        p.group.to_bytes(),
+                    )
+                ]
+            )
         self.counts.evicted_stale += 1
         if self.metrics is not None:
             self.metrics.observe_evicted()
@@ -250,8 +273,14 @@ class ExperienceConsumer:
                 self._on_yield(p.group, self.version)
         self.counts.yielded += len(chosen)
         self._update_waiting()
-        return TrainBatch(self.version, tuple(p.group for p in chosen), tuple(ids), tuple(tags), tensors,
-                          tuple((p.partition, p.offset) for p in chosen))
+        return TrainBatch(
+            self.version,
+            tuple(p.group for p in chosen),
+            tuple(ids),
+            tuple(tags),
+            tensors,
+            tuple((p.partition, p.offset) for p in chosen),
+        )
 
     def release(self, batch: TrainBatch) -> None:
         """The trainer is done with the batch: clear its rows from TQ and commit what is now resolved."""
@@ -277,8 +306,9 @@ class ExperienceConsumer:
                     raise
 
     def _update_waiting(self) -> None:
-        self.counts.waiting = sum(1 for part in self._pending.values() for p in part.values()
-                                  if p.state in ("held", "ready"))
+        self.counts.waiting = sum(
+            1 for part in self._pending.values() for p in part.values() if p.state in ("held", "ready")
+        )
 
     def close(self) -> None:
         self._consumer.close()

@@ -7,8 +7,9 @@ says whether the group is usable now, must wait, or is too stale to ever be used
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Protocol
 
 from schemas.finalized import FinalizedGroup
 

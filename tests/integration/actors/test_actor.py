@@ -10,9 +10,9 @@ from schemas.metadata_guard import MetadataViolation
 from schemas.request import ReassemblyRequest
 from streams.tq import TRAIN
 from tests.integration.helpers import SMALL
-from workers.rollout.publisher import stage_rollouts
 from workers.actors.reassembler import DataPlaneConfig, create_rollout_reassembler_actors
 from workers.reassembler.config import default_actor_config
+from workers.rollout.publisher import stage_rollouts
 from workers.rollout.synthetic import make_group
 
 
@@ -32,8 +32,12 @@ def test_num_workers_must_be_positive(tq_session):
 def test_one_failed_dependency_check_kills_every_started_actor(tq_session, unique):
     bad = DataPlaneConfig(required_modules=("no_such_module_for_rlstream",))
     with pytest.raises(Exception, match="no_such_module_for_rlstream"):
-        create_rollout_reassembler_actors([DataPlaneConfig(), bad, DataPlaneConfig()], default_actor_config(),
-                                          num_workers=3, name_prefix=f"pool-{unique}")
+        create_rollout_reassembler_actors(
+            [DataPlaneConfig(), bad, DataPlaneConfig()],
+            default_actor_config(),
+            num_workers=3,
+            name_prefix=f"pool-{unique}",
+        )
     deadline = time.monotonic() + 30
     while not all(_gone(f"pool-{unique}-{i}") for i in range(3)):
         assert time.monotonic() < deadline, "actors still alive after a failed dependency check"
@@ -46,10 +50,15 @@ def test_actor_finalizes_a_metadata_only_request_and_rejects_tensors(tq_session,
         group = make_group(f"rpc-{unique}", 4, 2, shape=SMALL)
         stage_rollouts(tq_store, group)
         request = ReassemblyRequest(
-            group_id=f"rpc-{unique}", rollout_ids=tuple(r.receipt.rollout_id for r in group),
+            group_id=f"rpc-{unique}",
+            rollout_ids=tuple(r.receipt.rollout_id for r in group),
             canonical_sample_ids=tuple(f"rpc-{unique}_g{i}" for i in range(8)),
-            receipts=tuple(r.receipt.to_dict() for r in group), rewards=tuple(r.receipt.reward for r in group),
-            fallback_weight_version=0, prompt_idx=4, mask_sample=(True,) * 8)
+            receipts=tuple(r.receipt.to_dict() for r in group),
+            rewards=tuple(r.receipt.reward for r in group),
+            fallback_weight_version=0,
+            prompt_idx=4,
+            mask_sample=(True,) * 8,
+        )
         result = ray.get(actor.finalize.remote(request))
         assert result.sample_ids == request.canonical_sample_ids
         assert result.valid_row_count == 8 and result.group_min_wv == 2
@@ -57,9 +66,16 @@ def test_actor_finalizes_a_metadata_only_request_and_rejects_tensors(tq_session,
         assert torch.equal(rows[3], torch.cat([s["token_ids"] for s in group[3].segments]))
 
         smuggled = dict(group[0].receipt.to_dict(), extra={"logprobs": [0.1]})
-        bad = ReassemblyRequest(group_id="x", rollout_ids=("r",), canonical_sample_ids=("x_g0",),
-                                receipts=(smuggled,), rewards=(0.0,), fallback_weight_version=0, prompt_idx=0,
-                                mask_sample=(True,))
+        bad = ReassemblyRequest(
+            group_id="x",
+            rollout_ids=("r",),
+            canonical_sample_ids=("x_g0",),
+            receipts=(smuggled,),
+            rewards=(0.0,),
+            fallback_weight_version=0,
+            prompt_idx=0,
+            mask_sample=(True,),
+        )
         with pytest.raises(ray.exceptions.RayTaskError) as err:
             ray.get(actor.finalize.remote(bad))
         assert isinstance(err.value.cause, MetadataViolation)

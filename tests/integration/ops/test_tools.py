@@ -11,15 +11,14 @@ import torch
 from schemas.deadletter import DECODE_ERROR, INCONSISTENT_GROUP, METADATA_VIOLATION, VALIDATION_ERROR
 from streams.consumer import read_topic
 from streams.producer import AckedProducer, Outgoing
-from workers.ops.replay import replay
 from streams.tq import STAGING, TRAIN
-from tests.integration.helpers import (SMALL, dead_letters, drive, finalized_records, publish_groups,
-                                            setup_topics)
+from tests.integration.helpers import SMALL, dead_letters, drive, finalized_records, publish_groups, setup_topics
 from workers.ops.inspect import inspect_group, lag
-from workers.rollout.publisher import RolloutPublisher, StagedRollout, stage_rollouts
+from workers.ops.redrive import redrive
+from workers.ops.replay import replay
 from workers.reassembler.config import ReassemblerConfig
 from workers.reassembler.worker import ReassemblerWorker
-from workers.ops.redrive import redrive
+from workers.rollout.publisher import RolloutPublisher, StagedRollout, stage_rollouts
 from workers.rollout.synthetic import make_group
 
 
@@ -29,8 +28,11 @@ def _cli(kafka, *args, timeout=240):
 
 
 def _worker(kafka, tq_store, names, **kw):
-    return ReassemblerWorker(kafka, tq_store, ReassemblerConfig(prefix=names.prefix, worker_id="w0",
-                                                                consumer_group=f"reassemblers.{names.prefix}", **kw))
+    return ReassemblerWorker(
+        kafka,
+        tq_store,
+        ReassemblerConfig(prefix=names.prefix, worker_id="w0", consumer_group=f"reassemblers.{names.prefix}", **kw),
+    )
 
 
 def _keys(rollouts):
@@ -41,15 +43,16 @@ def test_tail_of_the_dead_letter_topic_shows_each_poison_receipts_reason(kafka, 
     names = setup_topics(kafka, f"tail-{unique}", partitions=1)
     groups = publish_groups(kafka, tq_store, names, 1, prefix=f"{unique}-")
     body = msgpack.unpackb(next(iter(groups.values()))[0].receipt.to_bytes())
-    AckedProducer(kafka).send([
-        Outgoing(names.receipts, b"x", b"\x93\xff\x00garbage"),
-        Outgoing(names.receipts, b"y", msgpack.packb(dict(body, schema_version=[9, 0]))),
-        Outgoing(names.receipts, b"z", msgpack.packb(dict(body, token_ids=list(range(64))))),
-    ])
+    AckedProducer(kafka).send(
+        [
+            Outgoing(names.receipts, b"x", b"\x93\xff\x00garbage"),
+            Outgoing(names.receipts, b"y", msgpack.packb(dict(body, schema_version=[9, 0]))),
+            Outgoing(names.receipts, b"z", msgpack.packb(dict(body, token_ids=list(range(64))))),
+        ]
+    )
     worker = _worker(kafka, tq_store, names)
     try:
-        drive([worker], lambda: len(dead_letters(kafka, names)) >= 3 and finalized_records(kafka, names),
-              timeout_s=120)
+        drive([worker], lambda: len(dead_letters(kafka, names)) >= 3 and finalized_records(kafka, names), timeout_s=120)
     finally:
         worker.close()
     res = _cli(kafka, "tail", names.deadletter, "--prefix", names.prefix, "--from-beginning", "--idle-exit", "3")
@@ -97,16 +100,20 @@ def test_redrive_of_a_fixed_group_finalizes_it_and_a_failing_one_is_not_redriven
         assert dry.returncode == 0, dry.stderr
         assert "would redrive 16 dead letter(s)" in dry.stdout and names.deadletter in dry.stderr
 
-        res = _cli(kafka, "deadletter", "redrive", "--prefix", names.prefix, "--reason", INCONSISTENT_GROUP,
-                   "--to-source")
+        res = _cli(
+            kafka, "deadletter", "redrive", "--prefix", names.prefix, "--reason", INCONSISTENT_GROUP, "--to-source"
+        )
         assert res.returncode == 0, res.stderr
         assert f"redrove 16 dead letter(s) from {names.deadletter}; 16 to {names.receipts}" in res.stdout
         again = redrive(kafka, names, reason=INCONSISTENT_GROUP, to_source=True)
         assert again.redriven == [] and again.skipped_max == 0
         assert len(list(read_topic(kafka, names.receipts))) == 32
 
-        drive([worker], lambda: len(finalized_records(kafka, names)) >= 1 and len(dead_letters(kafka, names)) >= 24,
-              timeout_s=120)
+        drive(
+            [worker],
+            lambda: len(finalized_records(kafka, names)) >= 1 and len(dead_letters(kafka, names)) >= 24,
+            timeout_s=120,
+        )
         (rec,) = finalized_records(kafka, names)
         assert rec.group_id == f"{unique}-fixed" and rec.valid_row_count == 8
         second = dead_letters(kafka, names)[16:]
@@ -120,8 +127,13 @@ def test_redrive_of_a_fixed_group_finalizes_it_and_a_failing_one_is_not_redriven
         assert len(dead_letters(kafka, names)) == 24 and len(finalized_records(kafka, names)) == 1
 
         info = inspect_group(kafka, names, f"{unique}-fixed", store=tq_store)
-        assert info["summary"] == {"receipts": 16, "state_entries": info["summary"]["state_entries"],
-                                   "finalized_records": 1, "dead_letters": 8, "outcome": "finalized"}
+        assert info["summary"] == {
+            "receipts": 16,
+            "state_entries": info["summary"]["state_entries"],
+            "finalized_records": 1,
+            "dead_letters": 8,
+            "outcome": "finalized",
+        }
         assert info["summary"]["state_entries"] >= 4
         assert set(info["tq"]["sample_ids"]) == set(rec.sample_ids) and all(info["tq"]["sample_ids"].values())
         assert info["tq"]["staging_keys"] and not any(info["tq"]["staging_keys"].values())
@@ -144,7 +156,8 @@ def test_redrive_of_a_fixed_group_finalizes_it_and_a_failing_one_is_not_redriven
     assert res.returncode == 0, res.stderr
     table = [line.split("\t") for line in res.stdout.splitlines()[1:]]
     assert [(t[0], t[1], t[3]) for t in table if t[1] == names.receipts] == [
-        (f"reassemblers.{names.prefix}", names.receipts, "-" if r.committed is None else str(r.committed)) for r in mine]
+        (f"reassemblers.{names.prefix}", names.receipts, "-" if r.committed is None else str(r.committed)) for r in mine
+    ]
     assert [(t[0], t[3]) for t in table if t[1] == names.finalized] == [("trainer", "-")] * 2
     tq_store.clear(TRAIN, list(rec.sample_ids))
 
@@ -175,15 +188,23 @@ def test_refinalize_finds_no_difference_then_exactly_the_changed_staged_tensor(k
     tq.save_checkpoint(tmp_path / "changed")
     tq_store.clear(STAGING, _keys(rollouts))
 
-    same = _cli(kafka, "refinalize", "--from", "replay.all", "--prefix", names.prefix,
-                "--tq-checkpoint", str(tmp_path / "same"))
+    same = _cli(
+        kafka, "refinalize", "--from", "replay.all", "--prefix", names.prefix, "--tq-checkpoint", str(tmp_path / "same")
+    )
     assert same.returncode == 0, same.stderr + same.stdout
     assert same.stdout == "" and "0 difference(s)" in same.stderr
-    changed = _cli(kafka, "refinalize", "--from", "replay.all", "--prefix", names.prefix,
-                   "--tq-checkpoint", str(tmp_path / "changed"))
+    changed = _cli(
+        kafka,
+        "refinalize",
+        "--from",
+        "replay.all",
+        "--prefix",
+        names.prefix,
+        "--tq-checkpoint",
+        str(tmp_path / "changed"),
+    )
     assert changed.returncode == 1, changed.stderr
-    assert changed.stdout.splitlines() == [
-        f"group {target_gid} row 2 generation_logprobs differs (max abs diff 0.5)"]
+    assert changed.stdout.splitlines() == [f"group {target_gid} row 2 generation_logprobs differs (max abs diff 0.5)"]
     # The session TQ was not touched by the loads: its train rows are still the recorded ones.
     recs = {r.group_id: r for r in finalized_records(kafka, names)}
     got = tq_store.get(TRAIN, [recs[target_gid].sample_ids[2]], select=["generation_logprobs"])

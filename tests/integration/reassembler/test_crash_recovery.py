@@ -12,14 +12,16 @@ from collections import Counter
 
 from streams.tq import STAGING, ray_address
 from tests.integration.helpers import drive, finalized_records, publish_groups, setup_topics
-from workers.reassembler.run import worker_command
 from workers.reassembler.config import ReassemblerConfig
+from workers.reassembler.run import worker_command
 from workers.reassembler.worker import ReassemblerWorker
 
 
 def _spawn(kafka, names, group, worker_id, crash_point=None, tmp_path=None):
     cfg = ReassemblerConfig(prefix=names.prefix, worker_id=worker_id, consumer_group=group, crash_point=crash_point)
-    log = open(tmp_path / f"{worker_id}-{time.monotonic_ns()}.log", "wb")
+    log = open(  # noqa: SIM115 - the child process writes it after this returns
+        tmp_path / f"{worker_id}-{time.monotonic_ns()}.log", "wb"
+    )
     return subprocess.Popen(worker_command(kafka, cfg, ray_address()), stdout=log, stderr=subprocess.STDOUT)
 
 
@@ -86,19 +88,23 @@ def test_sigkill_at_random_points_loses_nothing_and_emits_nothing_twice(kafka, t
 def test_two_workers_split_partitions_and_a_third_joins_mid_run(kafka, tq_store, unique):
     names = setup_topics(kafka, f"join-{unique}", partitions=6)
     group = f"reassemblers.join.{unique}"
-    mk = lambda wid: ReassemblerWorker(kafka, tq_store, ReassemblerConfig(prefix=names.prefix, worker_id=wid, consumer_group=group))
+    mk = lambda wid: ReassemblerWorker(
+        kafka, tq_store, ReassemblerConfig(prefix=names.prefix, worker_id=wid, consumer_group=group)
+    )
     a, b = mk("a"), mk("b")
     groups = publish_groups(kafka, tq_store, names, 60, prefix="first-")
     c = None
     try:
         drive([a, b], lambda: bool(a._consumer.assignment()) and bool(b._consumer.assignment()), timeout_s=60)
         assert {tp.partition for tp in a._consumer.assignment()}.isdisjoint(
-            {tp.partition for tp in b._consumer.assignment()})
+            {tp.partition for tp in b._consumer.assignment()}
+        )
         drive([a, b], lambda: len(finalized_records(kafka, names)) >= 20, timeout_s=120)
         c = mk("c")
         groups.update(publish_groups(kafka, tq_store, names, 60, prefix="second-"))
-        drive([a, b, c], lambda: len({r.group_id for r in finalized_records(kafka, names)}) >= len(groups),
-              timeout_s=180)
+        drive(
+            [a, b, c], lambda: len({r.group_id for r in finalized_records(kafka, names)}) >= len(groups), timeout_s=180
+        )
         assert c._consumer.assignment(), "the third worker never received partitions"
     finally:
         for w in (a, b, c):

@@ -9,15 +9,19 @@ from schemas.deadletter import DECODE_ERROR, METADATA_VIOLATION, VALIDATION_ERRO
 from schemas.payload import VIOLATION_TAG_KEYS
 from streams.producer import AckedProducer, Outgoing
 from streams.tq import STAGING, TRAIN
-from tests.integration.helpers import (SMALL, dead_letters, drive, finalized_records, publish_groups,
-                                            setup_topics)
+from tests.integration.helpers import SMALL, dead_letters, drive, finalized_records, publish_groups, setup_topics
 from workers.reassembler.config import ReassemblerConfig
 from workers.reassembler.worker import ReassemblerWorker
 
 
 def _worker(kafka, tq_store, names, worker_id="w0", **kw):
-    return ReassemblerWorker(kafka, tq_store, ReassemblerConfig(prefix=names.prefix, worker_id=worker_id,
-                                                                consumer_group=f"reassemblers.{names.prefix}", **kw))
+    return ReassemblerWorker(
+        kafka,
+        tq_store,
+        ReassemblerConfig(
+            prefix=names.prefix, worker_id=worker_id, consumer_group=f"reassemblers.{names.prefix}", **kw
+        ),
+    )
 
 
 def _staged_keys(groups):
@@ -63,16 +67,21 @@ def test_poison_receipts_are_dead_lettered_and_neighbours_finalize(kafka, tq_sto
     body = msgpack.unpackb(good.to_bytes())
     future = dict(body, schema_version=[9, 0])
     smuggled = dict(body, token_ids=list(range(64)))
-    AckedProducer(kafka).send([
-        Outgoing(names.receipts, b"x", b"\x93\xff\x00garbage"),
-        Outgoing(names.receipts, b"y", msgpack.packb(future)),
-        Outgoing(names.receipts, b"z", msgpack.packb(smuggled)),
-    ])
+    AckedProducer(kafka).send(
+        [
+            Outgoing(names.receipts, b"x", b"\x93\xff\x00garbage"),
+            Outgoing(names.receipts, b"y", msgpack.packb(future)),
+            Outgoing(names.receipts, b"z", msgpack.packb(smuggled)),
+        ]
+    )
     groups.update(publish_groups(kafka, tq_store, names, 3, prefix="b"))
     worker = _worker(kafka, tq_store, names)
     try:
-        drive([worker], lambda: len(finalized_records(kafka, names)) >= 6 and len(dead_letters(kafka, names)) >= 3,
-              timeout_s=120)
+        drive(
+            [worker],
+            lambda: len(finalized_records(kafka, names)) >= 6 and len(dead_letters(kafka, names)) >= 3,
+            timeout_s=120,
+        )
     finally:
         worker.close()
     letters = {d.source_key: d for d in dead_letters(kafka, names)}
@@ -137,8 +146,7 @@ def test_open_groups_are_capped_by_pausing_and_resume_as_groups_close(kafka, tq_
     assert sorted(r.group_id for r in finalized_records(kafka, names)) == [f"cap{i}" for i in range(10)]
 
 
-def test_a_worker_behind_a_backlog_older_than_the_deadline_does_not_cut_complete_groups_short(
-        kafka, tq_store, unique):
+def test_a_worker_behind_a_backlog_older_than_the_deadline_does_not_cut_complete_groups_short(kafka, tq_store, unique):
     names = setup_topics(kafka, f"backlog-{unique}", partitions=1)
     groups = publish_groups(kafka, tq_store, names, 12)
     time.sleep(3.0)  # the whole backlog is now older than the group deadline
@@ -162,8 +170,9 @@ def test_router_replay_carries_routed_experts_to_the_train_rows(kafka, tq_store,
     from workers.rollout.synthetic import SyntheticShape
 
     names = setup_topics(kafka, f"experts-{unique}", partitions=1)
-    shape = SyntheticShape(group_size=4, calls=(2, 3), prompt_len=(4, 8), answer_len=(3, 9), observation_len=(1, 4),
-                           routed_experts_k=4)
+    shape = SyntheticShape(
+        group_size=4, calls=(2, 3), prompt_len=(4, 8), answer_len=(3, 9), observation_len=(1, 4), routed_experts_k=4
+    )
     groups = publish_groups(kafka, tq_store, names, 2, shape=shape)
     actor = msgspec.structs.replace(default_actor_config(), router_replay_enabled=True)
     worker = _worker(kafka, tq_store, names, actor=actor)

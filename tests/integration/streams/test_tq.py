@@ -11,11 +11,14 @@ def test_jagged_rows_round_trip_with_tags_field_selection_list_and_clear(tq_stor
     lengths = [3, 1, 7, 4]
     ids = [torch.randint(0, 50_000, (n,), dtype=torch.int64) for n in lengths]
     lps = [torch.randn(n, dtype=torch.float32) for n in lengths]
-    fields = TensorDict({
-        "token_ids": torch.nested.nested_tensor(ids, layout=torch.jagged),
-        "generation_logprobs": torch.nested.nested_tensor(lps, layout=torch.jagged),
-        "reward": torch.tensor([0.5, -1.0, 2.0, 0.0]),
-    }, batch_size=[4])
+    fields = TensorDict(
+        {
+            "token_ids": torch.nested.nested_tensor(ids, layout=torch.jagged),
+            "generation_logprobs": torch.nested.nested_tensor(lps, layout=torch.jagged),
+            "reward": torch.tensor([0.5, -1.0, 2.0, 0.0]),
+        },
+        batch_size=[4],
+    )
     keys = [f"{unique}/call{i}" for i in range(4)]
     tags = [{"rollout_id": unique, "call": i, "weight_version": 7} for i in range(4)]
     tq_store.put(STAGING, keys, fields, tags)

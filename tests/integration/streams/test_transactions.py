@@ -26,8 +26,9 @@ def test_committed_batch_visible_aborted_batch_only_uncommitted(kafka, make_topi
     committed = _values(kafka, topic, read_committed=True)
     everything = _values(kafka, topic, read_committed=False)
     assert committed == sorted(f"committed-{i}".encode() for i in range(5))
-    assert everything == sorted([f"committed-{i}".encode() for i in range(5)]
-                                + [f"aborted-{i}".encode() for i in range(3)])
+    assert everything == sorted(
+        [f"committed-{i}".encode() for i in range(5)] + [f"aborted-{i}".encode() for i in range(3)]
+    )
 
 
 def _assignment_settled(consumers, expected_total):
@@ -43,8 +44,11 @@ def test_two_consumers_split_partitions_then_survivor_owns_all(kafka, make_topic
     a, b = Consumer(conf), Consumer(conf)
     a.subscribe([topic])
     b.subscribe([topic])
-    wait_until(lambda: _assignment_settled([a, b], 4) and a.assignment() and b.assignment(),
-               timeout_s=60, what="both consumers to own partitions")
+    wait_until(
+        lambda: _assignment_settled([a, b], 4) and a.assignment() and b.assignment(),
+        timeout_s=60,
+        what="both consumers to own partitions",
+    )
     owned_a = {tp.partition for tp in a.assignment()}
     owned_b = {tp.partition for tp in b.assignment()}
     assert owned_a.isdisjoint(owned_b) and owned_a | owned_b == {0, 1, 2, 3}
@@ -64,8 +68,7 @@ def test_offsets_move_only_when_transaction_commits(kafka, make_topic, unique):
     consumer = Consumer(kafka.consumer(group))
     consumer.subscribe([src])
     msgs = []
-    wait_until(lambda: msgs.extend(consumer.consume(10, 0.5)) or len(msgs) >= 10, timeout_s=30,
-               what="10 records")
+    wait_until(lambda: msgs.extend(consumer.consume(10, 0.5)) or len(msgs) >= 10, timeout_s=30, what="10 records")
     producer = TransactionalProducer(kafka, f"txn-{unique}")
 
     # Aborted: output invisible, offsets unchanged.

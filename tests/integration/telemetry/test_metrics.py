@@ -18,35 +18,48 @@ from schemas.deadletter import DECODE_ERROR, METADATA_VIOLATION
 from streams.producer import AckedProducer, Outgoing
 from streams.tq import TRAIN, ray_address
 from tests.integration.helpers import dead_letters, drive, finalized_records, publish_groups, setup_topics
-from workers.telemetry.logs import JsonFormatter, configure_logging
-from workers.telemetry.prometheus import ReassemblerMetrics, TrainerMetrics, start_metrics_server
 from workers.reassembler.config import ReassemblerConfig
 from workers.reassembler.worker import ReassemblerWorker
+from workers.telemetry.logs import JsonFormatter, configure_logging
+from workers.telemetry.prometheus import ReassemblerMetrics, TrainerMetrics, start_metrics_server
 
 
 def _scrape(port: int) -> dict[tuple[str, tuple], float]:
     body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for fam in text_string_to_metric_families(body) for s in fam.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for fam in text_string_to_metric_families(body)
+        for s in fam.samples
+    }
 
 
 def test_metrics_endpoint_counts_match_the_run(kafka, tq_store, unique):
     names = setup_topics(kafka, f"met-{unique}", partitions=2)
     groups = publish_groups(kafka, tq_store, names, 6, prefix=f"{unique}-m")
     body = msgpack.unpackb(next(iter(groups.values()))[0].receipt.to_bytes())
-    AckedProducer(kafka).send([Outgoing(names.receipts, b"x", b"\xc1garbage"),
-                               Outgoing(names.receipts, b"y", b"\xc1again"),
-                               Outgoing(names.receipts, b"z", msgpack.packb(dict(body, token_ids=[1, 2])))])
+    AckedProducer(kafka).send(
+        [
+            Outgoing(names.receipts, b"x", b"\xc1garbage"),
+            Outgoing(names.receipts, b"y", b"\xc1again"),
+            Outgoing(names.receipts, b"z", msgpack.packb(dict(body, token_ids=[1, 2]))),
+        ]
+    )
     registry = CollectorRegistry()
     metrics = ReassemblerMetrics(registry)
     port = start_metrics_server(0, addr="127.0.0.1", registry=registry)
     assert port > 0
-    worker = ReassemblerWorker(kafka, tq_store, ReassemblerConfig(prefix=names.prefix, worker_id="m0",
-                                                                  consumer_group=f"reassemblers.{names.prefix}"),
-                               metrics=metrics)
+    worker = ReassemblerWorker(
+        kafka,
+        tq_store,
+        ReassemblerConfig(prefix=names.prefix, worker_id="m0", consumer_group=f"reassemblers.{names.prefix}"),
+        metrics=metrics,
+    )
     try:
-        drive([worker], lambda: len(finalized_records(kafka, names)) >= 6 and len(dead_letters(kafka, names)) >= 3,
-              timeout_s=120)
+        drive(
+            [worker],
+            lambda: len(finalized_records(kafka, names)) >= 6 and len(dead_letters(kafka, names)) >= 3,
+            timeout_s=120,
+        )
         for _ in range(5):  # a few idle steps: gauges settle after the last commit
             worker.step()
     finally:
@@ -102,10 +115,27 @@ def test_reassemble_cli_serves_metrics_and_logs_json(kafka, tq_store, unique, tm
     publish_groups(kafka, tq_store, names, 3, prefix=f"{unique}-c")
     log_path = tmp_path / "worker.log"
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "workers.cli.main", "reassemble", "--bootstrap-servers",
-                                 kafka.bootstrap_servers, "--prefix", names.prefix, "--group", f"g.{unique}",
-                                 "--ray-address", ray_address(), "--metrics-port", "0", "--log-json"],
-                                stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "workers.cli.main",
+                "reassemble",
+                "--bootstrap-servers",
+                kafka.bootstrap_servers,
+                "--prefix",
+                names.prefix,
+                "--group",
+                f"g.{unique}",
+                "--ray-address",
+                ray_address(),
+                "--metrics-port",
+                "0",
+                "--log-json",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     try:
         deadline = time.monotonic() + 120
         port = None

@@ -4,18 +4,17 @@ import random
 
 import pytest
 import torch
+from prometheus_client import CollectorRegistry
 
 from streams.tq import TRAIN
 from tests.integration.helpers import SMALL, drive, finalized_records, setup_topics
-from prometheus_client import CollectorRegistry
-
-from workers.telemetry.prometheus import TrainerMetrics
-from workers.trainer.policies import in_order, policy_by_name, windowed
-from workers.rollout.publisher import RolloutPublisher
 from workers.reassembler.config import ReassemblerConfig
 from workers.reassembler.worker import ReassemblerWorker
+from workers.rollout.publisher import RolloutPublisher
 from workers.rollout.synthetic import make_group
+from workers.telemetry.prometheus import TrainerMetrics
 from workers.trainer.consumer import ConsumerConfig, ExperienceConsumer
+from workers.trainer.policies import in_order, policy_by_name, windowed
 
 VERSIONS = range(6)
 
@@ -23,14 +22,16 @@ VERSIONS = range(6)
 def _finalized_by_version(kafka, tq_store, unique, per_version=5):
     """Groups produced by policies of versions 0..5, published shuffled and finalized by a real worker."""
     names = setup_topics(kafka, f"tr-{unique}", partitions=3)
-    rollouts = [r for v in VERSIONS for i in range(per_version)
-                for r in make_group(f"v{v}-g{i}", 10 * v + i, v, shape=SMALL)]
+    rollouts = [
+        r for v in VERSIONS for i in range(per_version) for r in make_group(f"v{v}-g{i}", 10 * v + i, v, shape=SMALL)
+    ]
     random.Random(3).shuffle(rollouts)
     pub = RolloutPublisher(kafka, tq_store, names.receipts)
     pub.publish(rollouts)
     pub.close()
-    worker = ReassemblerWorker(kafka, tq_store, ReassemblerConfig(prefix=names.prefix, worker_id="w",
-                                                                  consumer_group=f"re-{unique}"))
+    worker = ReassemblerWorker(
+        kafka, tq_store, ReassemblerConfig(prefix=names.prefix, worker_id="w", consumer_group=f"re-{unique}")
+    )
     total = per_version * len(VERSIONS)
     try:
         drive([worker], lambda: len(finalized_records(kafka, names)) >= total, timeout_s=120)
@@ -43,10 +44,16 @@ def test_windowed_never_yields_staler_than_bound_and_accounts_for_every_group(ka
     names, finalized = _finalized_by_version(kafka, tq_store, unique)
     yielded, evicted = [], []
     metrics = TrainerMetrics(CollectorRegistry())
-    consumer = ExperienceConsumer(kafka, tq_store, ConsumerConfig(names, group_id=f"tr-{unique}"), windowed(1),
-                                  version=2, on_yield=lambda g, v: yielded.append((g.group_id, v - g.group_min_wv)),
-                                  on_evict=lambda g, v: evicted.append((g.group_id, v - g.group_min_wv)),
-                                  metrics=metrics)
+    consumer = ExperienceConsumer(
+        kafka,
+        tq_store,
+        ConsumerConfig(names, group_id=f"tr-{unique}"),
+        windowed(1),
+        version=2,
+        on_yield=lambda g, v: yielded.append((g.group_id, v - g.group_min_wv)),
+        on_evict=lambda g, v: evicted.append((g.group_id, v - g.group_min_wv)),
+        metrics=metrics,
+    )
     try:
         for version in (2, 3, 4, 5, 6):
             consumer.set_version(version)
@@ -69,8 +76,13 @@ def test_windowed_never_yields_staler_than_bound_and_accounts_for_every_group(ka
 def test_in_order_never_yields_out_of_version_order(kafka, tq_store, unique):
     names, finalized = _finalized_by_version(kafka, tq_store, unique, per_version=4)
     order = []
-    consumer = ExperienceConsumer(kafka, tq_store, ConsumerConfig(names, group_id=f"tr-{unique}"), in_order(1),
-                                  on_yield=lambda g, v: order.append(g.group_min_wv))
+    consumer = ExperienceConsumer(
+        kafka,
+        tq_store,
+        ConsumerConfig(names, group_id=f"tr-{unique}"),
+        in_order(1),
+        on_yield=lambda g, v: order.append(g.group_min_wv),
+    )
     try:
         for version in VERSIONS:
             consumer.set_version(version)
@@ -112,8 +124,9 @@ def test_restarted_consumer_resumes_with_nothing_lost_and_nothing_twice(kafka, t
 
 def test_batch_tensors_match_the_packed_rows_in_tq(kafka, tq_store, unique):
     names, finalized = _finalized_by_version(kafka, tq_store, unique, per_version=2)
-    consumer = ExperienceConsumer(kafka, tq_store, ConsumerConfig(names, group_id=f"tr-{unique}"),
-                                  policy_by_name("ready_first"), version=10)
+    consumer = ExperienceConsumer(
+        kafka, tq_store, ConsumerConfig(names, group_id=f"tr-{unique}"), policy_by_name("ready_first"), version=10
+    )
     try:
         batch = consumer.next_batch(3, timeout_s=10.0)
         assert batch is not None
@@ -121,7 +134,7 @@ def test_batch_tensors_match_the_packed_rows_in_tq(kafka, tq_store, unique):
         lengths = batch.tensors["input_lengths"].tolist()
         for i, row in enumerate(rows):
             assert torch.equal(batch.tensors["input_ids"][i, : lengths[i]], row)
-            assert (batch.tensors["input_ids"][i, lengths[i]:] == 0).all()
+            assert (batch.tensors["input_ids"][i, lengths[i] :] == 0).all()
         consumer.release(batch)
     finally:
         consumer.close()

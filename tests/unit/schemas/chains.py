@@ -38,8 +38,7 @@ def make_rollout(
         token_ids = torch.randint(0, 50_000, (delta,), generator=gen, dtype=torch.int64)
         segment = {
             "token_ids": token_ids,
-            "token_mask": torch.cat([torch.zeros(observed, dtype=torch.bool),
-                                     torch.ones(generated, dtype=torch.bool)]),
+            "token_mask": torch.cat([torch.zeros(observed, dtype=torch.bool), torch.ones(generated, dtype=torch.bool)]),
             "generation_logprobs": -torch.rand(delta, generator=gen),
         }
         if experts_k is not None:

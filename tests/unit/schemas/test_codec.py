@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from schemas.codec import MAX_MESSAGE_BYTES, SCHEMA_VERSION, decode, encode
-from schemas.deadletter import DeadLetter, ERROR_KINDS
+from schemas.deadletter import ERROR_KINDS, DeadLetter
 from schemas.errors import SchemaError
 from schemas.finalized import FinalizedGroup, SourceRange
 from schemas.receipt import CallRecord, Receipt
@@ -23,10 +23,16 @@ finite = st.floats(allow_nan=False, allow_infinity=False)
 @st.composite
 def call_records(draw):
     return CallRecord(
-        staging_key=draw(ids), call_id=draw(ids), parent_call_id=draw(st.none() | ids),
-        prev_len=draw(naturals), delta_len=draw(naturals), cum_len=draw(naturals),
-        weight_version=draw(naturals), digest=draw(st.text(max_size=16)),
-        invalid_tool_call=draw(st.booleans()), malformed_thinking=draw(st.booleans()),
+        staging_key=draw(ids),
+        call_id=draw(ids),
+        parent_call_id=draw(st.none() | ids),
+        prev_len=draw(naturals),
+        delta_len=draw(naturals),
+        cum_len=draw(naturals),
+        weight_version=draw(naturals),
+        digest=draw(st.text(max_size=16)),
+        invalid_tool_call=draw(st.booleans()),
+        malformed_thinking=draw(st.booleans()),
     )
 
 
@@ -36,16 +42,29 @@ def receipts(draw):
     failure = draw(st.none() | ids)
     manifest = draw(st.lists(call_records(), min_size=0 if failure else 1, max_size=5))
     return Receipt(
-        rollout_id=draw(ids), group_id=draw(ids), prompt_idx=draw(naturals),
-        rollout_index=draw(st.integers(0, group_size - 1)), group_size=group_size,
-        reward=draw(finite), mask_sample=draw(st.booleans()),
-        loss_multiplier=draw(st.floats(0, 1e6)), environment=draw(st.text(max_size=8)),
-        failure_reason=failure, manifest=tuple(manifest), truncated=draw(st.booleans()),
+        rollout_id=draw(ids),
+        group_id=draw(ids),
+        prompt_idx=draw(naturals),
+        rollout_index=draw(st.integers(0, group_size - 1)),
+        group_size=group_size,
+        reward=draw(finite),
+        mask_sample=draw(st.booleans()),
+        loss_multiplier=draw(st.floats(0, 1e6)),
+        environment=draw(st.text(max_size=8)),
+        failure_reason=failure,
+        manifest=tuple(manifest),
+        truncated=draw(st.booleans()),
     )
 
 
-tag_values = (st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | finite
-              | st.text(max_size=6) | st.lists(naturals, max_size=3))
+tag_values = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**63 - 1)
+    | finite
+    | st.text(max_size=6)
+    | st.lists(naturals, max_size=3)
+)
 
 
 @st.composite
@@ -57,27 +76,39 @@ def finalized_groups(draw):
     min_wv = draw(naturals)
     first = draw(naturals)
     return FinalizedGroup(
-        group_id=draw(ids), prompt_idx=draw(naturals), partition_id=draw(ids),
+        group_id=draw(ids),
+        prompt_idx=draw(naturals),
+        partition_id=draw(ids),
         sample_ids=tuple(f"g_g{i}" for i in range(n)),
-        tags=tuple(draw(st.dictionaries(st.text(max_size=8), tag_values, max_size=4))
-                   for _ in range(n)),
-        group_min_wv=min_wv, group_max_wv=min_wv + draw(st.integers(0, 5)),
+        tags=tuple(draw(st.dictionaries(st.text(max_size=8), tag_values, max_size=4)) for _ in range(n)),
+        group_min_wv=min_wv,
+        group_max_wv=min_wv + draw(st.integers(0, 5)),
         canonical_output_tokens=draw(naturals),
-        valid_row_count=sum(r is None for r in reasons), total_row_count=n,
-        rejection_reasons=reasons, dropped=dropped,
+        valid_row_count=sum(r is None for r in reasons),
+        total_row_count=n,
+        rejection_reasons=reasons,
+        dropped=dropped,
         drop_reason=draw(ids) if dropped else None,
         metrics=draw(st.dictionaries(st.text(max_size=8), finite, max_size=3)),
-        source=draw(st.none() | st.builds(SourceRange, ids, st.integers(0, 99), st.just(first),
-                                          st.integers(first, first + 100))),
+        source=draw(
+            st.none() | st.builds(SourceRange, ids, st.integers(0, 99), st.just(first), st.integers(first, first + 100))
+        ),
         finalized_at_ms=draw(naturals),
     )
 
 
 dead_letters = st.builds(
-    DeadLetter, source_topic=ids, source_partition=naturals, source_offset=naturals,
-    source_key=st.none() | st.binary(max_size=20), original=st.binary(max_size=200),
-    error_kind=st.sampled_from(sorted(ERROR_KINDS)), message=st.text(max_size=30),
-    worker_id=ids, time_ms=naturals, redrive_count=naturals,
+    DeadLetter,
+    source_topic=ids,
+    source_partition=naturals,
+    source_offset=naturals,
+    source_key=st.none() | st.binary(max_size=20),
+    original=st.binary(max_size=200),
+    error_kind=st.sampled_from(sorted(ERROR_KINDS)),
+    message=st.text(max_size=30),
+    worker_id=ids,
+    time_ms=naturals,
+    redrive_count=naturals,
 )
 
 
@@ -86,8 +117,11 @@ def group_states(draw):
     first = draw(naturals)
     status = draw(st.sampled_from(["open", "closed"]))
     return GroupState(
-        group_id=draw(ids), status=status, partition=draw(st.integers(0, 999)),
-        first_offset=first, last_offset=first + draw(st.integers(0, 1000)),
+        group_id=draw(ids),
+        status=status,
+        partition=draw(st.integers(0, 999)),
+        first_offset=first,
+        last_offset=first + draw(st.integers(0, 1000)),
         first_seen_ms=draw(naturals),
         outcome=None if status == "open" else draw(st.sampled_from(["finalized", "dead_lettered"])),
         finalized_at_ms=draw(naturals),
@@ -102,24 +136,31 @@ def requests(draw):
         group_id=draw(ids),
         rollout_ids=tuple(draw(st.lists(ids, min_size=n, max_size=n))),
         canonical_sample_ids=tuple(f"g_g{i}" for i in range(n)),
-        receipts=tuple(draw(st.lists(st.none() | receipts().map(Receipt.to_dict),
-                                     min_size=n, max_size=n))),
+        receipts=tuple(draw(st.lists(st.none() | receipts().map(Receipt.to_dict), min_size=n, max_size=n))),
         rewards=tuple(draw(st.lists(finite, min_size=n, max_size=n))),
-        fallback_weight_version=draw(naturals), prompt_idx=draw(naturals),
+        fallback_weight_version=draw(naturals),
+        prompt_idx=draw(naturals),
         mask_sample=tuple(draw(st.lists(st.booleans(), min_size=n, max_size=n))),
         loss_multiplier=draw(st.floats(0, 10)),
     )
 
 
 configs = st.builds(
-    RolloutReassemblerActorConfig, partition_id=ids, staging_partition=ids,
-    pad_token_id=naturals, router_replay_enabled=st.booleans(),
-    defer_routed_experts_to_policy=st.booleans(), max_seq_len=st.integers(1, 2**20),
+    RolloutReassemblerActorConfig,
+    partition_id=ids,
+    staging_partition=ids,
+    pad_token_id=naturals,
+    router_replay_enabled=st.booleans(),
+    defer_routed_experts_to_policy=st.booleans(),
+    max_seq_len=st.integers(1, 2**20),
 )
 
 ALL = [
-    (Receipt, receipts()), (FinalizedGroup, finalized_groups()), (DeadLetter, dead_letters),
-    (GroupState, group_states()), (ReassemblyRequest, requests()),
+    (Receipt, receipts()),
+    (FinalizedGroup, finalized_groups()),
+    (DeadLetter, dead_letters),
+    (GroupState, group_states()),
+    (ReassemblyRequest, requests()),
     (RolloutReassemblerActorConfig, configs),
 ]
 
@@ -144,8 +185,16 @@ def test_round_trip(cls, strategy):
 
 def _receipt_map(**changes):
     receipt = Receipt(
-        rollout_id="r", group_id="g", prompt_idx=0, rollout_index=0, group_size=2, reward=1.0,
-        mask_sample=True, loss_multiplier=1.0, environment="e", failure_reason=None,
+        rollout_id="r",
+        group_id="g",
+        prompt_idx=0,
+        rollout_index=0,
+        group_size=2,
+        reward=1.0,
+        mask_sample=True,
+        loss_multiplier=1.0,
+        environment="e",
+        failure_reason=None,
         manifest=tuple(CallRecord(f"r/c{i}", f"c{i}", None, 0, 1, 1, 0, "d") for i in range(3)),
     )
     raw = msgspec.msgpack.decode(receipt.to_bytes())
@@ -274,9 +323,19 @@ def test_corrupted_bytes_decode_or_raise_schema_error(receipt, data):
 
 def test_constructors_validate_like_the_decoder():
     with pytest.raises(SchemaError) as info:
-        Receipt(rollout_id="r", group_id="g", prompt_idx=0, rollout_index=0, group_size=1,
-                reward=math.nan, mask_sample=True, loss_multiplier=1.0, environment="e",
-                failure_reason="oom", manifest=())
+        Receipt(
+            rollout_id="r",
+            group_id="g",
+            prompt_idx=0,
+            rollout_index=0,
+            group_size=1,
+            reward=math.nan,
+            mask_sample=True,
+            loss_multiplier=1.0,
+            environment="e",
+            failure_reason="oom",
+            manifest=(),
+        )
     assert info.value.path == "receipt.reward"
 
 

@@ -8,19 +8,41 @@ from schemas.errors import SchemaError
 
 
 def letter(**changes):
-    fields = dict(source_topic="rollout.receipts", source_partition=2, source_offset=17,
-                  source_key=b"g-1", original=b"\x00\xff not msgpack", error_kind="decode_error",
-                  message="boom", worker_id="w0", time_ms=5)
+    fields = dict(
+        source_topic="rollout.receipts",
+        source_partition=2,
+        source_offset=17,
+        source_key=b"g-1",
+        original=b"\x00\xff not msgpack",
+        error_kind="decode_error",
+        message="boom",
+        worker_id="w0",
+        time_ms=5,
+    )
     fields.update(changes)
     return DeadLetter(**fields)
 
 
 def test_error_kind_constants():
-    assert (deadletter.DECODE_ERROR, deadletter.VALIDATION_ERROR, deadletter.METADATA_VIOLATION,
-            deadletter.DUPLICATE_RECEIPT, deadletter.LATE_RECEIPT, deadletter.ALL_ROLLOUTS_FAILED,
-            deadletter.GROUP_TIMEOUT, deadletter.INCONSISTENT_GROUP) == (
-        "decode_error", "validation_error", "metadata_violation", "duplicate_receipt",
-        "late_receipt", "all_rollouts_failed", "group_timeout", "inconsistent_group")
+    assert (
+        deadletter.DECODE_ERROR,
+        deadletter.VALIDATION_ERROR,
+        deadletter.METADATA_VIOLATION,
+        deadletter.DUPLICATE_RECEIPT,
+        deadletter.LATE_RECEIPT,
+        deadletter.ALL_ROLLOUTS_FAILED,
+        deadletter.GROUP_TIMEOUT,
+        deadletter.INCONSISTENT_GROUP,
+    ) == (
+        "decode_error",
+        "validation_error",
+        "metadata_violation",
+        "duplicate_receipt",
+        "late_receipt",
+        "all_rollouts_failed",
+        "group_timeout",
+        "inconsistent_group",
+    )
     assert len(deadletter.ERROR_KINDS) == 8
 
 
@@ -54,5 +76,4 @@ def test_dead_letter_checks(changes, path):
 
 
 def test_an_error_kind_from_a_newer_writer_still_decodes():
-    assert DeadLetter.from_bytes(letter(error_kind="quota_exceeded").to_bytes()).error_kind == \
-        "quota_exceeded"
+    assert DeadLetter.from_bytes(letter(error_kind="quota_exceeded").to_bytes()).error_kind == "quota_exceeded"

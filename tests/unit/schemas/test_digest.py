@@ -23,8 +23,7 @@ def test_digest_ignores_the_integer_dtype_but_not_the_values():
 
 
 def test_digest_is_the_same_in_another_process():
-    code = ("import torch; from schemas.digest import token_digest; "
-            "print(token_digest(torch.arange(1000)))")
+    code = "import torch; from schemas.digest import token_digest; print(token_digest(torch.arange(1000)))"
     other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert other.stdout.strip() == token_digest(torch.arange(1000))
 

@@ -8,11 +8,21 @@ from schemas.finalized import FinalizedGroup, SourceRange
 
 def group(**changes):
     fields = dict(
-        group_id="g", prompt_idx=1, partition_id="train", sample_ids=("g_g0", "g_g1"),
+        group_id="g",
+        prompt_idx=1,
+        partition_id="train",
+        sample_ids=("g_g0", "g_g1"),
         tags=({"weight_version": 3, "shape": [4, 8]}, {"weight_version": 3, "x": None}),
-        group_min_wv=3, group_max_wv=4, canonical_output_tokens=10, valid_row_count=1,
-        total_row_count=2, rejection_reasons=(None, "missing_receipt"), dropped=False,
-        drop_reason=None, metrics={"ms": 1.5}, source=SourceRange("t", 0, 5, 9),
+        group_min_wv=3,
+        group_max_wv=4,
+        canonical_output_tokens=10,
+        valid_row_count=1,
+        total_row_count=2,
+        rejection_reasons=(None, "missing_receipt"),
+        dropped=False,
+        drop_reason=None,
+        metrics={"ms": 1.5},
+        source=SourceRange("t", 0, 5, 9),
     )
     fields.update(changes)
     return FinalizedGroup(**fields)
@@ -48,8 +58,14 @@ def test_group_checks(changes, path):
 
 
 def test_a_dropped_group_may_carry_no_rows():
-    dropped = group(dropped=True, drop_reason="all_rollouts_failed", sample_ids=(), tags=(),
-                    valid_row_count=0, rejection_reasons=("rollout_failed", "missing_receipt"))
+    dropped = group(
+        dropped=True,
+        drop_reason="all_rollouts_failed",
+        sample_ids=(),
+        tags=(),
+        valid_row_count=0,
+        rejection_reasons=("rollout_failed", "missing_receipt"),
+    )
     assert FinalizedGroup.from_bytes(dropped.to_bytes()).dropped
 
 

@@ -12,8 +12,10 @@ from schemas.request import ReassemblyRequest, RolloutReassemblerActorConfig
 from schemas.state import GroupState
 
 GOLDEN = Path(__file__).resolve().parents[3] / "schemas" / "golden"
-KINDS = {cls.kind(): cls for cls in (Receipt, FinalizedGroup, DeadLetter, GroupState,
-                                     ReassemblyRequest, RolloutReassemblerActorConfig)}
+KINDS = {
+    cls.kind(): cls
+    for cls in (Receipt, FinalizedGroup, DeadLetter, GroupState, ReassemblyRequest, RolloutReassemblerActorConfig)
+}
 
 
 def test_every_message_kind_has_a_golden_vector():

@@ -11,9 +11,14 @@ PAD = 7
 
 
 def config(**changes):
-    fields = dict(partition_id="train", staging_partition="staging", pad_token_id=PAD,
-                  router_replay_enabled=False, defer_routed_experts_to_policy=False,
-                  max_seq_len=64)
+    fields = dict(
+        partition_id="train",
+        staging_partition="staging",
+        pad_token_id=PAD,
+        router_replay_enabled=False,
+        defer_routed_experts_to_policy=False,
+        max_seq_len=64,
+    )
     fields.update(changes)
     return RolloutReassemblerActorConfig(**fields)
 
@@ -25,9 +30,17 @@ def group(specs, **kw):
         if calls is None:
             receipts.append(None)
             continue
-        receipt, segs = make_rollout(calls, rollout_id=f"r{i}", rollout_index=i,
-                                     group_size=len(specs), prompt_idx=3, reward=float(i),
-                                     weight_versions=[10 + i] * len(calls), seed=i, **kw)
+        receipt, segs = make_rollout(
+            calls,
+            rollout_id=f"r{i}",
+            rollout_index=i,
+            group_size=len(specs),
+            prompt_idx=3,
+            reward=float(i),
+            weight_versions=[10 + i] * len(calls),
+            seed=i,
+            **kw,
+        )
         receipts.append(receipt)
         segments.update(segs)
     return receipts, segments
@@ -36,8 +49,7 @@ def group(specs, **kw):
 def test_a_group_always_yields_n_rows_with_placeholders_for_failures():
     receipts, segments = group([[(4, 3), (2, 2)], None, [(4, 5)], [(4, 1)]])
     receipts[3] = msgspec.structs.replace(receipts[3], failure_reason="env_timeout")
-    build = build_group(group_id="g", prompt_idx=3, group_size=4, receipts=receipts,
-                        segments=segments, config=config())
+    build = build_group(group_id="g", prompt_idx=3, group_size=4, receipts=receipts, segments=segments, config=config())
     assert build.rejection_reasons == (None, "missing_receipt", None, "rollout_failed")
     assert build.sample_ids == ["g_g0", "g_g1", "g_g2", "g_g3"]
     assert (build.valid_row_count, build.total_row_count, build.all_failed) == (2, 4, False)
@@ -58,8 +70,15 @@ def test_a_group_always_yields_n_rows_with_placeholders_for_failures():
 def test_all_failed_group_falls_back_to_the_given_weight_version():
     receipts, segments = group([None, [(2, 2)]])
     segments.clear()
-    build = build_group(group_id="g", prompt_idx=3, group_size=2, receipts=receipts,
-                        segments=segments, config=config(), fallback_weight_version=4)
+    build = build_group(
+        group_id="g",
+        prompt_idx=3,
+        group_size=2,
+        receipts=receipts,
+        segments=segments,
+        config=config(),
+        fallback_weight_version=4,
+    )
     assert build.all_failed and build.valid_row_count == 0
     assert build.rejection_reasons == ("missing_receipt", "missing_staging_row")
     assert (build.group_min_wv, build.group_max_wv) == (4, 4)
@@ -69,9 +88,14 @@ def test_all_failed_group_falls_back_to_the_given_weight_version():
 
 def test_rows_longer_than_max_seq_len_are_truncated_and_marked():
     receipts, segments = group([[(4, 6), (3, 8)], [(4, 2)]], experts_k=2)
-    build = build_group(group_id="g", prompt_idx=3, group_size=2, receipts=receipts,
-                        segments=segments,
-                        config=config(max_seq_len=12, router_replay_enabled=True))
+    build = build_group(
+        group_id="g",
+        prompt_idx=3,
+        group_size=2,
+        receipts=receipts,
+        segments=segments,
+        config=config(max_seq_len=12, router_replay_enabled=True),
+    )
     out = unpack_payload(build.fields, build.tags, pad_value_dict={"input_ids": PAD})
     assert out["input_lengths"].tolist() == [12, 6]
     assert out["truncated"].tolist() == [True, False]
@@ -85,13 +109,11 @@ def test_rows_longer_than_max_seq_len_are_truncated_and_marked():
 def test_a_receipt_in_the_wrong_slot_is_invalid():
     receipts, segments = group([[(2, 2)], [(2, 2)]])
     receipts.reverse()
-    build = build_group(group_id="g", prompt_idx=3, group_size=2, receipts=receipts,
-                        segments=segments, config=config())
+    build = build_group(group_id="g", prompt_idx=3, group_size=2, receipts=receipts, segments=segments, config=config())
     assert build.rejection_reasons == ("invalid_receipt", "invalid_receipt")
 
 
 def test_receipt_slots_must_match_the_group_size():
     receipts, segments = group([[(2, 2)]])
     with pytest.raises(ValueError):
-        build_group(group_id="g", prompt_idx=3, group_size=2, receipts=receipts,
-                    segments=segments, config=config())
+        build_group(group_id="g", prompt_idx=3, group_size=2, receipts=receipts, segments=segments, config=config())

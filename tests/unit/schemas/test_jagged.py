@@ -15,8 +15,17 @@ from schemas.jagged import (
     stack_padded,
 )
 
-DTYPES = [torch.int64, torch.int32, torch.int16, torch.uint8, torch.bool, torch.float32,
-          torch.float16, torch.bfloat16, torch.float64]
+DTYPES = [
+    torch.int64,
+    torch.int32,
+    torch.int16,
+    torch.uint8,
+    torch.bool,
+    torch.float32,
+    torch.float16,
+    torch.bfloat16,
+    torch.float64,
+]
 
 
 @pytest.fixture(params=["native", "numpy"])
@@ -56,13 +65,17 @@ def test_pad_rows_matches_a_row_by_row_reference(data):
         at += length + gap
     values = _values((at + data.draw(st.integers(0, 3))) * scale, dtype)
     width = max(lengths, default=0) + data.draw(st.integers(0, 3))
-    fill = data.draw(st.sampled_from([0, 1, -1, 99, 1.5] if dtype.is_floating_point else
-                                      [0, 1] if dtype == torch.bool else [0, 1, 99]))
+    fill = data.draw(
+        st.sampled_from(
+            [0, 1, -1, 99, 1.5] if dtype.is_floating_point else [0, 1] if dtype == torch.bool else [0, 1, 99]
+        )
+    )
     if dtype in (torch.uint8,) and fill == -1:
         fill = 7
     if with_lengths:
-        rows = JaggedRows(values, torch.tensor(starts, dtype=torch.int64),
-                          torch.tensor(lengths, dtype=torch.int64), scale, ())
+        rows = JaggedRows(
+            values, torch.tensor(starts, dtype=torch.int64), torch.tensor(lengths, dtype=torch.int64), scale, ()
+        )
     else:
         rows = JaggedRows(values, torch.tensor([*starts, at], dtype=torch.int64), None, scale, ())
     expected = torch.full((n, width * scale), fill, dtype=dtype)
@@ -70,7 +83,7 @@ def test_pad_rows_matches_a_row_by_row_reference(data):
         expected[i, : length * scale] = values[start * scale : (start + length) * scale]
     saved = jagged._rowcopy
     try:
-        for copier in ([saved, None] if saved is not None else [None]):
+        for copier in [saved, None] if saved is not None else [None]:
             jagged._rowcopy = copier
             got = pad_rows(rows, width * scale, fill)
             assert got.dtype == dtype and got.shape == (n, width * scale)
@@ -79,11 +92,14 @@ def test_pad_rows_matches_a_row_by_row_reference(data):
         jagged._rowcopy = saved
 
 
-@pytest.mark.parametrize("case", [
-    ("row past the end", [0, 4], [3, 3], 8, "row 1"),
-    ("row wider than the output", [0], [5], 4, "row 0"),
-    ("negative start", [-1], [2], 4, "row 0"),
-])
+@pytest.mark.parametrize(
+    "case",
+    [
+        ("row past the end", [0, 4], [3, 3], 8, "row 1"),
+        ("row wider than the output", [0], [5], 4, "row 0"),
+        ("negative start", [-1], [2], 4, "row 0"),
+    ],
+)
 def test_pad_rows_rejects_rows_outside_their_values(copier, case):
     _, starts, lengths, width, where = case
     rows = JaggedRows(torch.arange(6), torch.tensor(starts), torch.tensor(lengths), 1, ())
@@ -103,12 +119,12 @@ def test_layout_views_rows_without_copying_and_shares_one_ragged_dim():
     ids = torch.arange(12).reshape(3, 4)
     mask = ids % 2 == 0
     experts = torch.arange(24, dtype=torch.int16).reshape(3, 4, 2)
-    viewed = {name: layout.view(t) for name, t in (("ids", ids), ("mask", mask),
-                                                    ("experts", experts))}
+    viewed = {name: layout.view(t) for name, t in (("ids", ids), ("mask", mask), ("experts", experts))}
     for name, source in (("ids", ids), ("mask", mask), ("experts", experts)):
         rows = viewed[name].unbind()
-        assert [r.tolist() for r in rows] == [source[i, :n].reshape(-1).tolist()
-                                              for i, n in enumerate(lengths.tolist())]
+        assert [r.tolist() for r in rows] == [
+            source[i, :n].reshape(-1).tolist() for i, n in enumerate(lengths.tolist())
+        ]
         assert viewed[name]._values.data_ptr() == source.data_ptr()  # a view, not a copy
     # Fields of one row width have one ragged dimension, so torch sees them as aligned.
     assert viewed["ids"].shape[1] == viewed["mask"].shape[1]
@@ -128,10 +144,8 @@ def test_jagged_rows_reads_every_nested_layout(copier):
     rows = [torch.tensor([1, 2, 3]), torch.tensor([4])]
     contiguous = torch.nested.as_nested_tensor(rows, layout=torch.jagged)
     strided = torch.nested.nested_tensor(rows)  # the older strided layout: read row by row
-    gapped = make_jagged(torch.tensor([1, 2, 3, 9, 4, 9]), torch.tensor([0, 4, 6]),
-                         torch.tensor([3, 1]))
-    two_d = torch.nested.as_nested_tensor([torch.ones(2, 3), torch.zeros(1, 3)],
-                                          layout=torch.jagged)
+    gapped = make_jagged(torch.tensor([1, 2, 3, 9, 4, 9]), torch.tensor([0, 4, 6]), torch.tensor([3, 1]))
+    two_d = torch.nested.as_nested_tensor([torch.ones(2, 3), torch.zeros(1, 3)], layout=torch.jagged)
     for nested in (contiguous, strided, gapped):
         got = jagged_rows(nested)
         assert got.rest == ()

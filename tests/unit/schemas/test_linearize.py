@@ -11,8 +11,8 @@ SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[Healt
 
 # calls[i] = (non-generated tokens, generated tokens); call 0 needs a prompt.
 chains = st.tuples(st.integers(1, 12), st.integers(0, 12)).flatmap(
-    lambda first: st.lists(st.tuples(st.integers(0, 8), st.integers(0, 8)), max_size=4).map(
-        lambda rest: [first, *rest]))
+    lambda first: st.lists(st.tuples(st.integers(0, 8), st.integers(0, 8)), max_size=4).map(lambda rest: [first, *rest])
+)
 
 
 def replace_call(receipt, i, **changes):
@@ -25,8 +25,9 @@ def replace_call(receipt, i, **changes):
 @given(chains, st.integers(0, 1000))
 def test_valid_chains_rebuild_the_message_log(calls, seed):
     versions = [3 + (7 * i) % 5 for i in range(len(calls))]
-    receipt, segments = make_rollout(calls, seed=seed, weight_versions=versions, experts_k=2,
-                                     flags={len(calls) - 1: {"invalid_tool_call": True}})
+    receipt, segments = make_rollout(
+        calls, seed=seed, weight_versions=versions, experts_k=2, flags={len(calls) - 1: {"invalid_tool_call": True}}
+    )
     result = linearize(receipt, segments)
     assert isinstance(result, LinearizedRollout)
 
@@ -59,14 +60,13 @@ def test_valid_chains_rebuild_the_message_log(calls, seed):
 
 CORRUPTIONS = {
     "rollout_failed": lambda r, s, i: (msgspec.structs.replace(r, failure_reason="env crashed"), s),
-    "duplicate_staging_key": lambda r, s, i: (
-        replace_call(r, i, staging_key=r.manifest[i - 1].staging_key), s),
+    "duplicate_staging_key": lambda r, s, i: (replace_call(r, i, staging_key=r.manifest[i - 1].staging_key), s),
     "rebuild_failed": lambda r, s, i: (replace_call(r, i, parent_call_id="stranger"), s),
     "invalid_receipt": lambda r, s, i: (
-        replace_call(r, i, prev_len=r.manifest[i].prev_len + 1,
-                     cum_len=r.manifest[i].cum_len + 1), s),
-    "missing_staging_row": lambda r, s, i: (
-        r, {k: v for k, v in s.items() if k != r.manifest[i].staging_key}),
+        replace_call(r, i, prev_len=r.manifest[i].prev_len + 1, cum_len=r.manifest[i].cum_len + 1),
+        s,
+    ),
+    "missing_staging_row": lambda r, s, i: (r, {k: v for k, v in s.items() if k != r.manifest[i].staging_key}),
     "invalid_staging_row": lambda r, s, i: (replace_call(r, i, digest="0" * 16), s),
 }
 
@@ -114,8 +114,14 @@ def test_call_zero_without_a_prompt_cannot_be_rebuilt():
 
 
 def test_rejection_reasons_are_the_documented_set():
-    assert REJECTION_REASONS == ("missing_receipt", "invalid_receipt", "rollout_failed",
-                                 "duplicate_staging_key", "missing_staging_row",
-                                 "invalid_staging_row", "rebuild_failed")
+    assert REJECTION_REASONS == (
+        "missing_receipt",
+        "invalid_receipt",
+        "rollout_failed",
+        "duplicate_staging_key",
+        "missing_staging_row",
+        "invalid_staging_row",
+        "rebuild_failed",
+    )
     with pytest.raises(ValueError):
         Rejection("bad_vibes", "")

@@ -18,13 +18,11 @@ class Outer:
 
 
 def _receipt():
-    return Receipt("r", "g", 0, 0, 1, 1.0, True, 1.0, "e", None,
-                   (CallRecord("r/c0", "c0", None, 0, 3, 3, 1, "d"),))
+    return Receipt("r", "g", 0, 0, 1, 1.0, True, 1.0, "e", None, (CallRecord("r/c0", "c0", None, 0, 3, 3, 1, "d"),))
 
 
 def test_plain_metadata_passes():
-    request = ReassemblyRequest("g", ("r",), ("g_g0",), (_receipt().to_dict(),), (1.0,), 0, 0,
-                                (True,))
+    request = ReassemblyRequest("g", ("r",), ("g_g0",), (_receipt().to_dict(),), (1.0,), 0, 0, (True,))
     assert_metadata_only(request)
     assert_metadata_only(_receipt())
     assert_metadata_only({"input_lengths": [3, 4], "ok": (None, 1.5, True, "s"), 7: {"a": 1}})
@@ -74,8 +72,7 @@ def test_forbidden_field_name_on_a_dataclass_is_rejected():
         (b"raw", "bytes"),
         ({1, 2}, "set"),
         (torch.tensor(3), "tensor of shape ()"),
-        (torch.nested.nested_tensor([torch.zeros(2), torch.zeros(3)], layout=torch.jagged),
-         "nested tensor"),
+        (torch.nested.nested_tensor([torch.zeros(2), torch.zeros(3)], layout=torch.jagged), "nested tensor"),
     ],
 )
 def test_non_metadata_values_are_rejected(bad, words):
@@ -100,9 +97,21 @@ def test_cycles_are_reported_not_looped_on():
 
 
 def test_forbidden_keys_cover_token_fields_but_not_lengths():
-    for key in ("input_ids", "token_ids", "token_mask", "generation_logprobs", "logprobs",
-                "prev_logprobs", "routed_experts", "prompt_ids_for_adv", "invalid_tool_call_mask",
-                "malformed_thinking_mask", "token_ids_delta", "token_mask_delta",
-                "generation_logprobs_delta", "routed_experts_delta"):
+    for key in (
+        "input_ids",
+        "token_ids",
+        "token_mask",
+        "generation_logprobs",
+        "logprobs",
+        "prev_logprobs",
+        "routed_experts",
+        "prompt_ids_for_adv",
+        "invalid_tool_call_mask",
+        "malformed_thinking_mask",
+        "token_ids_delta",
+        "token_mask_delta",
+        "generation_logprobs_delta",
+        "routed_experts_delta",
+    ):
         assert key in _FORBIDDEN_RPC_KEYS
     assert "input_lengths" not in _FORBIDDEN_RPC_KEYS

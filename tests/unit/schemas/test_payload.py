@@ -29,8 +29,12 @@ def msg(role, ids, *, logprobs=None, **extra):
 
 
 def test_constants():
-    assert VIOLATION_TAG_KEYS == ("num_invalid_tool_calls", "num_malformed_thinking",
-                                  "num_assistant_messages", "num_routed_experts_backfilled")
+    assert VIOLATION_TAG_KEYS == (
+        "num_invalid_tool_calls",
+        "num_malformed_thinking",
+        "num_assistant_messages",
+        "num_routed_experts_backfilled",
+    )
     assert _VIOLATION_COUNTS_KEY == "violation_counts"
 
 
@@ -40,8 +44,7 @@ def test_violation_counts_count_only_generated_assistant_turns():
         msg("assistant", [3], logprobs=[-0.1], invalid_tool_call=True, malformed_thinking=True),
         msg("assistant", [4, 5], invalid_tool_call=True),  # no logprobs: a replayed turn, ignored
         msg("environment", [6], malformed_thinking=True),
-        msg("assistant", [7], logprobs=[-0.2], malformed_thinking=True,
-            routed_experts_backfilled=True),
+        msg("assistant", [7], logprobs=[-0.2], malformed_thinking=True, routed_experts_backfilled=True),
         msg("assistant", [8], logprobs=[-0.3]),
     ]
     assert _violation_counts(log) == {
@@ -60,41 +63,45 @@ def test_violation_masks_align_with_tokens():
         msg("assistant", [7, 8, 9], logprobs=[-1.0, -1.0, -1.0], malformed_thinking=True),
     ]
     _add_message_violation_masks([log])
-    assert [m["invalid_tool_call_mask"].tolist() for m in log] == [
-        [False] * 3, [True, True], [False], [False] * 3]
-    assert [m["malformed_thinking_mask"].tolist() for m in log] == [
-        [False] * 3, [False, False], [False], [True] * 3]
+    assert [m["invalid_tool_call_mask"].tolist() for m in log] == [[False] * 3, [True, True], [False], [False] * 3]
+    assert [m["malformed_thinking_mask"].tolist() for m in log] == [[False] * 3, [False, False], [False], [True] * 3]
     assert all(m["invalid_tool_call_mask"].dtype == torch.bool for m in log)
 
 
 def _record():
-    good = Completion([
-        msg("user", [1, 2, 3]),
-        msg("assistant", [4, 5], logprobs=[-0.5, -0.25], invalid_tool_call=True),
-        msg("environment", [6]),
-        msg("assistant", [7], logprobs=[-2.0]),
-    ], reward=1.5, truncated=False, mask_sample=True)
+    good = Completion(
+        [
+            msg("user", [1, 2, 3]),
+            msg("assistant", [4, 5], logprobs=[-0.5, -0.25], invalid_tool_call=True),
+            msg("environment", [6]),
+            msg("assistant", [7], logprobs=[-2.0]),
+        ],
+        reward=1.5,
+        truncated=False,
+        mask_sample=True,
+    )
     placeholder = Completion([], 0.7, False, True, rejection_reason="missing_staging_row")
-    masked = Completion([msg("user", [1, 2, 3]), msg("assistant", [8], logprobs=[-1.0])],
-                        reward=-1.0, truncated=True, mask_sample=False)
+    masked = Completion(
+        [msg("user", [1, 2, 3]), msg("assistant", [8], logprobs=[-1.0])], reward=-1.0, truncated=True, mask_sample=False
+    )
     return PromptGroupRecord(torch.tensor([1, 2, 3]), (good, placeholder, masked), 0.5)
 
 
 def test_record_to_train_batch_rows():
-    batch = record_to_train_batch(_record(), pad_value_dict=PAD,
-                                  include_message_violation_fields=True)
+    batch = record_to_train_batch(_record(), pad_value_dict=PAD, include_message_violation_fields=True)
     f, t = False, True
-    assert torch.equal(batch["input_ids"], torch.tensor(
-        [[1, 2, 3, 4, 5, 6, 7], [99, 99, 99, 99, 99, 99, 99], [1, 2, 3, 8, 99, 99, 99]]))
+    assert torch.equal(
+        batch["input_ids"],
+        torch.tensor([[1, 2, 3, 4, 5, 6, 7], [99, 99, 99, 99, 99, 99, 99], [1, 2, 3, 8, 99, 99, 99]]),
+    )
     assert batch["input_ids"].dtype == torch.int64
     assert torch.equal(batch["input_lengths"], torch.tensor([7, 1, 4]))
-    assert torch.equal(batch["generation_logprobs"], torch.tensor(
-        [[0, 0, 0, -0.5, -0.25, 0, -2.0], [0] * 7, [0, 0, 0, -1.0, 0, 0, 0]],
-        dtype=torch.float32))
-    assert torch.equal(batch["token_mask"], torch.tensor(
-        [[f, f, f, t, t, f, t], [f] * 7, [f, f, f, t, f, f, f]]))
-    assert torch.equal(batch["invalid_tool_call_mask"], torch.tensor(
-        [[f, f, f, t, t, f, f], [f] * 7, [f] * 7]))
+    assert torch.equal(
+        batch["generation_logprobs"],
+        torch.tensor([[0, 0, 0, -0.5, -0.25, 0, -2.0], [0] * 7, [0, 0, 0, -1.0, 0, 0, 0]], dtype=torch.float32),
+    )
+    assert torch.equal(batch["token_mask"], torch.tensor([[f, f, f, t, t, f, t], [f] * 7, [f, f, f, t, f, f, f]]))
+    assert torch.equal(batch["invalid_tool_call_mask"], torch.tensor([[f, f, f, t, t, f, f], [f] * 7, [f] * 7]))
     assert torch.equal(batch["malformed_thinking_mask"], torch.zeros(3, 7, dtype=torch.bool))
     assert torch.equal(batch["sample_mask"], torch.tensor([0.5, 0.0, 0.0]))
     assert batch["sample_mask"].dtype == torch.float32
@@ -118,11 +125,16 @@ def test_record_to_train_batch_leaves_the_record_untouched_and_can_skip_masks():
 
 def test_routed_experts_are_backfilled_with_zeros_and_counted():
     experts = torch.arange(6).reshape(3, 2).to(torch.int32)
-    with_experts = Completion([msg("user", [1, 2], routed_experts=experts[:2]),
-                               msg("assistant", [3], logprobs=[-1.0], routed_experts=experts[2:])],
-                              1.0, False, True)
-    without = Completion([msg("user", [1, 2]), msg("assistant", [4, 5], logprobs=[-1.0, -1.0])],
-                         1.0, False, True)
+    with_experts = Completion(
+        [
+            msg("user", [1, 2], routed_experts=experts[:2]),
+            msg("assistant", [3], logprobs=[-1.0], routed_experts=experts[2:]),
+        ],
+        1.0,
+        False,
+        True,
+    )
+    without = Completion([msg("user", [1, 2]), msg("assistant", [4, 5], logprobs=[-1.0, -1.0])], 1.0, False, True)
     record = PromptGroupRecord(torch.tensor([1, 2]), (with_experts, without))
     batch = record_to_train_batch(record, pad_value_dict={}, include_message_violation_fields=False)
     routed = batch["routed_experts"]
@@ -133,8 +145,7 @@ def test_routed_experts_are_backfilled_with_zeros_and_counted():
 
 
 def test_pack_payload_sample_ids_tags_and_jagged_rows():
-    batch = record_to_train_batch(_record(), pad_value_dict=PAD,
-                                  include_message_violation_fields=True)
+    batch = record_to_train_batch(_record(), pad_value_dict=PAD, include_message_violation_fields=True)
     sample_ids, fields, tags = pack_payload(batch, weight_version=12, group_id="grp", prompt_idx=4)
     assert sample_ids == ["grp_g0", "grp_g1", "grp_g2"]
     assert isinstance(fields, TensorDict) and fields.batch_size == torch.Size([3])
@@ -143,15 +154,20 @@ def test_pack_payload_sample_ids_tags_and_jagged_rows():
     assert fields.get("input_ids").layout == torch.jagged
     assert not fields.get("prompt_ids_for_adv").is_nested
     assert not fields.get("total_reward").is_nested
-    assert tags[2] == {"weight_version": 12, "prompt_idx": 4, "group_id": "grp",
-                       "rollout_index": 2, "num_invalid_tool_calls": 0,
-                       "num_malformed_thinking": 0, "num_assistant_messages": 1,
-                       "num_routed_experts_backfilled": 0}
+    assert tags[2] == {
+        "weight_version": 12,
+        "prompt_idx": 4,
+        "group_id": "grp",
+        "rollout_index": 2,
+        "num_invalid_tool_calls": 0,
+        "num_malformed_thinking": 0,
+        "num_assistant_messages": 1,
+        "num_routed_experts_backfilled": 0,
+    }
 
 
 def test_unpack_inverts_record_to_train_batch_bit_for_bit():
-    batch = record_to_train_batch(_record(), pad_value_dict=PAD,
-                                  include_message_violation_fields=True)
+    batch = record_to_train_batch(_record(), pad_value_dict=PAD, include_message_violation_fields=True)
     _, fields, tags = pack_payload(batch, weight_version=1, group_id="g", prompt_idx=0)
     out = unpack_payload(fields, tags, pad_value_dict=PAD)
     tensors = {k: v for k, v in batch.items() if isinstance(v, torch.Tensor)}
@@ -161,8 +177,17 @@ def test_unpack_inverts_record_to_train_batch_bit_for_bit():
         assert torch.equal(out[name], value), name
 
 
-DTYPES = [torch.int64, torch.int32, torch.int16, torch.uint8, torch.bool, torch.float32,
-          torch.float16, torch.bfloat16, torch.float64]
+DTYPES = [
+    torch.int64,
+    torch.int32,
+    torch.int16,
+    torch.uint8,
+    torch.bool,
+    torch.float32,
+    torch.float16,
+    torch.bfloat16,
+    torch.float64,
+]
 
 
 def _random(shape, dtype, gen):
@@ -176,8 +201,7 @@ def _random(shape, dtype, gen):
 @st.composite
 def train_batches(draw, max_len=64):
     n = draw(st.integers(1, 6))
-    lengths = draw(st.lists(st.sampled_from([1, max_len]) | st.integers(1, max_len),
-                            min_size=n, max_size=n))
+    lengths = draw(st.lists(st.sampled_from([1, max_len]) | st.integers(1, max_len), min_size=n, max_size=n))
     width = max(lengths)
     gen = torch.Generator().manual_seed(draw(st.integers(0, 2**16)))
     mask = torch.arange(width) < torch.tensor(lengths).unsqueeze(1)
@@ -188,8 +212,7 @@ def train_batches(draw, max_len=64):
     for i, (dtype, rest) in enumerate([(torch.int64, ())] + extra):
         name = "input_ids" if i == 0 else f"field{i}"
         value = _random((n, width, *rest), dtype, gen)
-        pad = pads.setdefault(name, draw(st.integers(0, 1)) if dtype == torch.bool
-                              else draw(st.integers(0, 100)))
+        pad = pads.setdefault(name, draw(st.integers(0, 1)) if dtype == torch.bool else draw(st.integers(0, 100)))
         value[~mask] = pad  # padding carries the pad value, as record_to_train_batch writes it
         batch[name] = value
     batch["prompt_ids_for_adv"] = _random((n, draw(st.integers(1, width))), torch.int64, gen)
@@ -210,8 +233,7 @@ def test_pack_then_unpack_round_trips(case):
             for i, row in enumerate(rows):  # each row is the padded row cut to its length
                 assert torch.equal(row, value[i, : lengths[i]].reshape(-1))
             if value.dim() > 2:
-                assert [t[f"{name}__row_shapes"] for t in tags] == \
-                    [[length, *value.shape[2:]] for length in lengths]
+                assert [t[f"{name}__row_shapes"] for t in tags] == [[length, *value.shape[2:]] for length in lengths]
         else:
             assert not packed.is_nested
     out = unpack_payload(fields, tags, pad_value_dict=pads)
@@ -222,12 +244,22 @@ def test_pack_then_unpack_round_trips(case):
 
 def _group_batch(group, lengths, prompt):
     completions = tuple(
-        Completion([msg("user", prompt),
-                    msg("assistant", list(range(100, 100 + n - len(prompt))),
-                        logprobs=[-0.5] * (n - len(prompt)),
-                        routed_experts=torch.ones(n - len(prompt), 2, dtype=torch.int16))],
-                   float(group), False, True)
-        if n else Completion([], 0.0, False, False, rejection_reason="missing_receipt")
+        Completion(
+            [
+                msg("user", prompt),
+                msg(
+                    "assistant",
+                    list(range(100, 100 + n - len(prompt))),
+                    logprobs=[-0.5] * (n - len(prompt)),
+                    routed_experts=torch.ones(n - len(prompt), 2, dtype=torch.int16),
+                ),
+            ],
+            float(group),
+            False,
+            True,
+        )
+        if n
+        else Completion([], 0.0, False, False, rejection_reason="missing_receipt")
         for n in lengths
     )
     record = PromptGroupRecord(torch.tensor(prompt), completions)
@@ -264,29 +296,26 @@ def test_unpack_rows_of_several_groups_fetched_from_tq():
     for position, tag in enumerate(tags):
         batch, i = batches[int(tag["group_id"][1:])], tag["rollout_index"]
         length = int(batch["input_lengths"][i])
-        for name in ("input_ids", "generation_logprobs", "token_mask", "routed_experts",
-                     "invalid_tool_call_mask"):
+        for name in ("input_ids", "generation_logprobs", "token_mask", "routed_experts", "invalid_tool_call_mask"):
             own = batch[name][i]
             assert torch.equal(out[name][position, : own.shape[0]], own), name
             assert not out[name][position, length:].any() or name == "input_ids"
         assert set(out["input_ids"][position, length:].tolist()) <= {99}
         prompt = batch["prompt_ids_for_adv"][i]
         assert torch.equal(out["prompt_ids_for_adv"][position, : prompt.shape[0]], prompt)
-        assert set(out["prompt_ids_for_adv"][position, prompt.shape[0]:].tolist()) <= {99}
+        assert set(out["prompt_ids_for_adv"][position, prompt.shape[0] :].tolist()) <= {99}
         assert out["total_reward"][position] == batch["total_reward"][i]
 
 
 def test_pack_rejects_a_non_tensor_field():
-    batch = record_to_train_batch(_record(), pad_value_dict=PAD,
-                                  include_message_violation_fields=False)
+    batch = record_to_train_batch(_record(), pad_value_dict=PAD, include_message_violation_fields=False)
     batch["notes"] = ["a", "b", "c"]
     with pytest.raises(TypeError):
         pack_payload(batch, weight_version=0, group_id="g", prompt_idx=0)
 
 
 def test_pack_without_input_ids_uses_the_longest_row_as_width():
-    batch = {"input_lengths": torch.tensor([2, 3]),
-             "scores": torch.tensor([[1.0, 2.0, -1.0], [3.0, 4.0, 5.0]])}
+    batch = {"input_lengths": torch.tensor([2, 3]), "scores": torch.tensor([[1.0, 2.0, -1.0], [3.0, 4.0, 5.0]])}
     _, fields, tags = pack_payload(batch, weight_version=0, group_id="g", prompt_idx=0)
     assert [r.tolist() for r in fields.get("scores").unbind()] == [[1.0, 2.0], [3.0, 4.0, 5.0]]
     out = unpack_payload(fields, tags, pad_value_dict={"scores": -1})
@@ -301,9 +330,11 @@ def test_pack_views_the_batch_but_keeps_its_own_row_lengths():
 
 
 def test_pack_rejects_violation_counts_for_another_number_of_rows():
-    batch = {"input_lengths": torch.tensor([2, 1]),
-             "input_ids": torch.zeros(2, 2, dtype=torch.int64),
-             "violation_counts": [{"num_invalid_tool_calls": 1}]}
+    batch = {
+        "input_lengths": torch.tensor([2, 1]),
+        "input_ids": torch.zeros(2, 2, dtype=torch.int64),
+        "violation_counts": [{"num_invalid_tool_calls": 1}],
+    }
     with pytest.raises(ValueError, match=r"\['violation_counts'\] has 1 rows, not 2"):
         pack_payload(batch, weight_version=0, group_id="g", prompt_idx=0)
 
@@ -325,8 +356,7 @@ def test_unpack_measures_each_field_of_the_older_nested_layout_on_its_own():
 
 
 def test_unpack_accepts_row_shapes_tags_as_tuples_or_lists():
-    batch = {"input_lengths": torch.tensor([1, 2]),
-             "experts": torch.arange(8, dtype=torch.int16).reshape(2, 2, 2)}
+    batch = {"input_lengths": torch.tensor([1, 2]), "experts": torch.arange(8, dtype=torch.int16).reshape(2, 2, 2)}
     _, fields, tags = pack_payload(batch, weight_version=0, group_id="g", prompt_idx=0)
     tags[1]["experts__row_shapes"] = tuple(tags[1]["experts__row_shapes"])
     out = unpack_payload(fields, tags, pad_value_dict={})

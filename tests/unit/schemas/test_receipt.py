@@ -8,16 +8,34 @@ from schemas.receipt import CallRecord, Receipt
 
 
 def call(i=0, **changes):
-    fields = dict(staging_key=f"r/c{i}", call_id=f"c{i}", parent_call_id=None, prev_len=0,
-                  delta_len=4, cum_len=4, weight_version=1, digest="d")
+    fields = dict(
+        staging_key=f"r/c{i}",
+        call_id=f"c{i}",
+        parent_call_id=None,
+        prev_len=0,
+        delta_len=4,
+        cum_len=4,
+        weight_version=1,
+        digest="d",
+    )
     fields.update(changes)
     return CallRecord(**fields)
 
 
 def receipt(**changes):
-    fields = dict(rollout_id="r", group_id="g", prompt_idx=3, rollout_index=1, group_size=4,
-                  reward=0.5, mask_sample=True, loss_multiplier=1.0, environment="math",
-                  failure_reason=None, manifest=(call(),))
+    fields = dict(
+        rollout_id="r",
+        group_id="g",
+        prompt_idx=3,
+        rollout_index=1,
+        group_size=4,
+        reward=0.5,
+        mask_sample=True,
+        loss_multiplier=1.0,
+        environment="math",
+        failure_reason=None,
+        manifest=(call(),),
+    )
     fields.update(changes)
     return Receipt(**fields)
 
@@ -69,11 +87,13 @@ def test_failed_rollout_may_have_an_empty_manifest():
 
 def test_a_broken_chain_still_decodes():
     # Chain consistency is linearization's job: a broken chain becomes a placeholder row.
-    broken = receipt(manifest=(
-        call(0, parent_call_id="nobody", prev_len=3, cum_len=99, digest="not-a-digest"),
-        call(1, parent_call_id="c7", prev_len=0, delta_len=2, cum_len=1),
-        call(2, staging_key="r/c1"),
-    ))
+    broken = receipt(
+        manifest=(
+            call(0, parent_call_id="nobody", prev_len=3, cum_len=99, digest="not-a-digest"),
+            call(1, parent_call_id="c7", prev_len=0, delta_len=2, cum_len=1),
+            call(2, staging_key="r/c1"),
+        )
+    )
     assert Receipt.from_bytes(broken.to_bytes()) == broken
 
 
@@ -89,8 +109,17 @@ def test_receipt_to_dict_is_plain_json_data():
     data = receipt().to_dict()
     assert data["kind"] == "receipt"
     assert data["schema_version"] == [1, 0]
-    assert data["manifest"] == [{
-        "staging_key": "r/c0", "call_id": "c0", "parent_call_id": None, "prev_len": 0,
-        "delta_len": 4, "cum_len": 4, "weight_version": 1, "digest": "d",
-        "invalid_tool_call": False, "malformed_thinking": False,
-    }]
+    assert data["manifest"] == [
+        {
+            "staging_key": "r/c0",
+            "call_id": "c0",
+            "parent_call_id": None,
+            "prev_len": 0,
+            "delta_len": 4,
+            "cum_len": 4,
+            "weight_version": 1,
+            "digest": "d",
+            "invalid_tool_call": False,
+            "malformed_thinking": False,
+        }
+    ]

@@ -7,16 +7,21 @@ from schemas.request import ReassemblyRequest, RolloutReassemblerActorConfig
 
 
 def request(**changes):
-    fields = dict(group_id="g", rollout_ids=("r0", "r1"), canonical_sample_ids=("g_g0", "g_g1"),
-                  receipts=(None, {"rollout_id": "r1"}), rewards=(0.0, 1.0),
-                  fallback_weight_version=2, prompt_idx=0, mask_sample=(True, False))
+    fields = dict(
+        group_id="g",
+        rollout_ids=("r0", "r1"),
+        canonical_sample_ids=("g_g0", "g_g1"),
+        receipts=(None, {"rollout_id": "r1"}),
+        rewards=(0.0, 1.0),
+        fallback_weight_version=2,
+        prompt_idx=0,
+        mask_sample=(True, False),
+    )
     fields.update(changes)
     return ReassemblyRequest(**fields)
 
 
-@pytest.mark.parametrize(
-    "field", ["canonical_sample_ids", "receipts", "rewards", "mask_sample"]
-)
+@pytest.mark.parametrize("field", ["canonical_sample_ids", "receipts", "rewards", "mask_sample"])
 def test_parallel_tuples_must_have_one_length(field):
     short = getattr(request(), field)[:1]
     with pytest.raises(SchemaError) as info:
