@@ -21,3 +21,7 @@ class SchemaError(RlstreamError, ValueError):
     def __reduce__(self):
         # ValueError's default pickling would call __init__ with the formatted message only.
         return (type(self), (self.path, self.reason))
+
+
+class InvalidArgument(RlstreamError, ValueError):
+    """A value a caller passed is outside what the operation accepts; the message names it."""

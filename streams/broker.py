@@ -22,6 +22,9 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
+from schemas.errors import RlstreamError
+from streams.pids import record_pid
+
 KAFKA_MAIN = "kafka.Kafka"
 STORAGE_TOOL = "kafka.tools.StorageTool"
 PID_FILE = "broker.pid"
@@ -29,7 +32,7 @@ ADDRESS_FILE = "bootstrap.servers"
 LOG_FILE = "broker.log"
 
 
-class BrokerError(RuntimeError):
+class BrokerError(RlstreamError, RuntimeError):
     """The local broker could not be fetched, started, or stopped; the message says which step."""
 
 
@@ -223,31 +226,23 @@ def start_broker(config: BrokerConfig, *, log: Callable[[str], None] = print) ->
     _check_port_free(port)
     controller_port = config.controller_port or free_port()
     _check_port_free(controller_port)
-
-    shutil.rmtree(data_dir / "kraft-logs", ignore_errors=True)
-    props = data_dir / "server.properties"
-    props.write_text(server_properties(data_dir, port, controller_port, config.extra_properties))
-    log4j = data_dir / "log4j2.yaml"
-    log4j.write_bytes(resources.files("streams").joinpath("resources/log4j2.yaml").read_bytes())
-    log_path = data_dir / LOG_FILE
-    classpath = f"{libs}/*"
+    props = _write_config(data_dir, port, controller_port, config)
     jvm = [
         java,
         f"-Xmx{config.heap}",
         "-Xms128m",
         "-XX:+UseG1GC",
         "-Djava.awt.headless=true",
-        f"-Dlog4j2.configurationFile={log4j}",
+        f"-Dlog4j2.configurationFile={data_dir / 'log4j2.yaml'}",
         "-cp",
-        classpath,
+        f"{libs}/*",
     ]
-
     fmt = subprocess.run(
         jvm + [STORAGE_TOOL, "format", "-t", str(uuid.uuid4()), "-c", str(props)], capture_output=True, text=True
     )
     if fmt.returncode != 0:
         raise BrokerError(f"formatting KRaft storage in {data_dir} failed:\n{(fmt.stdout + fmt.stderr)[-2000:]}")
-
+    log_path = data_dir / LOG_FILE
     with open(log_path, "ab") as out:
         proc = subprocess.Popen(
             jvm + [KAFKA_MAIN, str(props)],
@@ -257,26 +252,40 @@ def start_broker(config: BrokerConfig, *, log: Callable[[str], None] = print) ->
             start_new_session=config.detached,
             preexec_fn=None if config.detached else _die_with_parent,
         )
-    bootstrap = f"127.0.0.1:{port}"
-    handle = BrokerHandle(pid=proc.pid, bootstrap_servers=bootstrap, data_dir=data_dir, log_path=log_path)
+    record_pid("kafka-broker", proc.pid)
+    handle = BrokerHandle(pid=proc.pid, bootstrap_servers=f"127.0.0.1:{port}", data_dir=data_dir, log_path=log_path)
     (data_dir / PID_FILE).write_text(f"{proc.pid}\n")
-    (data_dir / ADDRESS_FILE).write_text(bootstrap + "\n")
+    (data_dir / ADDRESS_FILE).write_text(handle.bootstrap_servers + "\n")
+    _wait_ready(proc, handle, config)
+    return handle
 
+
+def _write_config(data_dir: Path, port: int, controller_port: int, config: BrokerConfig) -> Path:
+    """Fresh storage and the broker's properties and log4j files in data_dir; returns the properties file."""
+    shutil.rmtree(data_dir / "kraft-logs", ignore_errors=True)
+    props = data_dir / "server.properties"
+    props.write_text(server_properties(data_dir, port, controller_port, config.extra_properties))
+    log4j = data_dir / "log4j2.yaml"
+    log4j.write_bytes(resources.files("streams").joinpath("resources/log4j2.yaml").read_bytes())
+    return props
+
+
+def _wait_ready(proc: subprocess.Popen, handle: BrokerHandle, config: BrokerConfig) -> None:
     deadline = time.monotonic() + config.start_timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            _forget(data_dir)
+            _forget(handle.data_dir)
             raise BrokerError(
                 f"the broker JVM exited with code {proc.returncode} during start; "
-                f"last lines of {log_path}:\n{_log_tail(log_path)}"
+                f"last lines of {handle.log_path}:\n{_log_tail(handle.log_path)}"
             )
-        if broker_answers(bootstrap, timeout_s=1.0):
-            return handle
+        if broker_answers(handle.bootstrap_servers, timeout_s=1.0):
+            return
         time.sleep(0.3)
-    stop_broker(data_dir, timeout_s=config.stop_timeout_s)
+    stop_broker(handle.data_dir, timeout_s=config.stop_timeout_s)
     raise BrokerError(
         f"the broker did not answer metadata requests within {config.start_timeout_s:.0f}s; "
-        f"last lines of {log_path}:\n{_log_tail(log_path)}"
+        f"last lines of {handle.log_path}:\n{_log_tail(handle.log_path)}"
     )
 
 

@@ -12,12 +12,13 @@ from dataclasses import dataclass
 
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
+from schemas.errors import RlstreamError
 from streams.config import KafkaConfig
 
 Headers = Sequence[tuple[str, bytes]]
 
 
-class DeliveryError(RuntimeError):
+class DeliveryError(RlstreamError, RuntimeError):
     """The broker did not acknowledge a record; the message names topic and key."""
 
 

@@ -15,11 +15,14 @@ from typing import Any, Protocol
 import psutil
 from tensordict import TensorDict
 
+from schemas.errors import RlstreamError
+from streams.pids import record_pid
+
 STAGING = "staging"
 TRAIN = "train"
 
 
-class MissingKeysError(KeyError):
+class MissingKeysError(RlstreamError, KeyError):
     """Some requested keys are not in the partition; `missing` lists them."""
 
     def __init__(self, partition: str, missing: Sequence[str]):
@@ -106,6 +109,7 @@ def init_tq(config: TQConfig = TQConfig()) -> TQSession:
                 log_to_driver=False,
             )
             started_ray = True
+            _record_ray_pids()
     import transfer_queue as tq
     from transfer_queue import interface
 
@@ -113,6 +117,18 @@ def init_tq(config: TQConfig = TQConfig()) -> TQSession:
     had_controller = _controller_exists()
     tq.init({"backend": {"SimpleStorage": {"num_data_storage_units": config.num_storage_units}}})
     return TQSession(started_ray, started_tq=not had_controller and interface._TQ_STORAGE is not None)
+
+
+def _record_ray_pids() -> None:
+    # Ray's own daemons (GCS, raylet, log monitor, ...) of the instance this process just started.
+    import ray
+
+    node = getattr(ray._private.worker, "_global_node", None)
+    for infos in (getattr(node, "all_processes", None) or {}).values():
+        for info in infos:
+            pid = getattr(getattr(info, "process", None), "pid", None)
+            if pid:
+                record_pid("ray", pid)
 
 
 def _controller_exists() -> bool:
