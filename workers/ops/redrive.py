@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from confluent_kafka import Consumer, TopicPartition
 
 from schemas.deadletter import ERROR_KINDS, DeadLetter
-from schemas.errors import SchemaError
+from schemas.errors import InvalidArgument, SchemaError
 from streams.config import KafkaConfig
 from streams.consumer import committed_offsets, end_offsets, read_topic
 from streams.producer import Outgoing, TransactionalProducer
@@ -69,9 +69,9 @@ def redrive(
     topic); neither: a dry run that publishes and records nothing.
     """
     if to_source and to_topic:
-        raise ValueError("pass --to-source or --to TOPIC, not both")
+        raise InvalidArgument("pass --to-source or --to TOPIC, not both")
     if max_redrives < 1:
-        raise ValueError(f"max redrives must be >= 1, got {max_redrives}")
+        raise InvalidArgument(f"max redrives must be >= 1, got {max_redrives}")
     topic = names.deadletter
     dry_run = not (to_source or to_topic)
     report = RedriveReport(topic, dry_run)
@@ -82,8 +82,17 @@ def redrive(
     kinds = {reason} if reason else set(ERROR_KINDS)
     done: dict[str, dict[int, int]] = {k: _done(kafka, consumer_group, k, topic) for k in kinds}
     start = {p: min(done[k].get(p, 0) for k in kinds) for p in ends}
+    out = [
+        _republished(letter, to_topic, report)
+        for letter in _due_letters(kafka, topic, start, ends, done, report, reason, max_redrives, consumer_group)
+    ]
+    if producer is not None:
+        _commit(kafka, producer, out, topic, ends, sorted(done), consumer_group)
+    return report
 
-    out: list[Outgoing] = []
+
+def _due_letters(kafka, topic, start, ends, done, report, reason, max_redrives, consumer_group):
+    """The dead letters to redrive: of the kind asked, not handled yet, under the redrive limit."""
     for rec in read_topic(kafka, topic, start=start, stop=ends):
         try:
             letter = DeadLetter.from_bytes(rec.value)
@@ -98,37 +107,33 @@ def redrive(
             done[kind] = _done(kafka, consumer_group, kind, topic)
         if rec.offset < done[kind].get(rec.partition, 0):
             report.already_done += 1
-            continue
-        if letter.redrive_count >= max_redrives:
+        elif letter.redrive_count >= max_redrives:
             report.skipped_max += 1
-            continue
-        dest = to_topic or letter.source_topic
-        out.append(
-            Outgoing(
-                dest,
-                letter.source_key,
-                letter.original,
-                headers=[(REDRIVE_HEADER, str(letter.redrive_count + 1).encode())],
-            )
-        )
-        report.redriven.append((kind, letter.source_topic, letter.source_partition, letter.source_offset))
-        report.destinations[dest] = report.destinations.get(dest, 0) + 1
-    if producer is None:
-        return report
+        else:
+            yield letter
 
+
+def _republished(letter: DeadLetter, to_topic: str | None, report: RedriveReport) -> Outgoing:
+    dest = to_topic or letter.source_topic
+    report.redriven.append((letter.error_kind, letter.source_topic, letter.source_partition, letter.source_offset))
+    report.destinations[dest] = report.destinations.get(dest, 0) + 1
+    header = (REDRIVE_HEADER, str(letter.redrive_count + 1).encode())
+    return Outgoing(dest, letter.source_key, letter.original, headers=[header])
+
+
+def _commit(kafka, producer, out, topic, ends, kinds, consumer_group) -> None:
+    """Re-publish and mark every letter up to the end as handled, per kind, in one transaction."""
     with producer.transaction():
         for o in out:
             producer.produce(o)
-        for kind in sorted(done):
-            group = f"{consumer_group}.{kind}"
-            meta = Consumer(kafka.consumer(group))
+        for kind in kinds:
+            meta = Consumer(kafka.consumer(f"{consumer_group}.{kind}"))
             try:
                 producer.send_offsets(
                     [TopicPartition(topic, p, end) for p, end in ends.items()], meta.consumer_group_metadata()
                 )
             finally:
                 meta.close()
-    return report
 
 
 def _done(kafka: KafkaConfig, consumer_group: str, kind: str, topic: str) -> dict[int, int]:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from confluent_kafka import Consumer, TopicPartition
 
-from schemas.errors import SchemaError
+from schemas.errors import InvalidArgument, SchemaError
 from streams.admin import TopicSpec, create_topics, list_topics, partition_count
 from streams.config import KafkaConfig
 from streams.consumer import read_topic
@@ -73,9 +73,9 @@ def parse_partition_offsets(text: str) -> dict[int, tuple[int, int]]:
             lo, _, hi = span.partition("-")
             out[int(p)] = (int(lo), int(hi))
         except ValueError:
-            raise ValueError(f"partition offsets {part!r} are not of the form PARTITION:FIRST-LAST") from None
+            raise InvalidArgument(f"partition offsets {part!r} are not of the form PARTITION:FIRST-LAST") from None
         if out[int(p)][0] > out[int(p)][1] or out[int(p)][0] < 0:
-            raise ValueError(f"partition offsets {part!r}: need 0 <= FIRST <= LAST")
+            raise InvalidArgument(f"partition offsets {part!r}: need 0 <= FIRST <= LAST")
     return out
 
 
@@ -100,15 +100,8 @@ def replay(
     records carrying no weight version (state entries) never match a weight-version filter.
     """
     dest = TopicNames(prefix).replay(dest_name)
-    if dest == source_topic:
-        raise ValueError(f"cannot replay {source_topic} into itself")
-    if time_range_ms is not None and time_range_ms[0] >= time_range_ms[1]:
-        raise ValueError(f"empty time range {time_range_ms[0]}..{time_range_ms[1]}")
-    if weight_versions is not None and weight_versions[0] > weight_versions[1]:
-        raise ValueError(f"empty weight-version range {weight_versions[0]}..{weight_versions[1]}")
     n_parts = partition_count(kafka, source_topic)
-    if offsets and max(offsets) >= n_parts:
-        raise ValueError(f"{source_topic} has {n_parts} partition(s); no partition {max(offsets)}")
+    _check_slice(source_topic, dest, n_parts, offsets, time_range_ms, weight_versions)
     existed = dest in list_topics(kafka)
     create_topics(kafka, [TopicSpec(dest, n_parts)])
     report = ReplayReport(source_topic, dest, created=not existed)
@@ -119,22 +112,14 @@ def replay(
     if time_range_ms is not None:
         for p, off in _offsets_for_time(kafka, source_topic, partitions, time_range_ms[0]).items():
             start[p] = max(start.get(p, 0), off)
-    role = topic_role(source_topic)
-    needs_value = weight_versions is not None
+    keep = _Filter(topic_role(source_topic), time_range_ms, group_ids, weight_versions, report)
 
     producer = TransactionalProducer(kafka, f"rlstream.replay.{dest}", transaction_timeout_ms=transaction_timeout_ms)
     with producer.transaction():
         for rec in read_topic(kafka, source_topic, start=start, stop=stop, partitions=partitions):
             report.scanned[rec.partition] = report.scanned.get(rec.partition, 0) + 1
-            if time_range_ms is not None and not time_range_ms[0] <= rec.timestamp_ms < time_range_ms[1]:
+            if not keep(rec):
                 continue
-            if group_ids is not None or needs_value:
-                keep = _matches(rec, role, group_ids, weight_versions, needs_value)
-                if keep is None:
-                    report.undecodable += 1
-                    continue
-                if not keep:
-                    continue
             producer.produce(
                 Outgoing(dest, rec.key, rec.value, rec.headers, partition=rec.partition, timestamp_ms=rec.timestamp_ms)
             )
@@ -144,6 +129,39 @@ def replay(
         for p in partitions:
             report.scanned.setdefault(p, 0)
     return report
+
+
+def _check_slice(source_topic, dest, n_parts, offsets, time_range_ms, weight_versions) -> None:
+    if dest == source_topic:
+        raise InvalidArgument(f"cannot replay {source_topic} into itself")
+    if time_range_ms is not None and time_range_ms[0] >= time_range_ms[1]:
+        raise InvalidArgument(f"empty time range {time_range_ms[0]}..{time_range_ms[1]}")
+    if weight_versions is not None and weight_versions[0] > weight_versions[1]:
+        raise InvalidArgument(f"empty weight-version range {weight_versions[0]}..{weight_versions[1]}")
+    if offsets and max(offsets) >= n_parts:
+        raise InvalidArgument(f"{source_topic} has {n_parts} partition(s); no partition {max(offsets)}")
+
+
+@dataclass(frozen=True)
+class _Filter:
+    """Whether a scanned record belongs to the slice; counts the ones whose value cannot be decoded."""
+
+    role: str | None
+    time_range_ms: tuple[int, int] | None
+    group_ids: set[str] | None
+    weight_versions: tuple[int, int] | None
+    report: ReplayReport
+
+    def __call__(self, rec) -> bool:
+        if self.time_range_ms is not None and not self.time_range_ms[0] <= rec.timestamp_ms < self.time_range_ms[1]:
+            return False
+        needs_value = self.weight_versions is not None
+        if self.group_ids is None and not needs_value:
+            return True
+        keep = _matches(rec, self.role, self.group_ids, self.weight_versions, needs_value)
+        if keep is None:
+            self.report.undecodable += 1
+        return bool(keep)
 
 
 def _matches(rec, role, group_ids, weight_versions, needs_value) -> bool | None:
