@@ -1,0 +1,97 @@
+"""Settings defined once: defaults, bounds, file < environment < flags, and the child-process transport."""
+
+import json
+from typing import Annotated, Literal
+
+import pytest
+from msgspec import Meta
+
+from streams import settings
+from streams.config import KafkaConfig, is_secret, parse_client_settings
+from streams.pids import PID_DIR_ENV, record_pid
+from streams.settings import ConfigError, Settings
+
+
+class Demo(Settings, frozen=True):
+    section = "demo"
+
+    rate: Annotated[float, Meta(gt=0, le=100, description="groups per second")] = 8.0
+    workers: Annotated[int, Meta(ge=1, description="how many")] = 2
+    mode: Annotated[Literal["a", "b"], Meta(description="which mode")] = "a"
+    name: str | None = None
+
+
+def test_defaults_then_file_then_environment_then_flags():
+    assert settings.load(Demo, env={}) == Demo()
+    file = {"demo": {"rate": 1.5, "workers": 3}}
+    env = {"RLSTREAM_DEMO_WORKERS": "4", "RLSTREAM_OTHER_WORKERS": "9"}
+    got = settings.load(Demo, file=file, env=env, overrides={"mode": "b", "rate": None})
+    assert (got.rate, got.workers, got.mode) == (1.5, 4, "b")
+
+
+def test_a_value_out_of_bounds_names_the_field_and_where_it_came_from():
+    with pytest.raises(ConfigError, match=r"RLSTREAM_DEMO_RATE.*>\s*0.*\$\.rate"):
+        settings.load(Demo, env={"RLSTREAM_DEMO_RATE": "-1"})
+    with pytest.raises(ConfigError, match=r"flags.*\$\.mode"):
+        settings.load(Demo, env={}, overrides={"mode": "c"})
+
+
+def test_an_unknown_setting_in_a_file_is_an_error_not_ignored(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text("[demo]\nrat = 3\n")
+    with pytest.raises(ConfigError, match="rat"):
+        settings.load(Demo, file=path, env={})
+
+
+def test_toml_and_json_files_and_a_broken_file(tmp_path):
+    toml = tmp_path / "c.toml"
+    toml.write_text("[demo]\nworkers = 7\n")
+    js = tmp_path / "c.json"
+    js.write_text(json.dumps({"demo": {"workers": 5}}))
+    assert settings.load(Demo, file=toml, env={}).workers == 7
+    assert settings.load(Demo, file=js, env={}).workers == 5
+    js.write_text("{not json")
+    with pytest.raises(ConfigError, match=r"c\.json: not valid JSON"):
+        settings.load(Demo, file=js, env={})
+    with pytest.raises(ConfigError, match="missing.toml"):
+        settings.load(Demo, file=tmp_path / "missing.toml", env={})
+
+
+def test_fields_carry_their_doc_default_and_bounds():
+    by_name = {f.name: f for f in settings.fields_of(Demo)}
+    assert by_name["rate"].doc == "groups per second"
+    assert by_name["rate"].default == 8.0
+    assert by_name["rate"].bounds == "> 0, <= 100"
+    assert by_name["workers"].flag == "--workers"
+
+
+def test_child_transport_round_trips_secrets_without_printing_them():
+    kafka = KafkaConfig("b:9092", {"sasl.password": "hunter2", "security.protocol": "SASL_SSL"})
+    assert settings.decode(KafkaConfig, settings.encode(kafka)) == kafka
+    assert "hunter2" not in repr(kafka) and "hunter2" not in str(kafka)
+    assert "SASL_SSL" in repr(kafka)
+    with pytest.raises(ConfigError, match="parent process"):
+        settings.decode(KafkaConfig, b'{"bootstrap_servers": ""}')
+
+
+def test_secret_settings_are_recognised():
+    assert is_secret("sasl.password") and is_secret("ssl.key.password") and is_secret("sasl.oauthbearer.client.secret")
+    assert not is_secret("ssl.key.location") and not is_secret("security.protocol")
+
+
+def test_client_settings_parse_and_a_malformed_one_is_named():
+    assert parse_client_settings(["a=1", " b = x=y "]) == {"a": "1", "b": "x=y"}
+    with pytest.raises(ConfigError, match="'nope'"):
+        parse_client_settings(["nope"])
+
+
+def test_librdkafka_logs_go_through_python_logging():
+    assert KafkaConfig("b:1").common()["logger"].name == "rlstream.kafka"
+
+
+def test_pid_files_only_when_a_directory_is_configured(tmp_path, monkeypatch):
+    monkeypatch.delenv(PID_DIR_ENV, raising=False)
+    record_pid("x", 123)
+    monkeypatch.setenv(PID_DIR_ENV, str(tmp_path / "pids"))
+    record_pid("kafka-broker", 4242)
+    assert (tmp_path / "pids" / "kafka-broker-4242.pid").read_text().strip() == "4242"
