@@ -118,6 +118,17 @@ def record_to_train_batch(
         row_counts["num_routed_experts_backfilled"] += _append_row(rows, log, experts_like)
         counts.append(row_counts)
 
+    return _train_rows(record, rows, counts, pad_value_dict)
+
+
+def _train_rows(
+    record: PromptGroupRecord,
+    rows: dict[str, list[torch.Tensor]],
+    counts: list[dict[str, int]],
+    pad_value_dict: Mapping[str, int],
+) -> dict[str, Any]:
+    """The padded batch and the per-row scalars of a group whose token rows are gathered."""
+    completions = record.completions
     n = len(completions)
     length_list = [int(r.shape[0]) for r in rows["input_ids"]]
     lengths = torch.tensor(length_list, dtype=torch.int64)
@@ -253,6 +264,20 @@ def pack_payload(
         else:
             fields[name] = value
 
+    tags = _row_tags(train_batch, n, length_list, row_shapes, weight_version, group_id, prompt_idx)
+    sample_ids = [f"{group_id}_g{i}" for i in range(n)]
+    return sample_ids, _tensordict(fields, n), tags
+
+
+def _row_tags(
+    train_batch: Mapping[str, Any],
+    n: int,
+    length_list: list[int],
+    row_shapes: dict[str, list[int]],
+    weight_version: int,
+    group_id: str,
+    prompt_idx: int,
+) -> list[dict[str, Any]]:
     counts = train_batch.get(_VIOLATION_COUNTS_KEY)
     if counts is None:
         counts = [{}] * n
@@ -267,8 +292,7 @@ def pack_payload(
         for key, rest in shape_tags:
             tag[key] = [length_list[i], *rest]
         tags.append(tag)
-    sample_ids = [f"{group_id}_g{i}" for i in range(n)]
-    return sample_ids, _tensordict(fields, n), tags
+    return tags
 
 
 def unpack_payload(
