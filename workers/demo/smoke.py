@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,8 +31,12 @@ class SmokeResult:
     seconds: float
 
 
-def run_smoke(bootstrap_servers: str | None = None, *, log=print) -> SmokeResult:
-    """Start (or use) a broker and TQ, round-trip a receipt-sized message and a jagged tensor batch, stop."""
+def run_smoke(bootstrap_servers: str | None = None, *, log: Callable[[str], None] | None = None) -> SmokeResult:
+    """Start (or use) a broker and TQ, round-trip a receipt-sized message and a jagged tensor batch, stop.
+
+    `log` receives the status lines (default: the `rlstream.smoke` logger).
+    """
+    log = log if log is not None else logging.getLogger("rlstream.smoke").info
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="rlstream-smoke-") as tmp:
         broker = None
@@ -75,5 +81,8 @@ def run_smoke(bootstrap_servers: str | None = None, *, log=print) -> SmokeResult
 
 
 if __name__ == "__main__":
+    from workers.telemetry.logs import configure_logging
+
+    configure_logging()
     res = run_smoke()
     print(f"ok in {res.seconds:.1f}s", file=sys.stderr)

@@ -1,4 +1,10 @@
-"""`RolloutPublisher`: what a rollout worker calls to stage a rollout's tensors in TQ and publish its receipt."""
+"""The rollout worker's side of the pipeline: stage a rollout's tensors in TQ, then publish its receipt.
+
+`RolloutPublisher.publish` does both, in that order, for a batch of `StagedRollout`s (a receipt
+plus its calls' token deltas). `stage_rollouts` and `segments_to_fields` are its staging half, also
+used on their own by tools and tests; `SEGMENT_FIELDS` and `ROUTED_EXPERTS` name the staged fields
+the reassembler reads back.
+"""
 
 from __future__ import annotations
 

@@ -1,7 +1,10 @@
 """Synthetic multi-turn rollouts for the demo, the benchmarks and the integration tests.
 
-Each rollout is a chain of model calls: call 0 stages prompt + first answer, later calls stage a
-tool/environment observation + the next answer, exactly as a rollout worker would.
+`SyntheticShape` sizes them; `make_group` builds a prompt group's rollouts (`make_rollout` one) as
+`StagedRollout`s ready for `RolloutPublisher.publish`. Each rollout is a chain of model calls:
+call 0 stages prompt + first answer, later calls stage a tool/environment observation + the next
+answer, exactly as a rollout worker would. Everything is drawn from seeded generators, so the
+same arguments give the same tokens.
 """
 
 from __future__ import annotations
@@ -47,35 +50,15 @@ def _segment(
     return seg
 
 
-def make_rollout(
-    group_id: str,
-    prompt_idx: int,
-    rollout_index: int,
+def _calls(
+    rng: random.Random,
+    gen: torch.Generator,
+    rollout_id: str,
     weight_version: int,
-    *,
-    shape: SyntheticShape = SyntheticShape(),
-    seed: int = 0,
-    prompt: torch.Tensor | None = None,
-) -> StagedRollout:
-    """One rollout of a group with its receipt, manifest, digests and staged call segments."""
-    rng = random.Random(f"{group_id}/{rollout_index}/{seed}")
-    gen = torch.Generator().manual_seed(rng.getrandbits(63))
-    rollout_id = f"{group_id}-r{rollout_index}"
-    if rng.random() < shape.failure_rate:
-        receipt = Receipt(
-            rollout_id=rollout_id,
-            group_id=group_id,
-            prompt_idx=prompt_idx,
-            rollout_index=rollout_index,
-            group_size=shape.group_size,
-            reward=0.0,
-            mask_sample=True,
-            loss_multiplier=1.0,
-            environment="synthetic",
-            failure_reason="env_crashed",
-            manifest=(),
-        )
-        return StagedRollout(receipt, [])
+    shape: SyntheticShape,
+    prompt: torch.Tensor | None,
+) -> tuple[list[dict[str, torch.Tensor]], list[CallRecord]]:
+    """A chain of calls: call 0 is prompt + answer, each later one an observation + the next answer."""
     segments, calls, cum = [], [], 0
     parent = None
     for c in range(rng.randint(*shape.calls)):
@@ -104,17 +87,37 @@ def make_rollout(
         )
         segments.append(seg)
         parent, cum = call_id, cum + n
+    return segments, calls
+
+
+def make_rollout(
+    group_id: str,
+    prompt_idx: int,
+    rollout_index: int,
+    weight_version: int,
+    *,
+    shape: SyntheticShape = SyntheticShape(),
+    seed: int = 0,
+    prompt: torch.Tensor | None = None,
+) -> StagedRollout:
+    """One rollout of a group with its receipt, manifest, digests and staged call segments."""
+    rng = random.Random(f"{group_id}/{rollout_index}/{seed}")
+    gen = torch.Generator().manual_seed(rng.getrandbits(63))
+    rollout_id = f"{group_id}-r{rollout_index}"
+    failed = rng.random() < shape.failure_rate
+    segments, calls = ([], []) if failed else _calls(rng, gen, rollout_id, weight_version, shape, prompt)
     receipt = Receipt(
         rollout_id=rollout_id,
         group_id=group_id,
         prompt_idx=prompt_idx,
         rollout_index=rollout_index,
         group_size=shape.group_size,
-        reward=round(rng.uniform(-1, 1), 4),
+        # A failed rollout has no calls and no reward: the environment crashed before scoring it.
+        reward=0.0 if failed else round(rng.uniform(-1, 1), 4),
         mask_sample=True,
         loss_multiplier=1.0,
         environment="synthetic",
-        failure_reason=None,
+        failure_reason="env_crashed" if failed else None,
         manifest=tuple(calls),
     )
     return StagedRollout(receipt, segments)

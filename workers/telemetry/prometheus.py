@@ -1,27 +1,39 @@
-"""Prometheus metrics an operator can watch: one registry per process, served over HTTP on request.
+"""The Prometheus sensors: readings of a reassembler worker or the trainer as metrics an operator scrapes.
 
-`ReassemblerMetrics` is what a reassembler worker updates; `TrainerMetrics` what the trainer
-consumer updates. Both take a registry (default: this process's `process_registry()`), so tests
-can build fresh ones and a process that runs both exposes them on one endpoint.
+`PrometheusReassemblerSensor` and `PrometheusTrainerSensor` implement the sensor interfaces of
+`workers.telemetry.sensors` over a `CollectorRegistry` (default: this process's
+`process_registry()`), and `start_metrics_server` serves a registry's `/metrics` over HTTP.
+
+Sensors built on the same registry share its metric families, so a process running several workers
+(or a worker and the trainer) exposes their sums on one endpoint instead of failing on a duplicate
+name. Every series is bounded: the only per-label families are dead letters by reason (a fixed set)
+and lag by assigned partition, whose series are removed when the partition is revoked.
 """
 
 from __future__ import annotations
 
 import threading
+import weakref
+from collections.abc import Callable, Mapping
+from typing import TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from workers.telemetry.sensors import ReassemblerSensor, TrainerSensor
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _STALENESS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 32, 64)
 
+T = TypeVar("T")
+
 _lock = threading.Lock()
 _registry: CollectorRegistry | None = None
-_reassembler: ReassemblerMetrics | None = None
-_trainer: TrainerMetrics | None = None
+# Metric families already registered, per registry; weak so a test's registry is freed with it.
+_families: weakref.WeakKeyDictionary[CollectorRegistry, dict[str, object]] = weakref.WeakKeyDictionary()
 
 
 def process_registry() -> CollectorRegistry:
-    """This process's registry (created on first use); what `start_metrics_server` serves by default."""
+    """This process's registry (created on first use); what sensors and `start_metrics_server` default to."""
     global _registry
     with _lock:
         if _registry is None:
@@ -29,12 +41,16 @@ def process_registry() -> CollectorRegistry:
         return _registry
 
 
-class ReassemblerMetrics:
-    """Counters, gauges and histograms of one reassembler worker process."""
+def _family(registry: CollectorRegistry, role: str, build: Callable[[CollectorRegistry], T]) -> T:
+    with _lock:
+        known = _families.setdefault(registry, {})
+        if role not in known:
+            known[role] = build(registry)
+        return known[role]  # type: ignore[return-value]
 
-    def __init__(self, registry: CollectorRegistry | None = None):
-        r = registry if registry is not None else process_registry()
-        self.registry = r
+
+class _ReassemblerFamilies:
+    def __init__(self, r: CollectorRegistry) -> None:
         self.receipts_consumed = Counter(
             "rlstream_receipts_consumed_total", "Receipt records consumed from the input topic", registry=r
         )
@@ -48,6 +64,9 @@ class ReassemblerMetrics:
             registry=r,
         )
         self.open_groups = Gauge("rlstream_open_groups", "Groups with receipts but not yet finalized", registry=r)
+        self.fetch_paused = Gauge(
+            "rlstream_fetch_paused", "1 while the worker pauses its partitions for too many open groups", registry=r
+        )
         self.dead_letters = Counter(
             "rlstream_dead_letters_total", "Dead letters committed, by reason", ["reason"], registry=r
         )
@@ -63,24 +82,9 @@ class ReassemblerMetrics:
             registry=r,
         )
 
-    def set_lag(self, topic: str, lags: dict[int, int]) -> None:
-        """Replace the lag series of `topic` with `lags` (partition -> records), dropping revoked ones."""
-        for labels in list(self._lag_labels(topic)):
-            if int(labels) not in lags:
-                self.consumer_lag.remove(topic, labels)
-        for partition, lag in lags.items():
-            self.consumer_lag.labels(topic, str(partition)).set(max(0, lag))
 
-    def _lag_labels(self, topic: str) -> list[str]:
-        return [labels[1] for labels in list(self.consumer_lag._metrics) if labels[0] == topic]
-
-
-class TrainerMetrics:
-    """What the trainer consumer reports: staleness of yielded groups, evictions, yields, duplicates."""
-
-    def __init__(self, registry: CollectorRegistry | None = None):
-        r = registry if registry is not None else process_registry()
-        self.registry = r
+class _TrainerFamilies:
+    def __init__(self, r: CollectorRegistry) -> None:
         self.staleness = Histogram(
             "rlstream_trainer_staleness_versions",
             "current weight version minus group_min_wv of each yielded group",
@@ -97,40 +101,63 @@ class TrainerMetrics:
             registry=r,
         )
 
-    def observe_yield(self, current_version: int, group_min_wv: int) -> None:
-        self.yielded.inc()
-        self.staleness.observe(max(0, current_version - group_min_wv))
 
-    def observe_evicted(self, n: int = 1) -> None:
-        self.evicted.inc(n)
+class PrometheusReassemblerSensor(ReassemblerSensor):
+    """A reassembler worker's readings as `rlstream_*` counters, gauges and histograms."""
 
-    def observe_duplicate(self, n: int = 1) -> None:
-        self.duplicates.inc(n)
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else process_registry()
+        self._m = _family(self.registry, "reassembler", _ReassemblerFamilies)
+        # Partitions whose lag series this sensor set, per topic: what on_lag must remove when they go.
+        self._lag_partitions: dict[str, set[int]] = {}
+
+    def on_receipts(self, n: int) -> None:
+        self._m.receipts_consumed.inc(n)
+
+    def on_commit(self, *, seconds: float, finalized: int, dead_letters: Mapping[str, int]) -> None:
+        self._m.groups_finalized.inc(finalized)
+        for reason, n in dead_letters.items():
+            self._m.dead_letters.labels(reason).inc(n)
+        # Idle steps commit only offsets; counting them would drown the latency of real work.
+        if finalized or any(dead_letters.values()):
+            self._m.finalize_latency.observe(seconds)
+
+    def on_abort(self) -> None:
+        self._m.transaction_aborts.inc()
+
+    def on_open_groups(self, n: int, *, paused: bool) -> None:
+        self._m.open_groups.set(n)
+        self._m.fetch_paused.set(1 if paused else 0)
+
+    def on_lag(self, topic: str, lags: Mapping[int, int]) -> None:
+        """Replace this sensor's lag series of `topic` with `lags`, removing partitions no longer listed."""
+        known = self._lag_partitions.setdefault(topic, set())
+        for partition in known - set(lags):
+            self._m.consumer_lag.remove(topic, str(partition))
+        for partition, lag in lags.items():
+            self._m.consumer_lag.labels(topic, str(partition)).set(max(0, lag))
+        known.clear()
+        known.update(lags)
+        if not known:
+            del self._lag_partitions[topic]
 
 
-def reassembler_metrics() -> ReassemblerMetrics:
-    """The process-wide reassembler metrics (on `process_registry()`), created on first use."""
-    global _reassembler
-    with _lock:
-        if _reassembler is None:
-            _reassembler = ReassemblerMetrics(_registry_unlocked())
-        return _reassembler
+class PrometheusTrainerSensor(TrainerSensor):
+    """The trainer consumer's readings: staleness of yielded groups, yields, evictions and duplicates."""
 
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else process_registry()
+        self._m = _family(self.registry, "trainer", _TrainerFamilies)
 
-def trainer_metrics() -> TrainerMetrics:
-    """The process-wide trainer metrics (on `process_registry()`), created on first use."""
-    global _trainer
-    with _lock:
-        if _trainer is None:
-            _trainer = TrainerMetrics(_registry_unlocked())
-        return _trainer
+    def on_yield(self, version: int, group_min_wv: int) -> None:
+        self._m.yielded.inc()
+        self._m.staleness.observe(max(0, version - group_min_wv))
 
+    def on_evict(self, n: int = 1) -> None:
+        self._m.evicted.inc(n)
 
-def _registry_unlocked() -> CollectorRegistry:
-    global _registry
-    if _registry is None:
-        _registry = CollectorRegistry()
-    return _registry
+    def on_duplicate(self, n: int = 1) -> None:
+        self._m.duplicates.inc(n)
 
 
 def start_metrics_server(port: int = 0, *, addr: str = "0.0.0.0", registry: CollectorRegistry | None = None) -> int:

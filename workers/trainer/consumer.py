@@ -7,22 +7,28 @@ A partition's committed offset never passes a group that is still held or yielde
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
-from schemas.errors import SchemaError
+from schemas.errors import InvalidArgument, SchemaError
 from schemas.finalized import FinalizedGroup
 from schemas.payload import unpack_payload
 from streams.config import KafkaConfig
 from streams.producer import AckedProducer, Outgoing
-from streams.tq import TRAIN, KVStore, MissingKeysError
-from workers.topics import TopicNames
+from streams.tq import KVStore, MissingKeysError
+from workers.telemetry.sensors import TrainerSensor
+from workers.trainer.config import ConsumerConfig
 from workers.trainer.policies import Decision, Policy
+
+__all__ = ["ConsumerConfig", "ConsumerCounts", "ExperienceConsumer", "TrainBatch"]
+
+log = logging.getLogger("rlstream.trainer")
 
 _RETRY_COMMIT = (
     KafkaError._NO_OFFSET,
@@ -34,28 +40,10 @@ _RETRY_COMMIT = (
 )
 
 
-@dataclass(frozen=True)
-class ConsumerConfig:
-    topics: TopicNames
-    group_id: str = "trainer"
-    input_topic: str | None = None
-    train_partition: str = TRAIN
-    pad_value_dict: Mapping[str, int] = field(default_factory=lambda: {"input_ids": 0})
-    # Name of a replay topic (under topics.prefix) that receives evicted stale groups, or None.
-    stale_replay: str | None = None
-    max_poll_records: int = 500
-    # Fetching pauses while this many groups wait to be yielded (memory bound of the consumer).
-    max_waiting_groups: int = 10_000
-    # How many group ids are remembered for dropping duplicates (memory bound of the consumer).
-    max_seen_groups: int = 1_000_000
-
-    @property
-    def finalized_topic(self) -> str:
-        return self.input_topic or self.topics.finalized
-
-
 @dataclass
 class ConsumerCounts:
+    """Totals since the consumer started, except `waiting` and `ahead`: those are the current figures."""
+
     yielded: int = 0
     evicted_stale: int = 0
     duplicates: int = 0
@@ -91,7 +79,11 @@ class _Pending:
 
 
 class ExperienceConsumer:
-    """Read finalized groups read_committed and hand them to the trainer by weight version."""
+    """Read finalized groups read_committed and hand them to the trainer by weight version.
+
+    `sensor` gets every yield (with its staleness), eviction and dropped duplicate, e.g. a
+    `PrometheusTrainerSensor`; `on_yield` / `on_evict` get the group itself.
+    """
 
     def __init__(
         self,
@@ -103,20 +95,20 @@ class ExperienceConsumer:
         version: int = 0,
         on_yield: Callable[[FinalizedGroup, int], None] | None = None,
         on_evict: Callable[[FinalizedGroup, int], None] | None = None,
-        metrics=None,
+        sensor: TrainerSensor | None = None,
     ):
         self.config = config
         self.policy = policy
         self.version = version
         self.counts = ConsumerCounts()
         self._store = store
-        self._kafka = kafka
         self._on_yield = on_yield
         self._on_evict = on_evict
-        # An optional workers.metrics.TrainerMetrics (staleness, yields, evictions, duplicates).
-        self.metrics = metrics
+        self.sensor = sensor if sensor is not None else TrainerSensor()
         self._committed: dict[int, int] = {}
-        self._consumer = Consumer(kafka.consumer(config.group_id, **{"session.timeout.ms": 10000}))
+        self._consumer = Consumer(
+            kafka.consumer(config.consumer_group, **{"session.timeout.ms": config.session_timeout_ms})
+        )
         self._consumer.subscribe(
             [config.finalized_topic], on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_revoke
         )
@@ -132,7 +124,7 @@ class ExperienceConsumer:
     def set_version(self, version: int) -> None:
         """The trainer's current weight version; held groups are re-decided (some become usable, some stale)."""
         if version < self.version:
-            raise ValueError(f"weight version went backwards: {self.version} -> {version}")
+            raise InvalidArgument(f"weight version went backwards: {self.version} -> {version}")
         self.version = version
         for part in list(self._pending):
             for p in list(self._pending[part].values()):
@@ -165,14 +157,14 @@ class ExperienceConsumer:
             self._positions[m.partition()] = m.offset() + 1
             try:
                 group = FinalizedGroup.from_bytes(m.value())
-            except SchemaError:
+            except SchemaError as exc:
                 # The reassembler only writes valid records; count and skip anything else.
                 self.counts.undecodable += 1
+                log.warning("skipped an undecodable record at %s[%d]@%d: %s", m.topic(), m.partition(), m.offset(), exc)
                 continue
             if group.group_id in self._seen:
                 self.counts.duplicates += 1
-                if self.metrics is not None:
-                    self.metrics.observe_duplicate()
+                self.sensor.on_duplicate()
                 continue
             self._seen[group.group_id] = None
             if len(self._seen) > self.config.max_seen_groups:
@@ -187,12 +179,13 @@ class ExperienceConsumer:
     def _apply_backpressure(self) -> None:
         """Stop fetching while too many groups wait (held or ready); a group that could be used is never
         held back by pausing one partition behind another's far-ahead group."""
-        waiting = sum(1 for part in self._pending.values() for p in part.values() if p.state != "yielded")
+        self._update_waiting()
+        waiting, limit = self.counts.waiting, self.config.max_waiting_groups
         assignment = self._consumer.assignment()
-        if not self._paused and waiting >= self.config.max_waiting_groups and assignment:
+        if not self._paused and waiting >= limit and assignment:
             self._consumer.pause(assignment)
             self._paused = {tp.partition for tp in assignment}
-        elif self._paused and waiting < self.config.max_waiting_groups:
+        elif self._paused and waiting < limit:
             self._consumer.resume(assignment)
             self._paused = set()
 
@@ -202,24 +195,14 @@ class ExperienceConsumer:
             p.state = "ready"
         elif decision is Decision.EVICT:
             self._evict(p)
-        elif self.policy.too_far_ahead(p.group, self.version):
-            self.counts.ahead += 1
 
     def _evict(self, p: _Pending) -> None:
         self._store.clear(self.config.train_partition, list(p.group.sample_ids))
         if self._replay is not None:
-            self._replay.send(
-                [
-                    Outgoing(
-                        self.config.topics.replay(self.config.stale_replay),
-                        p.group.group_id.encode(),
-                        p.group.to_bytes(),
-                    )
-                ]
-            )
+            topic = self.config.topics.replay(self.config.stale_replay)
+            self._replay.send([Outgoing(topic, p.group.group_id.encode(), p.group.to_bytes())])
         self.counts.evicted_stale += 1
-        if self.metrics is not None:
-            self.metrics.observe_evicted()
+        self.sensor.on_evict()
         del self._pending[p.partition][p.offset]
         if self._on_evict is not None:
             self._on_evict(p.group, self.version)
@@ -234,7 +217,7 @@ class ExperienceConsumer:
     def next_batch(self, num_groups: int, timeout_s: float) -> TrainBatch | None:
         """Up to num_groups usable groups with their padded tensors, waiting at most timeout_s for any."""
         if num_groups < 1:
-            raise ValueError(f"num_groups must be >= 1, got {num_groups}")
+            raise InvalidArgument(f"num_groups must be >= 1, got {num_groups}")
         deadline = time.monotonic() + timeout_s
         while True:
             ready = self._ready()
@@ -258,6 +241,7 @@ class ExperienceConsumer:
             missing = set(exc.missing)
             for p in chosen:
                 if any(s in missing for s in p.group.sample_ids):
+                    log.info("group %s: rows already cleared (released before a restart); dropped", p.group.group_id)
                     self.counts.missing_rows += 1
                     self._store.clear(self.config.train_partition, list(p.group.sample_ids))
                     del self._pending[p.partition][p.offset]
@@ -267,8 +251,7 @@ class ExperienceConsumer:
         tensors = unpack_payload(fields, tags, pad_value_dict=self.config.pad_value_dict)
         for p in chosen:
             p.state = "yielded"
-            if self.metrics is not None:
-                self.metrics.observe_yield(self.version, p.group.group_min_wv)
+            self.sensor.on_yield(self.version, p.group.group_min_wv)
             if self._on_yield is not None:
                 self._on_yield(p.group, self.version)
         self.counts.yielded += len(chosen)
@@ -306,8 +289,10 @@ class ExperienceConsumer:
                     raise
 
     def _update_waiting(self) -> None:
-        self.counts.waiting = sum(
-            1 for part in self._pending.values() for p in part.values() if p.state in ("held", "ready")
+        waiting = [p for part in self._pending.values() for p in part.values() if p.state in ("held", "ready")]
+        self.counts.waiting = len(waiting)
+        self.counts.ahead = sum(
+            1 for p in waiting if p.state == "held" and self.policy.too_far_ahead(p.group, self.version)
         )
 
     def close(self) -> None:

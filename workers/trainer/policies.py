@@ -7,10 +7,12 @@ says whether the group is usable now, must wait, or is too stale to ever be used
 from __future__ import annotations
 
 import enum
+import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from schemas.errors import InvalidArgument
 from schemas.finalized import FinalizedGroup
 
 
@@ -90,13 +92,13 @@ class ReadyFirst:
 
 def windowed(max_staleness_versions: int, freshest_first: bool = False) -> Windowed:
     if max_staleness_versions < 0:
-        raise ValueError(f"max_staleness_versions must be >= 0, got {max_staleness_versions}")
+        raise InvalidArgument(f"max_staleness_versions must be >= 0, got {max_staleness_versions}")
     return Windowed(max_staleness_versions, freshest_first)
 
 
 def in_order(max_lookahead_versions: int) -> InOrder:
     if max_lookahead_versions < 0:
-        raise ValueError(f"max_lookahead_versions must be >= 0, got {max_lookahead_versions}")
+        raise InvalidArgument(f"max_lookahead_versions must be >= 0, got {max_lookahead_versions}")
     return InOrder(max_lookahead_versions)
 
 
@@ -108,5 +110,14 @@ def policy_by_name(name: str, **params) -> Policy:
     """Build a policy from its name, e.g. policy_by_name("windowed", max_staleness_versions=2)."""
     makers = {"windowed": windowed, "in_order": in_order, "ready_first": ready_first}
     if name not in makers:
-        raise ValueError(f"unknown consumption policy {name!r}; choose one of {', '.join(makers)}")
+        raise InvalidArgument(f"unknown consumption policy {name!r}; choose one of {', '.join(makers)}")
+    accepted = inspect.signature(makers[name]).parameters
+    unknown = sorted(set(params) - set(accepted))
+    missing = [p for p, v in accepted.items() if v.default is inspect.Parameter.empty and p not in params]
+    if unknown or missing:
+        raise InvalidArgument(
+            f"policy {name!r} takes {', '.join(accepted) or 'no parameters'}"
+            + (f"; unknown: {', '.join(unknown)}" if unknown else "")
+            + (f"; missing: {', '.join(missing)}" if missing else "")
+        )
     return makers[name](**params)

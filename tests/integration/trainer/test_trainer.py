@@ -2,18 +2,20 @@
 
 import random
 
-import pytest
 import torch
 from prometheus_client import CollectorRegistry
 
+from streams.admin import TopicSpec, create_topics
+from streams.consumer import read_topic
 from streams.tq import TRAIN
 from tests.integration.helpers import SMALL, drive, finalized_records, setup_topics
 from workers.reassembler.config import ReassemblerConfig
 from workers.reassembler.worker import ReassemblerWorker
 from workers.rollout.publisher import RolloutPublisher
 from workers.rollout.synthetic import make_group
-from workers.telemetry.prometheus import TrainerMetrics
-from workers.trainer.consumer import ConsumerConfig, ExperienceConsumer
+from workers.telemetry.prometheus import PrometheusTrainerSensor
+from workers.trainer.config import ConsumerConfig
+from workers.trainer.consumer import ExperienceConsumer
 from workers.trainer.policies import in_order, policy_by_name, windowed
 
 VERSIONS = range(6)
@@ -43,16 +45,16 @@ def _finalized_by_version(kafka, tq_store, unique, per_version=5):
 def test_windowed_never_yields_staler_than_bound_and_accounts_for_every_group(kafka, tq_store, unique):
     names, finalized = _finalized_by_version(kafka, tq_store, unique)
     yielded, evicted = [], []
-    metrics = TrainerMetrics(CollectorRegistry())
+    registry = CollectorRegistry()
     consumer = ExperienceConsumer(
         kafka,
         tq_store,
-        ConsumerConfig(names, group_id=f"tr-{unique}"),
+        ConsumerConfig(prefix=names.prefix, consumer_group=f"tr-{unique}"),
         windowed(1),
         version=2,
         on_yield=lambda g, v: yielded.append((g.group_id, v - g.group_min_wv)),
         on_evict=lambda g, v: evicted.append((g.group_id, v - g.group_min_wv)),
-        metrics=metrics,
+        sensor=PrometheusTrainerSensor(registry),
     )
     try:
         for version in (2, 3, 4, 5, 6):
@@ -69,17 +71,19 @@ def test_windowed_never_yields_staler_than_bound_and_accounts_for_every_group(ka
     ids = [g for g, _ in yielded] + [g for g, _ in evicted]
     assert sorted(ids) == sorted(finalized)
     assert consumer.counts.yielded + consumer.counts.evicted_stale == len(finalized)
-    assert metrics.yielded._value.get() == len(yielded) and metrics.evicted._value.get() == len(evicted)
-    assert metrics.staleness._sum.get() == sum(max(0, s) for _, s in yielded)
+    get = registry.get_sample_value
+    assert get("rlstream_trainer_yielded_groups_total") == len(yielded)
+    assert get("rlstream_trainer_evicted_groups_total") == len(evicted)
+    assert get("rlstream_trainer_staleness_versions_sum") == sum(max(0, s) for _, s in yielded)
 
 
 def test_in_order_never_yields_out_of_version_order(kafka, tq_store, unique):
     names, finalized = _finalized_by_version(kafka, tq_store, unique, per_version=4)
-    order = []
+    order, ahead = [], {}
     consumer = ExperienceConsumer(
         kafka,
         tq_store,
-        ConsumerConfig(names, group_id=f"tr-{unique}"),
+        ConsumerConfig(prefix=names.prefix, consumer_group=f"tr-{unique}"),
         in_order(1),
         on_yield=lambda g, v: order.append(g.group_min_wv),
     )
@@ -89,15 +93,18 @@ def test_in_order_never_yields_out_of_version_order(kafka, tq_store, unique):
             while (batch := consumer.next_batch(3, timeout_s=3.0)) is not None:
                 assert {g.group_min_wv for g in batch.groups} == {version}
                 consumer.release(batch)
+            ahead[version] = consumer.counts.ahead
     finally:
         consumer.close()
     assert order == sorted(order) and len(order) > 0
+    # Held groups more than one version ahead of the trainer, as it stands after each version.
+    assert ahead == {v: 4 * max(0, len(VERSIONS) - 2 - v) for v in VERSIONS}
     assert consumer.counts.yielded + consumer.counts.evicted_stale == len(finalized)
 
 
 def test_restarted_consumer_resumes_with_nothing_lost_and_nothing_twice(kafka, tq_store, unique):
     names, finalized = _finalized_by_version(kafka, tq_store, unique, per_version=4)
-    cfg = ConsumerConfig(names, group_id=f"tr-{unique}")
+    cfg = ConsumerConfig(prefix=names.prefix, consumer_group=f"tr-{unique}")
     released = []
     first = ExperienceConsumer(kafka, tq_store, cfg, policy_by_name("ready_first"), version=10)
     try:
@@ -125,7 +132,11 @@ def test_restarted_consumer_resumes_with_nothing_lost_and_nothing_twice(kafka, t
 def test_batch_tensors_match_the_packed_rows_in_tq(kafka, tq_store, unique):
     names, finalized = _finalized_by_version(kafka, tq_store, unique, per_version=2)
     consumer = ExperienceConsumer(
-        kafka, tq_store, ConsumerConfig(names, group_id=f"tr-{unique}"), policy_by_name("ready_first"), version=10
+        kafka,
+        tq_store,
+        ConsumerConfig(prefix=names.prefix, consumer_group=f"tr-{unique}"),
+        policy_by_name("ready_first"),
+        version=10,
     )
     try:
         batch = consumer.next_batch(3, timeout_s=10.0)
@@ -140,6 +151,18 @@ def test_batch_tensors_match_the_packed_rows_in_tq(kafka, tq_store, unique):
         consumer.close()
 
 
-def test_unknown_policy_name_is_a_clear_error():
-    with pytest.raises(ValueError, match="unknown consumption policy 'newest'"):
-        policy_by_name("newest")
+def test_groups_evicted_as_stale_go_to_the_replay_topic(kafka, tq_store, unique):
+    names, finalized = _finalized_by_version(kafka, tq_store, unique, per_version=1)
+    create_topics(kafka, [TopicSpec(names.replay("stale"), 1)])
+    cfg = ConsumerConfig(prefix=names.prefix, consumer_group=f"tr-{unique}", stale_replay="stale")
+    consumer = ExperienceConsumer(kafka, tq_store, cfg, windowed(0), version=5)
+    try:
+        batch = consumer.next_batch(1, timeout_s=10.0)
+        assert batch is not None and [g.group_id for g in batch.groups] == ["v5-g0"]
+        consumer.release(batch)
+        assert consumer.next_batch(1, timeout_s=2.0) is None
+    finally:
+        consumer.close()
+    replayed = sorted(r.key.decode() for r in read_topic(kafka, names.replay("stale")))
+    assert replayed == sorted(g for g in finalized if g != "v5-g0") and consumer.counts.evicted_stale == 5
+    assert not tq_store.present(TRAIN, [s for g in finalized.values() for s in g.sample_ids])
