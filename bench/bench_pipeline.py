@@ -28,7 +28,7 @@ from streams.config import KafkaConfig
 from streams.producer import AckedProducer, Outgoing
 from streams.tq import TRAIN, TQConfig, TQStore, init_tq, ray_address
 from workers.reassembler.config import ReassemblerConfig
-from workers.reassembler.run import worker_command
+from workers.reassembler.run import spawn_worker
 from workers.rollout.publisher import RolloutPublisher, stage_rollouts
 from workers.rollout.synthetic import SyntheticShape, make_group
 from workers.topics import TopicNames, pipeline_topics
@@ -68,12 +68,10 @@ def run_case(kafka: KafkaConfig, store: TQStore, workers: int, groups: int, rate
     arrivals = _Arrivals(kafka, names.finalized)
     arrivals.start()
     procs = [
-        subprocess.Popen(
-            worker_command(
-                kafka,
-                ReassemblerConfig(prefix=names.prefix, worker_id=f"b{i}", consumer_group=f"bench.{names.prefix}"),
-                ray_address(),
-            ),
+        spawn_worker(
+            kafka,
+            ReassemblerConfig(prefix=names.prefix, worker_id=f"b{i}", consumer_group=f"bench.{names.prefix}"),
+            TQConfig(address=ray_address()),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )

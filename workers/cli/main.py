@@ -1,139 +1,179 @@
-"""The `rlstream` command line: each verb parses its arguments and calls one library function."""
+"""The `rlstream` command line: each verb parses its options and calls one library function.
+
+Verbs that need torch or Ray live in `workers.cli.pipeline` and `workers.cli.ops` and are loaded
+only when run (or asked for their help), so `rlstream --help` and the broker verbs start fast.
+Failures go through `workers.cli.failures`: one line for an expected one, a logged traceback for a bug.
+"""
 
 from __future__ import annotations
 
-import argparse
+import importlib
+import logging
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
-from confluent_kafka import KafkaException
+import click
 
-from streams.admin import create_topics, list_topics
-from streams.broker import BrokerConfig, BrokerError, broker_status, ensure_kafka_jars, start_broker, stop_broker
-from streams.config import KafkaConfig, parse_client_settings
-from workers.topics import TopicNames, pipeline_topics
+from workers.cli.failures import STDERR, Funnel, keep_log_file
+from workers.cli.options import KafkaTarget, kafka_options
 
 DEFAULT_DATA_DIR = Path(".rlstream/broker")
 
-
-def _kafka(args) -> KafkaConfig:
-    return KafkaConfig(args.bootstrap_servers, parse_client_settings(args.kafka_setting))
-
-
-def _add_kafka_args(p: argparse.ArgumentParser, *, required: bool = True) -> None:
-    p.add_argument("--bootstrap-servers", required=required, help="Kafka bootstrap servers, host:port[,...]")
-    p.add_argument(
-        "-X",
-        "--kafka-setting",
-        action="append",
-        metavar="KEY=VALUE",
-        help="extra client setting passed to every Kafka client (SASL, TLS, ...); repeatable",
-    )
-    p.add_argument("--prefix", default="", help="topic name prefix, so several runs can share a cluster")
+# name -> (module:attribute, one-line help shown by `rlstream --help` without importing the module)
+LAZY_VERBS = {
+    "smoke": ("workers.cli.pipeline:smoke", "Start broker and TQ, round-trip one message and one tensor batch, stop"),
+    "reassemble": ("workers.cli.pipeline:reassemble", "Run reassembler workers (one consumer group) until interrupted"),
+    "demo": ("workers.cli.pipeline:demo", "Run the whole pipeline locally and account for every group"),
+    "replay": ("workers.cli.ops:replay", "Copy a slice of a topic into [prefix.]replay.NAME"),
+    "tail": ("workers.cli.ops:tail", "Print a topic's records decoded, one JSON object per line"),
+    "inspect": ("workers.cli.ops:inspect", "Everything about one object of a run"),
+    "deadletter": ("workers.cli.ops:deadletter", "Operate on the dead-letter topic"),
+    "lag": ("workers.cli.ops:lag", "Committed and end offsets of the reassembler and trainer consumer groups"),
+    "refinalize": ("workers.cli.ops:refinalize", "Rebuild replayed groups from a TQ checkpoint and diff them"),
+}
 
 
-def cmd_broker_start(args) -> int:
-    cfg = BrokerConfig(data_dir=args.data_dir, port=args.port, detached=True)
-    print(f"starting Kafka broker (KRaft, single node) in {cfg.data_dir.resolve()}", file=sys.stderr)
-    handle = start_broker(cfg, log=lambda m: print(m, file=sys.stderr))
+class LazyGroup(click.Group):
+    """A group whose heavier verbs are imported on first use; their short help is known without importing."""
+
+    def list_commands(self, ctx) -> list[str]:
+        return sorted({*self.commands, *LAZY_VERBS})
+
+    def get_command(self, ctx, cmd_name: str) -> click.Command | None:
+        if cmd_name in self.commands or cmd_name not in LAZY_VERBS:
+            return self.commands.get(cmd_name)
+        module, _, attr = LAZY_VERBS[cmd_name][0].partition(":")
+        cmd = getattr(importlib.import_module(module), attr)
+        self.add_command(cmd, cmd_name)
+        return cmd
+
+    def format_commands(self, ctx, formatter) -> None:
+        rows = []
+        for name in self.list_commands(ctx):
+            if name in self.commands:
+                rows.append((name, self.commands[name].get_short_help_str(80)))
+            else:
+                rows.append((name, LAZY_VERBS[name][1]))
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+def _err(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--debug",
+    is_flag=True,
+    help="print the traceback of any failure and log at debug level (also RLSTREAM_DEBUG=1)",
+)
+def cli(debug: bool) -> None:
+    """Stream asynchronous-RL experience exactly once: rollout workers -> Kafka + TQ -> trainer."""
+    from workers.telemetry.logs import configure_logging
+
+    configure_logging(json_lines=False, level=logging.DEBUG if debug else logging.WARNING, stream=STDERR)
+    keep_log_file()
+
+
+@cli.group()
+def broker() -> None:
+    """Run a local single-node Kafka broker (KRaft)."""
+
+
+_data_dir = click.option(
+    "--data-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=DEFAULT_DATA_DIR,
+    show_default=True,
+    help="the broker's data and log directory",
+)
+
+
+@broker.command("start")
+@_data_dir
+@click.option("--port", type=click.IntRange(1, 65535), default=None, help="listener port (default: a free one)")
+def broker_start(data_dir: Path, port: int | None) -> int:
+    """Start in the background and print its bootstrap.servers."""
+    from streams.broker import BrokerConfig, start_broker
+
+    cfg = BrokerConfig(data_dir=data_dir, port=port, detached=True)
+    _err(f"starting Kafka broker (KRaft, single node) in {cfg.data_dir.resolve()}")
+    handle = start_broker(cfg, log=_err)
     print(f"bootstrap.servers={handle.bootstrap_servers}")
-    print(f"pid {handle.pid}, log {handle.log_path}", file=sys.stderr)
+    _err(f"pid {handle.pid}, log {handle.log_path}")
     return 0
 
 
-def cmd_broker_stop(args) -> int:
-    stopped = stop_broker(args.data_dir)
-    print(f"broker in {args.data_dir} {'stopped' if stopped else 'was not running'}")
+@broker.command("stop")
+@_data_dir
+def broker_stop(data_dir: Path) -> int:
+    """Stop gracefully, kill after a bound."""
+    from streams.broker import stop_broker
+
+    stopped = stop_broker(data_dir)
+    print(f"broker in {data_dir} {'stopped' if stopped else 'was not running'}")
     return 0
 
 
-def cmd_broker_status(args) -> int:
-    st = broker_status(args.data_dir)
+@broker.command("status")
+@_data_dir
+def broker_status(data_dir: Path) -> int:
+    """Say whether it runs and answers (exit 1 if not)."""
+    from streams.broker import broker_status as status
+
+    st = status(data_dir)
     if not st.running:
-        print(f"stopped (no broker running from {args.data_dir})")
+        print(f"stopped (no broker running from {data_dir})")
         return 1
     print(f"{'ready' if st.ready else 'not answering'} bootstrap.servers={st.bootstrap_servers} pid={st.pid}")
     return 0 if st.ready else 1
 
 
-def cmd_broker_fetch(args) -> int:
-    path = ensure_kafka_jars(BrokerConfig(data_dir=DEFAULT_DATA_DIR).cache_dir, log=lambda m: print(m, file=sys.stderr))
+@broker.command("fetch")
+def broker_fetch() -> int:
+    """Fetch the Kafka jars into the cache (once)."""
+    from streams.broker import BrokerConfig, ensure_kafka_jars
+
+    path = ensure_kafka_jars(BrokerConfig(data_dir=DEFAULT_DATA_DIR).cache_dir, log=_err)
     print(f"Kafka jars in {path}")
     return 0
 
 
-def cmd_topics_create(args) -> int:
-    names = TopicNames(args.prefix)
-    print(f"creating pipeline topics on {args.bootstrap_servers} (prefix {args.prefix!r})", file=sys.stderr)
-    for name, outcome in create_topics(_kafka(args), pipeline_topics(names, args.partitions)).items():
+@cli.group()
+def topics() -> None:
+    """Create or list the pipeline topics."""
+
+
+@topics.command("create")
+@kafka_options()
+@click.option("--partitions", type=click.IntRange(1, 10_000), default=4, show_default=True)
+def topics_create(target: KafkaTarget, partitions: int) -> int:
+    """Create the receipts, finalized, dead-letter and state topics."""
+    from streams.admin import create_topics
+    from workers.topics import TopicNames, pipeline_topics
+
+    prefix = target.prefix or ""
+    _err(f"creating pipeline topics on {target.servers} (prefix {prefix!r})")
+    for name, outcome in create_topics(target.kafka, pipeline_topics(TopicNames(prefix), partitions)).items():
         print(f"{name}: {outcome}")
     return 0
 
 
-def cmd_topics_list(args) -> int:
-    for name, parts in list_topics(_kafka(args)).items():
+@topics.command("list")
+@kafka_options(prefix=False)
+def topics_list(target: KafkaTarget) -> int:
+    """List topics and their partition counts."""
+    from streams.admin import list_topics
+
+    for name, parts in list_topics(target.kafka).items():
         print(f"{name}\t{parts} partition(s)")
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rlstream", description=__doc__)
-    sub = parser.add_subparsers(dest="verb", required=True)
-
-    broker = sub.add_parser("broker", help="run a local single-node Kafka broker").add_subparsers(
-        dest="action", required=True
-    )
-    for name, fn, hlp in (
-        ("start", cmd_broker_start, "start in the background and print its address"),
-        ("stop", cmd_broker_stop, "stop gracefully, kill after a bound"),
-        ("status", cmd_broker_status, "say whether it runs and answers"),
-    ):
-        p = broker.add_parser(name, help=hlp)
-        p.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR)
-        if name == "start":
-            p.add_argument("--port", type=int, default=None, help="listener port (default: a free one)")
-        p.set_defaults(func=fn)
-    broker.add_parser("fetch", help="fetch the Kafka jars into the cache (once)").set_defaults(func=cmd_broker_fetch)
-
-    topics = sub.add_parser("topics", help="create or list the pipeline topics").add_subparsers(
-        dest="action", required=True
-    )
-    p = topics.add_parser("create", help="create receipts, finalized, dead-letter and state topics")
-    _add_kafka_args(p)
-    p.add_argument("--partitions", type=int, default=4)
-    p.set_defaults(func=cmd_topics_create)
-    p = topics.add_parser("list", help="list topics and partition counts")
-    _add_kafka_args(p)
-    p.set_defaults(func=cmd_topics_list)
-
-    for register in _extra_verbs():
-        register(sub, _add_kafka_args)
-    return parser
-
-
-def _extra_verbs() -> list[Callable]:
-    # Heavier verbs live in their own modules and import torch/ray only when they run.
-    from workers.cli import ops as cli_tools
-    from workers.cli import pipeline as cli_pipeline
-
-    return [cli_pipeline.register, cli_tools.register]
-
-
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        return args.func(args)
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
-    except (BrokerError, ValueError, RuntimeError, TimeoutError, OSError, KeyError, KafkaException) as exc:
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        print(f"rlstream {args.verb}: {first}", file=sys.stderr)
-        rest = str(exc).splitlines()[1:]
-        if rest:
-            print("\n".join(rest), file=sys.stderr)
-        return 1
+    """Run `rlstream` with `argv` (default: this process's arguments); returns the exit code."""
+    return Funnel(cli, list(sys.argv[1:] if argv is None else argv)).run()
 
 
 if __name__ == "__main__":

@@ -1,144 +1,154 @@
-"""Command-line verbs that run the pipeline: smoke, reassemble, demo."""
+"""Command-line verbs that run the pipeline: smoke, reassemble, demo.
+
+Loaded only when one of them runs: the settings their flags derive from import torch.
+"""
 
 from __future__ import annotations
 
-import argparse
 import logging
 import sys
 import uuid
+from collections.abc import Callable
+from pathlib import Path
 
-from streams.config import KafkaConfig, parse_client_settings
-from streams.tq import TQConfig
+import click
+import msgspec
+
+from streams.settings import load
+from workers.cli.failures import STDERR, keep_log_file
+from workers.cli.options import KafkaTarget, given_flags, kafka_options, settings_options
+from workers.demo.config import DemoConfig
+from workers.reassembler.config import ReassemblerConfig
 
 
 def _err(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def cmd_smoke(args) -> int:
+def _only_bootstrap(verb: str, target: KafkaTarget) -> str | None:
+    """The cluster address for verbs whose runner takes only that; refuse client settings it would drop."""
+    if target.kafka is not None and target.kafka.client_settings:
+        raise click.UsageError(f"{verb} runs its clients with bootstrap.servers only; it takes no client settings")
+    return target.kafka.bootstrap_servers if target.kafka is not None else None
+
+
+@click.command()
+@kafka_options(required=False, prefix=False)
+def smoke(target: KafkaTarget) -> int:
+    """Start broker and TQ, round-trip one message and one tensor batch, stop (a one-minute machine check)."""
     from workers.demo.smoke import run_smoke
 
-    res = run_smoke(args.bootstrap_servers, log=_err)
+    res = run_smoke(_only_bootstrap("smoke", target), log=_err)
     print(f"smoke ok in {res.seconds:.1f}s: bootstrap.servers={res.bootstrap_servers}")
     return 0
 
 
-def cmd_reassemble(args) -> int:
+@click.command(
+    epilog="Settings come from defaults < the [reassembler] section of --config < RLSTREAM_REASSEMBLER_<FIELD> "
+    "variables < flags; the cluster likewise from [kafka] and RLSTREAM_KAFKA_*."
+)
+@kafka_options()
+@settings_options(ReassemblerConfig, into="settings", exclude=("prefix",), hidden=("crash_point",))
+@click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True, help="worker processes")
+@click.option("--ray-address", default="auto", show_default=True, help="Ray cluster holding TQ")
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    default=None,
+    help="serve Prometheus /metrics on this port (0: a free one, logged); with --workers N, worker i uses "
+    "PORT+i (or a free one each for 0)",
+)
+@click.option("--log-json", is_flag=True, help="log one JSON object per line")
+@click.option("--config-stdin", is_flag=True, hidden=True, help="internal: read the whole worker spec from stdin")
+@click.pass_context
+def reassemble(
+    ctx: click.Context,
+    target: KafkaTarget,
+    settings: dict,
+    workers: int,
+    ray_address: str,
+    metrics_port: int | None,
+    log_json: bool,
+    config_stdin: bool,
+) -> int:
+    """Run reassembler workers (one consumer group) until interrupted."""
+    from streams.tq import TQConfig
     from workers.ops.replay_run import prepare_replay_run
-    from workers.reassembler.config import ReassemblerConfig
-    from workers.reassembler.run import run_pool, run_worker
+    from workers.reassembler.run import run_pool
+
+    if config_stdin:
+        return _run_child(ctx)
+    say = _configure_logging(log_json)
+    config = load(ReassemblerConfig, file=target.config_file, overrides={**settings, "prefix": target.prefix})
+    if not config.worker_id:
+        config = msgspec.structs.replace(config, worker_id=f"w{uuid.uuid4().hex[:6]}")
+    # A replay topic as input: refuse production's group and prefix, write rows to a TQ partition of its own.
+    config = prepare_replay_run(target.kafka, config)
+    tq = TQConfig(address=ray_address)
+    say(
+        f"reassemble: {workers} worker(s), consumer group {config.consumer_group!r}, input {config.receipts_topic}, "
+        f"outputs {config.topics.finalized} / {config.topics.deadletter} / {config.topics.state}, "
+        f"TQ train partition {config.actor.partition_id!r}, broker {target.kafka.bootstrap_servers}, ray {tq.address}"
+    )
+    if workers == 1:
+        return _serve_one(target.kafka, config, tq, metrics_port, say)
+    return run_pool(target.kafka, config, tq, workers, log=say, metrics_port=metrics_port, log_json=log_json)
+
+
+def _configure_logging(log_json: bool) -> Callable[[str], None]:
     from workers.telemetry.logs import configure_logging
 
-    configure_logging(json_lines=args.log_json)
-    say = logging.getLogger("rlstream.reassemble").info if args.log_json else _err
-    kafka = KafkaConfig(args.bootstrap_servers, parse_client_settings(args.kafka_setting))
-    config = ReassemblerConfig(
-        prefix=args.prefix,
-        worker_id=args.worker_id or f"w{uuid.uuid4().hex[:6]}",
-        consumer_group=args.group,
-        input_topic=args.input_topic,
-        group_timeout_s=args.group_timeout,
-        max_open_groups=args.max_open_groups,
-        crash_point=args.crash_point,
-    )
-    # A replay topic as input: refuse production's group and prefix, write rows to a TQ partition of its own.
-    config = prepare_replay_run(kafka, config)
-    tq = TQConfig(address=args.ray_address)
-    say(
-        f"reassemble: {args.workers} worker(s), group {config.group_id!r}, input {config.receipts_topic}, "
-        f"outputs {config.topics.finalized} / {config.topics.deadletter} / {config.topics.state}, "
-        f"TQ train partition {config.actor.partition_id!r}, broker {kafka.bootstrap_servers}, ray {tq.address}"
-    )
-    if args.workers == 1:
-        metrics = None
-        if args.metrics_port is not None:
-            from workers.telemetry.prometheus import reassembler_metrics, start_metrics_server
-
-            metrics = reassembler_metrics()
-            say(f"metrics: http://0.0.0.0:{start_metrics_server(args.metrics_port)}/metrics")
-        run_worker(kafka, config, tq, log=say, metrics=metrics)
-        return 0
-    return run_pool(kafka, config, tq, args.workers, log=say, metrics_port=args.metrics_port, log_json=args.log_json)
+    configure_logging(json_lines=log_json, level=logging.INFO, stream=STDERR)
+    keep_log_file()
+    return logging.getLogger("rlstream.reassemble").info if log_json else _err
 
 
-def cmd_demo(args) -> int:
-    from pathlib import Path
+def _run_child(ctx: click.Context) -> int:
+    """A worker started by `run_pool`: its whole spec is on stdin, so no other flag may be given."""
+    from workers.reassembler.run import read_spec
 
-    from workers.demo.run import DemoConfig, run_demo, summary_table, write_json
+    extra = given_flags(ctx, ignore=("config_stdin",))
+    if extra:
+        raise click.UsageError(f"--config-stdin takes its settings from stdin only, not from {', '.join(extra)}")
+    spec = read_spec(sys.stdin.buffer.read())
+    say = _configure_logging(spec.log_json)
+    return _serve_one(spec.kafka, spec.reassembler, spec.tq, spec.metrics_port, say)
 
-    cfg = DemoConfig(
-        bootstrap_servers=args.bootstrap_servers,
-        prefix=args.prefix or None,
-        ray_address=args.ray_address,
-        groups=args.groups,
-        producers=args.producers,
-        reassemblers=args.reassemblers,
-        external_reassemblers=args.external_reassemblers,
-        policy=args.policy,
-        max_staleness=args.max_staleness,
-        timeout_s=args.timeout,
-    )
-    report = run_demo(cfg, log=_err)
+
+def _serve_one(kafka, config, tq, metrics_port: int | None, say: Callable[[str], None]) -> int:
+    from workers.reassembler.run import run_worker
+
+    sensor = None
+    if metrics_port is not None:
+        from workers.telemetry.prometheus import PrometheusReassemblerSensor, start_metrics_server
+
+        sensor = PrometheusReassemblerSensor()
+        say(f"metrics: http://0.0.0.0:{start_metrics_server(metrics_port)}/metrics")
+    run_worker(kafka, config, tq, log=say, sensor=sensor)
+    return 0
+
+
+@click.command(
+    epilog="Settings come from defaults < the [demo] section of --config < RLSTREAM_DEMO_<FIELD> variables < flags."
+)
+@kafka_options(required=False, prefix_help="topic prefix (default: a fresh demo-<id>)")
+@settings_options(
+    DemoConfig, into="settings", exclude=("bootstrap_servers", "prefix"), aliases={"timeout_s": ["--timeout"]}
+)
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), help="also write the figures")
+def demo(target: KafkaTarget, settings: dict, json_path: Path | None) -> int:
+    """Run the whole pipeline locally and account for every group (exit 1 if one is not)."""
+    from workers.demo.run import run_demo, summary_table, write_json
+
+    kafka = target.kafka
+    overrides = {**settings, "prefix": target.prefix, "bootstrap_servers": kafka.bootstrap_servers if kafka else None}
+    cfg = load(DemoConfig, file=target.config_file, overrides=overrides)
+    report = run_demo(cfg, log=_err, client_settings=kafka.client_settings if kafka else None)
     print(summary_table(report), flush=True)
-    if args.json:
-        write_json(report, Path(args.json))
-        _err(f"figures written to {args.json}")
+    if json_path is not None:
+        write_json(report, json_path)
+        _err(f"figures written to {json_path}")
     if not report.accounted:
         _err(f"rlstream demo: not every group was accounted for exactly once: {'; '.join(report.problems)}")
         return 1
     return 0
-
-
-def register(sub, add_kafka_args) -> None:
-    from workers.reassembler.config import CRASH_POINTS
-
-    p = sub.add_parser("smoke", help="start broker and TQ, round-trip one message and one tensor batch, stop")
-    p.add_argument("--bootstrap-servers", default=None, help="use this cluster instead of starting a broker")
-    p.set_defaults(func=cmd_smoke)
-
-    p = sub.add_parser("reassemble", help="run reassembler workers (a consumer group) until interrupted")
-    add_kafka_args(p)
-    p.add_argument("--workers", type=int, default=1, help="number of worker processes")
-    p.add_argument("--group", default="reassemblers", help="consumer group id")
-    p.add_argument(
-        "--worker-id",
-        default=None,
-        help="stable id; a restarted worker with the same id fences its predecessor's transactions at once",
-    )
-    p.add_argument("--ray-address", default="auto", help="Ray cluster holding TQ (default: the local one)")
-    p.add_argument("--input-topic", default=None, help="read receipts from this topic (e.g. a replay topic)")
-    p.add_argument(
-        "--group-timeout",
-        type=float,
-        default=30.0,
-        help="seconds from a group's first receipt until it is finalized incomplete",
-    )
-    p.add_argument("--max-open-groups", type=int, default=10_000)
-    p.add_argument("--crash-point", choices=CRASH_POINTS, default=None, help=argparse.SUPPRESS)
-    p.add_argument(
-        "--metrics-port",
-        type=int,
-        default=None,
-        help="serve Prometheus /metrics on this port "
-        "(0: a free one, logged); with --workers N, worker i uses PORT+i (or a free one for 0)",
-    )
-    p.add_argument("--log-json", action="store_true", help="log one JSON object per line")
-    p.set_defaults(func=cmd_reassemble)
-
-    p = sub.add_parser("demo", help="run the whole pipeline locally and account for every group")
-    p.add_argument("--bootstrap-servers", default=None, help="use this cluster instead of starting a local broker")
-    p.add_argument("--prefix", default="", help="topic prefix (default: a fresh demo-<id>)")
-    p.add_argument("--ray-address", default=None, help="attach to this Ray cluster instead of starting one")
-    p.add_argument("--groups", type=int, default=160, help="prompt groups to produce")
-    p.add_argument("--producers", type=int, default=2)
-    p.add_argument("--reassemblers", type=int, default=2, help="reassembler Ray actors")
-    p.add_argument(
-        "--external-reassemblers",
-        action="store_true",
-        help="do not start reassemblers; they run elsewhere (e.g. docker compose)",
-    )
-    p.add_argument("--policy", default="windowed", choices=("windowed", "in_order", "ready_first"))
-    p.add_argument("--max-staleness", type=int, default=2, help="staleness bound (or in_order lookahead)")
-    p.add_argument("--timeout", type=float, default=300.0, help="give up after this many seconds")
-    p.add_argument("--json", default=None, metavar="PATH", help="also write the figures as JSON")
-    p.set_defaults(func=cmd_demo)

@@ -1,4 +1,9 @@
-"""Running reassembler workers: one in this process, or N child processes that form one consumer group."""
+"""Running reassembler workers: one in this process, or N child processes that form one consumer group.
+
+A child process receives its whole configuration as one JSON document on stdin (`WorkerSpec`),
+never as arguments: no setting, and no SASL password least of all, appears on a command line (where
+`ps` shows it to every user of the host) or has to survive a round trip through flags.
+"""
 
 from __future__ import annotations
 
@@ -12,12 +17,70 @@ from collections.abc import Callable, Sequence
 import msgspec
 
 from streams.config import KafkaConfig
+from streams.settings import ConfigError
 from streams.tq import TQConfig, TQStore, init_tq
 from workers.reassembler.config import ReassemblerConfig
-from workers.reassembler.worker import ReassemblerWorker, WorkerStats
+from workers.telemetry.sensors import ReassemblerSensor, ReassemblerStats, fan_out
+
+# How a child is started; everything else it needs arrives on its stdin.
+CHILD_ARGS = ("-m", "workers.cli.main", "reassemble", "--config-stdin")
 
 
-def rate_line(worker_id: str, stats: WorkerStats, prev: tuple[int, int, float]) -> tuple[str, tuple[int, int, float]]:
+class WorkerSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Everything one worker process needs: what the parent writes to a child's stdin."""
+
+    kafka: KafkaConfig
+    reassembler: ReassemblerConfig
+    tq: TQConfig
+    metrics_port: int | None = None
+    log_json: bool = False
+
+
+def child_process(
+    kafka: KafkaConfig,
+    config: ReassemblerConfig,
+    tq: TQConfig,
+    *,
+    metrics_port: int | None = None,
+    log_json: bool = False,
+) -> tuple[list[str], bytes]:
+    """The argv that runs one worker of `config` in a child process, and the document for its stdin."""
+    spec = WorkerSpec(kafka, config, tq, metrics_port=metrics_port, log_json=log_json)
+    return [sys.executable, *CHILD_ARGS], msgspec.json.encode(spec)
+
+
+def read_spec(data: bytes) -> WorkerSpec:
+    """The parent's document, validated like any other settings."""
+    try:
+        return msgspec.json.decode(data, type=WorkerSpec)
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise ConfigError(f"worker settings from the parent process on stdin: {exc}") from None
+
+
+def spawn_worker(
+    kafka: KafkaConfig,
+    config: ReassemblerConfig,
+    tq: TQConfig,
+    *,
+    metrics_port: int | None = None,
+    log_json: bool = False,
+    **popen_kwargs,
+) -> subprocess.Popen:
+    """Start one worker process (`rlstream reassemble --config-stdin`) and hand it its settings."""
+    argv, document = child_process(kafka, config, tq, metrics_port=metrics_port, log_json=log_json)
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, **popen_kwargs)
+    pipe, proc.stdin = proc.stdin, None  # written and closed here; communicate() must not touch it
+    try:
+        pipe.write(document)
+        pipe.close()
+    except BrokenPipeError:
+        pass  # the child died before reading; its exit code says why
+    return proc
+
+
+def rate_line(
+    worker_id: str, stats: ReassemblerStats, prev: tuple[int, int, float]
+) -> tuple[str, tuple[int, int, float]]:
     """One-line summary of a worker's progress since the previous line."""
     now = time.monotonic()
     dt = max(now - prev[2], 1e-9)
@@ -39,73 +102,35 @@ def run_worker(
     stop: threading.Event | None = None,
     log: Callable[[str], None] = print,
     tick_s: float = 5.0,
-    metrics=None,
-) -> WorkerStats:
-    """Attach to TQ and run one worker in this process until `stop` is set or SIGINT/SIGTERM arrives."""
+    sensor: ReassemblerSensor | None = None,
+) -> ReassemblerStats:
+    """Attach to TQ and run one worker in this process until `stop` is set or SIGINT/SIGTERM arrives.
+
+    `sensor` (e.g. a Prometheus one) gets every reading as well as the totals behind the rate line.
+    """
+    from workers.reassembler.worker import ReassemblerWorker
+
     stop = stop or threading.Event()
     init_tq(tq)
     # After init_tq: ray.init installs its own SIGTERM handler, which would skip the graceful stop.
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: stop.set())
-    worker = ReassemblerWorker(kafka, TQStore(), config, metrics=metrics)
+    stats = ReassemblerStats()
+    worker = ReassemblerWorker(kafka, TQStore(), config, sensor=stats if sensor is None else fan_out(stats, sensor))
     log(
         f"[{config.worker_id}] consuming {config.receipts_topic} on {kafka.bootstrap_servers} "
-        f"as group {config.consumer_group!r}"
+        f"as consumer group {config.consumer_group!r}"
     )
     prev = [(0, 0, time.monotonic())]
 
-    def tick(stats: WorkerStats) -> None:
+    def tick() -> None:
         line, prev[0] = rate_line(config.worker_id, stats, prev[0])
         log(line)
 
-    stats = worker.run(stop, on_tick=tick, tick_s=tick_s)
+    worker.run(stop, on_tick=tick, tick_s=tick_s)
     log(rate_line(config.worker_id, stats, prev[0])[0] + " (stopped)")
     return stats
-
-
-def worker_command(
-    kafka: KafkaConfig,
-    config: ReassemblerConfig,
-    tq_address: str | None,
-    *,
-    metrics_port: int | None = None,
-    log_json: bool = False,
-) -> list[str]:
-    """The command line that runs one worker of `config` in a child process."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "workers.cli.main",
-        "reassemble",
-        "--bootstrap-servers",
-        kafka.bootstrap_servers,
-        "--prefix",
-        config.topics.prefix,
-        "--group",
-        config.consumer_group,
-        "--workers",
-        "1",
-        "--worker-id",
-        config.worker_id,
-        "--group-timeout",
-        str(config.group_timeout_s),
-        "--max-open-groups",
-        str(config.max_open_groups),
-    ]
-    for k, v in kafka.client_settings.items():
-        cmd += ["-X", f"{k}={v}"]
-    if tq_address:
-        cmd += ["--ray-address", tq_address]
-    if config.input_topic:
-        cmd += ["--input-topic", config.input_topic]
-    if config.crash_point:
-        cmd += ["--crash-point", config.crash_point]
-    if metrics_port is not None:
-        cmd += ["--metrics-port", str(metrics_port)]
-    if log_json:
-        cmd += ["--log-json"]
-    return cmd
 
 
 def run_pool(
@@ -118,19 +143,20 @@ def run_pool(
     metrics_port: int | None = None,
     log_json: bool = False,
 ) -> int:
-    """Run num_workers child processes (ids `<worker_id>-<i>`) until interrupted; returns the worst exit code."""
+    """Run num_workers child processes (ids `<worker_id>-<i>`) until interrupted; returns the worst exit code.
+
+    With `metrics_port`, child i serves on `metrics_port + i` (or a free port each, for 0).
+    """
     if num_workers <= 0:
-        raise ValueError(f"--workers must be > 0, got {num_workers}")
+        raise ValueError(f"num_workers must be > 0, got {num_workers}")
     ports = [None if metrics_port is None else (metrics_port + i if metrics_port else 0) for i in range(num_workers)]
     procs = [
-        subprocess.Popen(
-            worker_command(
-                kafka,
-                msgspec.structs.replace(config, worker_id=f"{config.worker_id}-{i}"),
-                tq.address,
-                metrics_port=ports[i],
-                log_json=log_json,
-            )
+        spawn_worker(
+            kafka,
+            msgspec.structs.replace(config, worker_id=f"{config.worker_id}-{i}"),
+            tq,
+            metrics_port=ports[i],
+            log_json=log_json,
         )
         for i in range(num_workers)
     ]
@@ -139,6 +165,7 @@ def run_pool(
 
 
 def wait_all(procs: Sequence[subprocess.Popen]) -> int:
+    """Wait for every child, forwarding SIGINT/SIGTERM to them; 0 if stopped by a signal."""
     stopping = threading.Event()
 
     def forward(signum, _frame):
@@ -147,7 +174,10 @@ def wait_all(procs: Sequence[subprocess.Popen]) -> int:
             if p.poll() is None:
                 p.send_signal(signum)
 
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, forward)
-    codes = [p.wait() for p in procs]
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        codes = [p.wait() for p in procs]
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     return max(codes, key=abs) if not stopping.is_set() else 0

@@ -13,7 +13,8 @@ from streams.consumer import read_topic
 from streams.producer import AckedProducer, Outgoing
 from streams.tq import STAGING, TRAIN
 from tests.integration.helpers import SMALL, dead_letters, drive, finalized_records, publish_groups, setup_topics
-from workers.ops.inspect import inspect_group, lag
+from workers.ops.inspect import inspect_group
+from workers.ops.lag import lag
 from workers.ops.redrive import redrive
 from workers.ops.replay import replay
 from workers.reassembler.config import ReassemblerConfig
@@ -141,7 +142,7 @@ def test_redrive_of_a_fixed_group_finalizes_it_and_a_failing_one_is_not_redriven
         assert res.returncode == 0, res.stderr
         assert json.loads(res.stdout)["summary"]["outcome"] == "dead_lettered"
 
-        rows = lag(kafka, names, reassembler_group=f"reassemblers.{names.prefix}")
+        rows = lag(kafka, names, reassembler_consumer_group=f"reassemblers.{names.prefix}")
         mine = [r for r in rows if r.topic == names.receipts]
         # Everything consumed: the only offset past the committed one is the redrive transaction's commit
         # marker, which a consumer never receives (so, as in Kafka's own tools, it counts as lag 1).
@@ -152,7 +153,7 @@ def test_redrive_of_a_fixed_group_finalizes_it_and_a_failing_one_is_not_redriven
         assert sum(r.lag for r in trainer) >= 1 and all(r.committed is None for r in trainer)
     finally:
         worker.close()
-    res = _cli(kafka, "lag", "--prefix", names.prefix, "--group", f"reassemblers.{names.prefix}")
+    res = _cli(kafka, "lag", "--prefix", names.prefix, "--consumer-group", f"reassemblers.{names.prefix}")
     assert res.returncode == 0, res.stderr
     table = [line.split("\t") for line in res.stdout.splitlines()[1:]]
     assert [(t[0], t[1], t[3]) for t in table if t[1] == names.receipts] == [

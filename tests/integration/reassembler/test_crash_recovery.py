@@ -10,10 +10,10 @@ import threading
 import time
 from collections import Counter
 
-from streams.tq import STAGING, ray_address
+from streams.tq import STAGING, TQConfig, ray_address
 from tests.integration.helpers import drive, finalized_records, publish_groups, setup_topics
 from workers.reassembler.config import ReassemblerConfig
-from workers.reassembler.run import worker_command
+from workers.reassembler.run import spawn_worker
 from workers.reassembler.worker import ReassemblerWorker
 
 
@@ -22,7 +22,7 @@ def _spawn(kafka, names, group, worker_id, crash_point=None, tmp_path=None):
     log = open(  # noqa: SIM115 - the child process writes it after this returns
         tmp_path / f"{worker_id}-{time.monotonic_ns()}.log", "wb"
     )
-    return subprocess.Popen(worker_command(kafka, cfg, ray_address()), stdout=log, stderr=subprocess.STDOUT)
+    return spawn_worker(kafka, cfg, TQConfig(address=ray_address()), stdout=log, stderr=subprocess.STDOUT)
 
 
 def _assert_exactly_once(kafka, names, groups, tq_store):

@@ -1,8 +1,6 @@
 """Metrics and structured logs: the /metrics endpoint answers with the run's numbers (real broker and TQ)."""
 
-import io
 import json
-import logging
 import re
 import signal
 import subprocess
@@ -20,8 +18,8 @@ from streams.tq import TRAIN, ray_address
 from tests.integration.helpers import dead_letters, drive, finalized_records, publish_groups, setup_topics
 from workers.reassembler.config import ReassemblerConfig
 from workers.reassembler.worker import ReassemblerWorker
-from workers.telemetry.logs import JsonFormatter, configure_logging
-from workers.telemetry.prometheus import ReassemblerMetrics, TrainerMetrics, start_metrics_server
+from workers.telemetry.prometheus import PrometheusReassemblerSensor, start_metrics_server
+from workers.telemetry.sensors import ReassemblerStats, fan_out
 
 
 def _scrape(port: int) -> dict[tuple[str, tuple], float]:
@@ -45,14 +43,14 @@ def test_metrics_endpoint_counts_match_the_run(kafka, tq_store, unique):
         ]
     )
     registry = CollectorRegistry()
-    metrics = ReassemblerMetrics(registry)
+    stats = ReassemblerStats()
     port = start_metrics_server(0, addr="127.0.0.1", registry=registry)
     assert port > 0
     worker = ReassemblerWorker(
         kafka,
         tq_store,
         ReassemblerConfig(prefix=names.prefix, worker_id="m0", consumer_group=f"reassemblers.{names.prefix}"),
-        metrics=metrics,
+        sensor=fan_out(PrometheusReassemblerSensor(registry), stats),
     )
     try:
         drive(
@@ -65,49 +63,17 @@ def test_metrics_endpoint_counts_match_the_run(kafka, tq_store, unique):
     finally:
         worker.close()
     m = _scrape(port)
-    assert m[("rlstream_receipts_consumed_total", ())] == 6 * 8 + 3 == worker.stats.receipts
+    assert m[("rlstream_receipts_consumed_total", ())] == 6 * 8 + 3 == stats.receipts
     assert m[("rlstream_groups_finalized_total", ())] == 6
     assert m[("rlstream_dead_letters_total", (("reason", DECODE_ERROR),))] == 2
     assert m[("rlstream_dead_letters_total", (("reason", METADATA_VIOLATION),))] == 1
     assert m[("rlstream_transaction_aborts_total", ())] == 0
     assert m[("rlstream_open_groups", ())] == 0
-    assert 1 <= m[("rlstream_finalize_latency_seconds_count", ())] <= worker.stats.transactions
+    assert 1 <= m[("rlstream_finalize_latency_seconds_count", ())] <= stats.transactions
     assert m[("rlstream_finalize_latency_seconds_sum", ())] > 0
     lags = {k: v for k, v in m.items() if k[0] == "rlstream_consumer_lag_records"}
     assert {dict(k[1])["partition"] for k in lags} == {"0", "1"} and set(lags.values()) == {0.0}
     tq_store.clear(TRAIN, [s for r in finalized_records(kafka, names) for s in r.sample_ids])
-
-
-def test_trainer_metrics_record_staleness_evictions_yields_and_duplicates():
-    registry = CollectorRegistry()
-    t = TrainerMetrics(registry)
-    port = start_metrics_server(0, addr="127.0.0.1", registry=registry)
-    for min_wv in (5, 4, 4, 1):
-        t.observe_yield(current_version=5, group_min_wv=min_wv)
-    t.observe_evicted(3)
-    t.observe_duplicate()
-    m = _scrape(port)
-    assert m[("rlstream_trainer_yielded_groups_total", ())] == 4
-    assert m[("rlstream_trainer_staleness_versions_count", ())] == 4
-    assert m[("rlstream_trainer_staleness_versions_sum", ())] == 0 + 1 + 1 + 4
-    assert m[("rlstream_trainer_staleness_versions_bucket", (("le", "1.0"),))] == 3
-    assert m[("rlstream_trainer_evicted_groups_total", ())] == 3
-    assert m[("rlstream_trainer_duplicate_groups_total", ())] == 1
-
-
-def test_json_formatter_writes_one_object_per_line_with_extra_fields():
-    out = io.StringIO()
-    configure_logging(json_lines=True, stream=out)
-    try:
-        logging.getLogger("rlstream.test").info("finalized %d groups", 3, extra={"worker_id": "w7"})
-        logging.getLogger("rlstream.test").warning("two\nlines")
-    finally:
-        configure_logging(json_lines=False)
-    first, second = [json.loads(line) for line in out.getvalue().splitlines()]
-    assert first["msg"] == "finalized 3 groups" and first["worker_id"] == "w7" and first["level"] == "info"
-    assert first["logger"] == "rlstream.test" and first["ts"].endswith("Z")
-    assert second["msg"] == "two\nlines" and second["level"] == "warning"
-    assert isinstance(JsonFormatter().format(logging.makeLogRecord({"msg": "x"})), str)
 
 
 def test_reassemble_cli_serves_metrics_and_logs_json(kafka, tq_store, unique, tmp_path):
@@ -125,7 +91,7 @@ def test_reassemble_cli_serves_metrics_and_logs_json(kafka, tq_store, unique, tm
                 kafka.bootstrap_servers,
                 "--prefix",
                 names.prefix,
-                "--group",
+                "--consumer-group",
                 f"g.{unique}",
                 "--ray-address",
                 ray_address(),
