@@ -10,14 +10,12 @@ from __future__ import annotations
 import importlib
 import logging
 import sys
-from pathlib import Path
 
 import click
 
+from workers.cli.broker import broker
 from workers.cli.failures import STDERR, Funnel, keep_log_file
 from workers.cli.options import KafkaTarget, kafka_options
-
-DEFAULT_DATA_DIR = Path(".rlstream/broker")
 
 # name -> (module:attribute, one-line help shown by `rlstream --help` without importing the module)
 LAZY_VERBS = {
@@ -77,70 +75,6 @@ def cli(debug: bool) -> None:
 
 
 @cli.group()
-def broker() -> None:
-    """Run a local single-node Kafka broker (KRaft)."""
-
-
-_data_dir = click.option(
-    "--data-dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=DEFAULT_DATA_DIR,
-    show_default=True,
-    help="the broker's data and log directory",
-)
-
-
-@broker.command("start")
-@_data_dir
-@click.option("--port", type=click.IntRange(1, 65535), default=None, help="listener port (default: a free one)")
-def broker_start(data_dir: Path, port: int | None) -> int:
-    """Start in the background and print its bootstrap.servers."""
-    from streams.broker import BrokerConfig, start_broker
-
-    cfg = BrokerConfig(data_dir=data_dir, port=port, detached=True)
-    _err(f"starting Kafka broker (KRaft, single node) in {cfg.data_dir.resolve()}")
-    handle = start_broker(cfg, log=_err)
-    print(f"bootstrap.servers={handle.bootstrap_servers}")
-    _err(f"pid {handle.pid}, log {handle.log_path}")
-    return 0
-
-
-@broker.command("stop")
-@_data_dir
-def broker_stop(data_dir: Path) -> int:
-    """Stop gracefully, kill after a bound."""
-    from streams.broker import stop_broker
-
-    stopped = stop_broker(data_dir)
-    print(f"broker in {data_dir} {'stopped' if stopped else 'was not running'}")
-    return 0
-
-
-@broker.command("status")
-@_data_dir
-def broker_status(data_dir: Path) -> int:
-    """Say whether it runs and answers (exit 1 if not)."""
-    from streams.broker import broker_status as status
-
-    st = status(data_dir)
-    if not st.running:
-        print(f"stopped (no broker running from {data_dir})")
-        return 1
-    print(f"{'ready' if st.ready else 'not answering'} bootstrap.servers={st.bootstrap_servers} pid={st.pid}")
-    return 0 if st.ready else 1
-
-
-@broker.command("fetch")
-def broker_fetch() -> int:
-    """Fetch the Kafka jars into the cache (once)."""
-    from streams.broker import BrokerConfig, ensure_kafka_jars
-
-    path = ensure_kafka_jars(BrokerConfig(data_dir=DEFAULT_DATA_DIR).cache_dir, log=_err)
-    print(f"Kafka jars in {path}")
-    return 0
-
-
-@cli.group()
 def topics() -> None:
     """Create or list the pipeline topics."""
 
@@ -169,6 +103,9 @@ def topics_list(target: KafkaTarget) -> int:
     for name, parts in list_topics(target.kafka).items():
         print(f"{name}\t{parts} partition(s)")
     return 0
+
+
+cli.add_command(broker)
 
 
 def main(argv: list[str] | None = None) -> int:
