@@ -1,4 +1,8 @@
-"""`GroupState`: one changelog entry of the compacted `reassembler.state` topic."""
+"""Entries of the compacted `reassembler.state` topic: `GroupState` per prompt group, `PartitionProgress` per partition.
+
+Both live in the state partition of the receipts partition they describe; a reader tells them apart
+by their `kind`, never by their key.
+"""
 
 from __future__ import annotations
 
@@ -11,9 +15,13 @@ CLOSED = "closed"
 FINALIZED = "finalized"
 DEAD_LETTERED = "dead_lettered"
 
+# Compaction key of a partition's progress entry. 0xFF never occurs in UTF-8, so no prompt group's
+# key (its id, UTF-8 encoded) can collide with it and be compacted away in its place.
+PROGRESS_KEY = b"\xffpartition_progress"
+
 
 class GroupState(Message, frozen=True, tag="group_state"):
-    """Whether a group is open or closed in its receipts partition, and the offsets it spans.
+    """Whether a prompt group is open or closed in its receipts partition, and the offsets it spans.
 
     A closed group says how it ended (`outcome` "finalized" or "dead_lettered"); an open one has
     no outcome yet.
@@ -27,9 +35,11 @@ class GroupState(Message, frozen=True, tag="group_state"):
     first_seen_ms: int
     outcome: str | None = None
     finalized_at_ms: int = 0
-    # Staging keys of a closed group until they are cleared: a successor that restores a closed
-    # entry with keys clears them, so a crash between commit and clear leaks nothing.
+    # The staged tensors of a closed group are cleared after its commit; a crash in between must
+    # not leak them, so the closed entry names them and a successor that restores it with
+    # `staging_cleared` still false clears them.
     staging_keys: tuple[str, ...] = ()
+    staging_cleared: bool = False
 
     def _validate(self) -> None:
         non_empty("group_state.group_id", self.group_id)
@@ -41,6 +51,8 @@ class GroupState(Message, frozen=True, tag="group_state"):
         if self.status == OPEN:
             if self.outcome is not None:
                 raise SchemaError("group_state.outcome", "must be None while the group is open")
+            if self.staging_cleared:
+                raise SchemaError("group_state.staging_cleared", "an open group's staging is still in use")
         elif self.status == CLOSED:
             if self.outcome not in (FINALIZED, DEAD_LETTERED):
                 raise SchemaError(
@@ -49,3 +61,29 @@ class GroupState(Message, frozen=True, tag="group_state"):
                 )
         else:
             raise SchemaError("group_state.status", f"must be {OPEN!r} or {CLOSED!r}, got {self.status!r}")
+
+    @property
+    def staging_to_clear(self) -> tuple[str, ...]:
+        """Staging keys a successor restoring this entry still has to clear."""
+        return self.staging_keys if self.status == CLOSED and not self.staging_cleared else ()
+
+
+class PartitionProgress(Message, frozen=True, tag="partition_progress"):
+    """How far a receipts partition's outputs are committed, written with them in one transaction.
+
+    Receipts at or below `emitted_through` had their dead letters and state entries committed; a
+    successor that re-reads them (from the safe offset, which may lie further back) must not emit
+    those again. Only the latest entry per partition survives compaction, so it never goes back.
+    """
+
+    partition: int
+    emitted_through: int
+    time_ms: int
+
+    def _validate(self) -> None:
+        at_least("partition_progress.partition", self.partition, 0)
+        at_least("partition_progress.emitted_through", self.emitted_through, 0)
+        at_least("partition_progress.time_ms", self.time_ms, 0)
+
+
+StateEntry = GroupState | PartitionProgress

@@ -22,6 +22,10 @@ STAGING = "staging"
 TRAIN = "train"
 
 
+class TQError(RlstreamError, RuntimeError):
+    """Ray or TQ could not be reached or started; the message says where."""
+
+
 class MissingKeysError(RlstreamError, KeyError):
     """Some requested keys are not in the partition; `missing` lists them."""
 
@@ -92,13 +96,7 @@ def init_tq(config: TQConfig = TQConfig()) -> TQSession:
     if not ray.is_initialized():
         env = {"env_vars": {"TQ_NUM_THREADS": os.environ["TQ_NUM_THREADS"]}}
         if config.address is not None:
-            ray.init(
-                address=config.address,
-                namespace=config.namespace,
-                runtime_env=env,
-                logging_level=logging.WARNING,
-                log_to_driver=False,
-            )
+            _attach(ray, config, env)
         else:
             ray.init(
                 num_cpus=config.num_cpus,
@@ -117,6 +115,19 @@ def init_tq(config: TQConfig = TQConfig()) -> TQSession:
     had_controller = _controller_exists()
     tq.init({"backend": {"SimpleStorage": {"num_data_storage_units": config.num_storage_units}}})
     return TQSession(started_ray, started_tq=not had_controller and interface._TQ_STORAGE is not None)
+
+
+def _attach(ray, config: TQConfig, env: dict) -> None:
+    try:
+        ray.init(
+            address=config.address,
+            namespace=config.namespace,
+            runtime_env=env,
+            logging_level=logging.WARNING,
+            log_to_driver=False,
+        )
+    except ConnectionError as exc:
+        raise TQError(f"cannot reach Ray at {config.address!r}: {str(exc).splitlines()[0]}") from None
 
 
 def _record_ray_pids() -> None:

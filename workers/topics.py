@@ -17,7 +17,7 @@ from schemas.deadletter import DeadLetter
 from schemas.errors import SchemaError
 from schemas.finalized import FinalizedGroup
 from schemas.receipt import Receipt
-from schemas.state import GroupState
+from schemas.state import GroupState, PartitionProgress
 from streams.admin import TopicSpec
 
 RECEIPTS = "rollout.receipts"
@@ -75,13 +75,15 @@ def pipeline_topics(names: TopicNames, partitions: int = 4, replication_factor: 
 
 RECEIPTS_ROLE, FINALIZED_ROLE, DEADLETTER_ROLE, STATE_ROLE = "receipts", "finalized", "deadletter", "state"
 _SUFFIXES = {RECEIPTS: RECEIPTS_ROLE, FINALIZED: FINALIZED_ROLE, DEADLETTER: DEADLETTER_ROLE, STATE: STATE_ROLE}
-_BY_ROLE: dict[str, type[Message]] = {
-    RECEIPTS_ROLE: Receipt,
-    FINALIZED_ROLE: FinalizedGroup,
-    DEADLETTER_ROLE: DeadLetter,
-    STATE_ROLE: GroupState,
+# The state topic holds two kinds (a prompt group's entry and its partition's progress); the first
+# kind of a role is what an unrecognised value is decoded as, so its error names the usual message.
+_BY_ROLE: dict[str, tuple[type[Message], ...]] = {
+    RECEIPTS_ROLE: (Receipt,),
+    FINALIZED_ROLE: (FinalizedGroup,),
+    DEADLETTER_ROLE: (DeadLetter,),
+    STATE_ROLE: (GroupState, PartitionProgress),
 }
-_BY_KIND: dict[str, type[Message]] = {cls.kind(): cls for cls in _BY_ROLE.values()}
+_BY_KIND: dict[str, type[Message]] = {cls.kind(): cls for kinds in _BY_ROLE.values() for cls in kinds}
 
 
 class _Kind(msgspec.Struct):
@@ -119,10 +121,18 @@ def decode_value(value: bytes | None, role: str | None = None) -> Message:
     """Decode a record value as its role's message (sniffing the kind when role is None); SchemaError if not."""
     if value is None:
         raise SchemaError("record", "empty value (tombstone)")
-    cls = _BY_ROLE.get(role) if role else _BY_KIND.get(sniff_kind(value) or "")
+    cls = _role_class(role, value) if role else _BY_KIND.get(sniff_kind(value) or "")
     if cls is None:
         raise SchemaError("record", f"not an rlstream message (kind {sniff_kind(value)!r})")
     return cls.from_bytes(value)
+
+
+def _role_class(role: str, value: bytes) -> type[Message] | None:
+    kinds = _BY_ROLE.get(role, ())
+    if len(kinds) > 1:  # sniffing costs a parse, so only where a role has a choice
+        kind = sniff_kind(value)
+        return next((cls for cls in kinds if cls.kind() == kind), kinds[0])
+    return kinds[0] if kinds else None
 
 
 def message_group_id(msg: Message) -> str | None:

@@ -13,7 +13,7 @@ from schemas.deadletter import DECODE_ERROR, DeadLetter
 from schemas.finalized import FinalizedGroup, SourceRange
 from schemas.receipt import CallRecord, Receipt
 from schemas.request import ReassemblyRequest, RolloutReassemblerActorConfig
-from schemas.state import GroupState
+from schemas.state import GroupState, PartitionProgress
 
 HERE = Path(__file__).resolve().parent
 
@@ -88,6 +88,7 @@ EXAMPLES = {
         finalized_at_ms=1_764_000_000_000,
         staging_keys=("rollout-7f3a/call-0", "rollout-7f3a/call-1"),
     ),
+    "partition_progress": PartitionProgress(partition=3, emitted_through=1201, time_ms=1_764_000_000_000),
     "reassembly_request": ReassemblyRequest(
         group_id="group-000042",
         rollout_ids=("rollout-11aa", "rollout-7f3a"),

@@ -20,7 +20,8 @@ class InMemoryStore:
     def put(self, partition: str, keys: Sequence[str], fields: TensorDict, tags: Sequence[Mapping[str, Any]]) -> None:
         part = self._rows.setdefault(partition, {})
         for i, key in enumerate(keys):
-            row = {name: _row(fields.get(name), i).clone() for name in fields}
+            # A TensorDict iterates over rows, not field names.
+            row = {name: _row(fields.get(name), i).clone() for name in fields.keys()}  # noqa: SIM118
             part[key] = (row, dict(tags[i]) if tags else {})
 
     def get(self, partition: str, keys: Sequence[str], select: Sequence[str] | None = None) -> TensorDict:

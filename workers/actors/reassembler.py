@@ -105,17 +105,13 @@ class RolloutReassemblerActor:
     def run_worker(self, kafka, worker_config) -> dict[str, Any]:
         """Run the Kafka reassembler loop (a `ReassemblerConfig`) in this actor until `stop_worker`."""
         from workers.reassembler.worker import ReassemblerWorker
+        from workers.telemetry.sensors import ReassemblerStats
 
         self._stop.clear()
-        worker = ReassemblerWorker(kafka, self._tq(), worker_config)
-        stats = worker.run(self._stop)
-        return {
-            "receipts": stats.receipts,
-            "finalized": stats.finalized,
-            "dead_letters": dict(stats.dead_letters),
-            "transactions": stats.transactions,
-            "aborts": stats.aborts,
-        }
+        stats = ReassemblerStats()
+        worker = ReassemblerWorker(kafka, self._tq(), worker_config, sensor=stats)
+        worker.run(self._stop)
+        return stats.snapshot()
 
     def stop_worker(self) -> None:
         self._stop.set()

@@ -15,12 +15,17 @@ from pathlib import Path
 import torch
 from tensordict import TensorDict
 
+from schemas.errors import RlstreamError
 from streams.admin import TopicSpec, create_topics
 from streams.broker import BrokerConfig, LocalBroker
 from streams.config import KafkaConfig
 from streams.consumer import read_topic
 from streams.producer import AckedProducer, Outgoing
 from streams.tq import STAGING, TQConfig, TQStore, init_tq
+
+
+class SmokeFailed(RlstreamError, RuntimeError):
+    """A round trip through Kafka or TQ did not return what was sent."""
 
 
 @dataclass(frozen=True)
@@ -53,7 +58,7 @@ def run_smoke(bootstrap_servers: str | None = None, *, log: Callable[[str], None
             AckedProducer(kafka).send([Outgoing(topic, b"group-0", payload)])
             got = [r.value for r in read_topic(kafka, topic)]
             if got != [payload]:
-                raise RuntimeError(f"Kafka round trip on {topic} returned {len(got)} record(s), not the one sent")
+                raise SmokeFailed(f"Kafka round trip on {topic} returned {len(got)} record(s), not the one sent")
             log(f"kafka: {len(payload)}-byte message round-tripped through {topic}")
 
             rows = [torch.arange(n, dtype=torch.int64) for n in (5, 17, 3)]
@@ -69,7 +74,7 @@ def run_smoke(bootstrap_servers: str | None = None, *, log: Callable[[str], None
             )
             back = store.get(STAGING, keys)["token_ids"].unbind()
             if not all(torch.equal(a, b) for a, b in zip(rows, back)):
-                raise RuntimeError("TQ round trip returned different tensors")
+                raise SmokeFailed("TQ round trip returned different tensors")
             store.clear(STAGING, keys)
             log(f"tq: {len(rows)} jagged rows round-tripped through partition {STAGING!r}")
         finally:

@@ -21,7 +21,7 @@ from schemas.errors import InvalidArgument, SchemaError
 from streams.config import KafkaConfig
 from streams.consumer import committed_offsets, end_offsets, read_topic
 from streams.producer import Outgoing, TransactionalProducer
-from workers.reassembler.worker import REDRIVE_HEADER
+from workers.reassembler.decode import REDRIVE_HEADER
 from workers.topics import TopicNames
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from schemas.errors import SchemaError
+from schemas.errors import InvalidArgument, SchemaError
 from schemas.finalized import FinalizedGroup
 from schemas.receipt import Receipt
 from schemas.request import RolloutReassemblerActorConfig
@@ -228,7 +228,7 @@ def load_tq_checkpoint(checkpoint_dir: str | Path) -> None:
 
     src = Path(checkpoint_dir)
     if not (src / "metadata.json").exists():
-        raise ValueError(f"{src} is not a TQ checkpoint (no metadata.json)")
+        raise InvalidArgument(f"{src} is not a TQ checkpoint (no metadata.json)")
     work = Path(tempfile.mkdtemp(prefix="rlstream-ckpt-")) / src.name
     shutil.copytree(src, work)
     tq.load_checkpoint(work)

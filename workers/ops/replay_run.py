@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import msgspec
 
+from schemas.errors import InvalidArgument
 from streams.admin import create_topics, partition_count
 from streams.config import KafkaConfig
 from workers.reassembler.config import DEFAULT_CONSUMER_GROUP as PRODUCTION_GROUP
@@ -33,7 +34,7 @@ def replay_train_partition(prefix: str) -> str:
 def prepare_replay_run(kafka: KafkaConfig, config: ReassemblerConfig, *, create: bool = True) -> ReassemblerConfig:
     """Check that a config reading a replay topic is isolated from production, and isolate its TQ writes.
 
-    Refuses (ValueError) the production consumer group and the replay topic's own prefix (whose
+    Refuses (InvalidArgument) the production consumer group and the replay topic's own prefix (whose
     finalized topic the trainer reads); creates the output topics under the run's prefix with the
     replay topic's partition count, so the state changelog stays co-partitioned with its input.
     A config whose input is not a replay topic is returned unchanged.
@@ -43,14 +44,14 @@ def prepare_replay_run(kafka: KafkaConfig, config: ReassemblerConfig, *, create:
         return config
     source_prefix = replay_source_prefix(topic)
     if config.topics.prefix == source_prefix:
-        raise ValueError(
+        raise InvalidArgument(
             f"input {topic} is a replay topic: pass --prefix other than {source_prefix!r}, or the "
             f"run would write to the production topics {config.topics.finalized} and "
             f"{config.topics.state}"
         )
     if config.consumer_group == PRODUCTION_GROUP:
-        raise ValueError(
-            f"input {topic} is a replay topic: pass its own --group, not the production "
+        raise InvalidArgument(
+            f"input {topic} is a replay topic: pass its own --consumer-group, not the production "
             f"consumer group {PRODUCTION_GROUP!r}"
         )
     if create:

@@ -1,8 +1,8 @@
-"""In-memory state of one receipts partition: open groups, recently closed groups, and replay progress.
+"""Prompt groups of one receipts partition: open ones, recently closed ones, and how far outputs were emitted.
 
-Pure bookkeeping, no I/O: the worker feeds it receipts in offset order and asks which groups are
-ready, which offsets are safe to commit, and whether a receipt's side effects were already emitted
-before a restart.
+Pure bookkeeping, no I/O: a partition task feeds it receipts in offset order and asks which groups are
+ready, which offset is safe to commit, and whether a receipt's side effects were already emitted
+before a restart. `workers.reassembler.restore` rebuilds it from the state topic.
 """
 
 from __future__ import annotations
@@ -12,10 +12,6 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from schemas.receipt import Receipt
-from schemas.state import CLOSED, DEAD_LETTERED, OPEN, GroupState
-
-# Key of the per-partition progress entry in the state topic (see PartitionGroups.progress_entry).
-PROGRESS_KEY = "__progress__"
 
 
 class Added(enum.Enum):
@@ -52,43 +48,37 @@ class OpenGroup:
 
 
 class PartitionGroups:
-    """Groups of one receipts partition, restored from the state topic and rebuilt from re-read receipts."""
+    """The prompt groups of one receipts partition (a "group" here is always a prompt group)."""
 
     def __init__(self, partition: int, *, closed_capacity: int = 200_000):
         self.partition = partition
         self.open: dict[str, OpenGroup] = {}
-        # group_id -> last receipt offset; bounded, oldest forgotten first.
+        # group_id -> last receipt offset, so a re-read or late receipt of a closed group is recognised.
+        # Bounded, oldest forgotten first, so a long run's memory stays flat.
         self.closed: OrderedDict[str, int] = OrderedDict()
+        # First-seen times of groups that were open before a restart, so their deadline does not
+        # restart when their receipts are read again.
         self.restored_open_ms: dict[str, int] = {}
-        # Closed groups whose staging keys a predecessor may not have cleared: gid -> (keys, outcome).
-        self.pending_clear: dict[str, tuple[tuple[str, ...], str]] = {}
         # Closed groups that ended dead-lettered (a subset of `closed`): a redriven receipt may reopen them.
         self.dead_lettered: set[str] = set()
         # Receipts at or below this offset had their outputs committed before a restart.
         self.emitted_through = -1
         self._closed_capacity = closed_capacity
 
-    def restore(self, entry: GroupState) -> None:
-        """Apply one state-topic entry (latest per key wins, so call in log order)."""
-        if entry.group_id == PROGRESS_KEY:
-            self.emitted_through = max(self.emitted_through, entry.last_offset)
-        elif entry.status == OPEN:
-            self.restored_open_ms[entry.group_id] = entry.first_seen_ms
-            # OPEN after CLOSED happens only when redriven receipts reopened a dead-lettered group,
-            # whose (re-staged) tensors must then not be cleared as the closed group's leftovers.
-            self.reopen_dead_lettered(entry.group_id)
-            self.pending_clear.pop(entry.group_id, None)
-        elif entry.status == CLOSED:
-            self.restored_open_ms.pop(entry.group_id, None)
-            self._remember_closed(entry.group_id, entry.last_offset)
-            if entry.outcome == DEAD_LETTERED:
-                self.dead_lettered.add(entry.group_id)
-            else:
-                self.dead_lettered.discard(entry.group_id)
-            if entry.staging_keys:
-                self.pending_clear[entry.group_id] = (tuple(entry.staging_keys), entry.outcome or "")
-            else:
-                self.pending_clear.pop(entry.group_id, None)
+    def restore_open(self, group_id: str, first_seen_ms: int) -> None:
+        """A group the state topic last saw open."""
+        self.restored_open_ms[group_id] = first_seen_ms
+        # OPEN after CLOSED happens only when redriven receipts reopened a dead-lettered group.
+        self.reopen_dead_lettered(group_id)
+
+    def restore_closed(self, group_id: str, last_offset: int, *, dead_lettered: bool) -> None:
+        """A group the state topic last saw closed, with its last receipt's offset."""
+        self.restored_open_ms.pop(group_id, None)
+        self._remember_closed(group_id, last_offset)
+        if dead_lettered:
+            self.dead_lettered.add(group_id)
+        else:
+            self.dead_lettered.discard(group_id)
 
     def replaying(self, offset: int) -> bool:
         """True when this receipt's dead letters and state entries were already committed."""
@@ -151,21 +141,10 @@ class PartitionGroups:
             forgotten, _ = self.closed.popitem(last=False)
             self.dead_lettered.discard(forgotten)
 
-    def due(self, now_ms: int, timeout_ms: int) -> list[OpenGroup]:
-        return [g for g in self.open.values() if now_ms - g.first_seen_ms >= timeout_ms]
+    def due(self, clock_ms: int, timeout_ms: int) -> list[OpenGroup]:
+        """Open groups whose first receipt is at least `timeout_ms` older than `clock_ms`."""
+        return [g for g in self.open.values() if clock_ms - g.first_seen_ms >= timeout_ms]
 
     def safe_offset(self, position: int) -> int:
         """The offset to commit: never past the first receipt of a group still open here."""
         return min([position] + [g.first_offset for g in self.open.values()])
-
-    def progress_entry(self, position: int, now_ms: int) -> GroupState:
-        """State entry recording that outputs for receipts below `position` are committed."""
-        # Never below what was already recorded: compaction keeps only the latest entry per key.
-        return GroupState(
-            group_id=PROGRESS_KEY,
-            status=OPEN,
-            partition=self.partition,
-            first_offset=0,
-            last_offset=max(position - 1, self.emitted_through, 0),
-            first_seen_ms=now_ms,
-        )

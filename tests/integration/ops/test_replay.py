@@ -160,7 +160,7 @@ def test_replay_run_refuses_production_group_and_prefix(kafka, unique):
         prepare_replay_run(
             kafka, ReassemblerConfig(prefix=names.prefix, worker_id="a", consumer_group="mine", input_topic=topic)
         )
-    with pytest.raises(ValueError, match="--group"):
+    with pytest.raises(ValueError, match="--consumer-group"):
         prepare_replay_run(kafka, ReassemblerConfig(prefix="other", worker_id="a", input_topic=topic))
 
 
@@ -209,6 +209,6 @@ def test_replay_and_reassemble_cli(kafka, unique):
 
     res = cli("replay", "no.such.topic", "--to", "x")
     assert res.returncode == 1 and res.stderr.strip().splitlines()[-1].startswith("rlstream replay: topic no.such")
-    res = cli("reassemble", "--input-topic", names.replay("cli"), "--group", f"own.{unique}")
+    res = cli("reassemble", "--input-topic", names.replay("cli"), "--consumer-group", f"own.{unique}")
     assert res.returncode == 1
     assert res.stderr.strip().splitlines()[-1].startswith("rlstream reassemble: input ") and "--prefix" in res.stderr

@@ -12,15 +12,17 @@ from streams.tq import STAGING, TRAIN
 from tests.integration.helpers import SMALL, dead_letters, drive, finalized_records, publish_groups, setup_topics
 from workers.reassembler.config import ReassemblerConfig
 from workers.reassembler.worker import ReassemblerWorker
+from workers.telemetry.sensors import ReassemblerStats
 
 
-def _worker(kafka, tq_store, names, worker_id="w0", **kw):
+def _worker(kafka, tq_store, names, worker_id="w0", sensor=None, **kw):
     return ReassemblerWorker(
         kafka,
         tq_store,
         ReassemblerConfig(
             prefix=names.prefix, worker_id=worker_id, consumer_group=f"reassemblers.{names.prefix}", **kw
         ),
+        sensor=sensor,
     )
 
 
@@ -129,7 +131,8 @@ def test_open_groups_are_capped_by_pausing_and_resume_as_groups_close(kafka, tq_
     pub = RolloutPublisher(kafka, tq_store, names.receipts)
     pub.publish(partial)
     pub.close()
-    worker = _worker(kafka, tq_store, names, max_open_groups=3, max_poll_records=5, group_timeout_s=2.0)
+    stats = ReassemblerStats()
+    worker = _worker(kafka, tq_store, names, sensor=stats, max_open_groups=3, max_poll_records=5, group_timeout_s=2.0)
     peak, paused_seen = 0, False
     try:
         deadline = time.monotonic() + 90
@@ -137,8 +140,8 @@ def test_open_groups_are_capped_by_pausing_and_resume_as_groups_close(kafka, tq_
             assert time.monotonic() < deadline, "groups did not all finalize"
             for _ in range(20):
                 worker.step()
-                peak = max(peak, worker.stats.open_groups)
-                paused_seen |= worker.stats.paused
+                peak = max(peak, stats.open_groups)
+                paused_seen |= stats.paused
     finally:
         worker.close()
     assert paused_seen

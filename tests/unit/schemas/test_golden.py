@@ -9,12 +9,20 @@ from schemas.deadletter import DeadLetter
 from schemas.finalized import FinalizedGroup
 from schemas.receipt import Receipt
 from schemas.request import ReassemblyRequest, RolloutReassemblerActorConfig
-from schemas.state import GroupState
+from schemas.state import GroupState, PartitionProgress
 
 GOLDEN = Path(__file__).resolve().parents[3] / "schemas" / "golden"
 KINDS = {
     cls.kind(): cls
-    for cls in (Receipt, FinalizedGroup, DeadLetter, GroupState, ReassemblyRequest, RolloutReassemblerActorConfig)
+    for cls in (
+        Receipt,
+        FinalizedGroup,
+        DeadLetter,
+        GroupState,
+        PartitionProgress,
+        ReassemblyRequest,
+        RolloutReassemblerActorConfig,
+    )
 }
 
 

@@ -1,0 +1,59 @@
+"""Receipt decoding at the reassembler's boundary, and the redrive header."""
+
+import msgpack
+import pytest
+
+from schemas import deadletter as dl
+from schemas.receipt import Receipt
+from workers.reassembler.decode import REDRIVE_HEADER, Refused, decode_receipt, redrive_count
+
+from .fixtures import receipt
+
+
+def test_a_good_receipt_decodes():
+    r = receipt("g", 1)
+    assert decode_receipt(r.to_bytes()) == r
+
+
+@pytest.mark.parametrize("value", [None, b"", b"\x93\xff\x00garbage"])
+def test_empty_or_garbage_values_are_decode_errors(value):
+    got = decode_receipt(value)
+    assert isinstance(got, Refused) and got.kind == dl.DECODE_ERROR
+    assert got.message.startswith("receipt:")
+
+
+def test_a_tensor_field_smuggled_into_a_receipt_is_a_metadata_violation():
+    body = dict(msgpack.unpackb(receipt("g", 0).to_bytes()), token_ids=list(range(8)))
+    got = decode_receipt(msgpack.packb(body))
+    assert isinstance(got, Refused) and got.kind == dl.METADATA_VIOLATION
+    assert "token_ids" in got.message
+    # The schema alone would accept it: unknown fields are tolerated across minor versions.
+    assert isinstance(Receipt.from_bytes(msgpack.packb(body)), Receipt)
+
+
+@pytest.mark.parametrize(
+    "change,field",
+    [({"schema_version": [9, 0]}, "schema_version"), ({"rollout_index": 5}, "rollout_index"), ({"kind": "x"}, "kind")],
+)
+def test_a_receipt_failing_its_schema_is_a_validation_error(change, field):
+    body = dict(msgpack.unpackb(receipt("g", 0).to_bytes()), **change)
+    got = decode_receipt(msgpack.packb(body))
+    assert isinstance(got, Refused) and got.kind == dl.VALIDATION_ERROR
+    assert field in got.message
+
+
+@pytest.mark.parametrize(
+    "headers,count",
+    [
+        (None, 0),
+        ((), 0),
+        ((("other", b"3"),), 0),
+        (((REDRIVE_HEADER, b"3"),), 3),
+        ((("other", b"1"), (REDRIVE_HEADER, b"2")), 2),
+        (((REDRIVE_HEADER, b"-4"),), 0),
+        (((REDRIVE_HEADER, b"three"),), 0),
+        (((REDRIVE_HEADER, None),), 0),
+    ],
+)
+def test_redrive_count_reads_the_header_and_shrugs_off_bad_values(headers, count):
+    assert redrive_count(headers) == count

@@ -1,0 +1,215 @@
+"""PartitionTask: one partition's intake, deadlines and commit cycle, with an in-memory KV store for TQ."""
+
+import msgspec
+import pytest
+
+from schemas import deadletter as dl
+from schemas.state import CLOSED, DEAD_LETTERED, FINALIZED, OPEN, PartitionProgress
+from streams.tq import STAGING, TRAIN
+from tests.unit.memory_store import InMemoryStore
+from workers.reassembler.config import ReassemblerConfig
+from workers.reassembler.finalize import GroupOutcome, finalize_groups
+from workers.reassembler.restore import restore_partition
+from workers.reassembler.task import PartitionTask
+from workers.rollout.publisher import stage_rollouts
+from workers.rollout.synthetic import SyntheticShape, make_group
+
+from .fixtures import closed, opened, receipt, record
+
+TINY = SyntheticShape(group_size=2, calls=(1, 2), prompt_len=(2, 4), answer_len=(1, 3), observation_len=(1, 2))
+CONFIG = ReassemblerConfig(prefix="t", worker_id="w0", input_topic="t.rollout.receipts")
+TIMEOUT_MS = 30_000
+
+
+def make_task(store, entries=(), config=CONFIG):
+    return PartitionTask.resume(restore_partition(0, entries), store, config)
+
+
+def staged(store, group_id):
+    """A staged group of two rollouts; returns their receipts."""
+    rollouts = make_group(group_id, 0, 1, shape=TINY)
+    stage_rollouts(store, rollouts)
+    return [r.receipt for r in rollouts]
+
+
+def step(task, store, now_ms=5_000, clock_ms=None, config=CONFIG):
+    """Ready groups -> finalize into the store -> prepare, as the worker does for one partition."""
+    ready = task.ready(now_ms if clock_ms is None else clock_ms, TIMEOUT_MS)
+    outcomes = finalize_groups(store, ready, config.actor, receipts_topic=config.receipts_topic, now_ms=now_ms)
+    return task.prepare(outcomes, now_ms)
+
+
+def test_a_complete_group_commits_its_record_state_progress_and_offset_then_clears_staging():
+    store = InMemoryStore()
+    task = make_task(store)
+    receipts = staged(store, "g")
+    keys = [c.staging_key for r in receipts for c in r.manifest]
+    for offset, r in enumerate(receipts, start=10):
+        task.intake(record(offset, r.to_bytes()), 5_000)
+    commit = step(task, store)
+    assert [f.group_id for f in commit.finalized] == ["g"] and commit.dead_letters == ()
+    assert [(s.status, s.outcome) for s in commit.state] == [(OPEN, None), (CLOSED, FINALIZED)]
+    assert set(commit.state[1].staging_keys) == set(keys) and not commit.state[1].staging_cleared
+    assert commit.progress == PartitionProgress(partition=0, emitted_through=11, time_ms=5_000)
+    assert commit.commit_offset == 12
+    assert store.present(TRAIN, list(commit.finalized[0].sample_ids)) == set(commit.finalized[0].sample_ids)
+    # Staging stays until the transaction committed: a crash before it re-finalizes from it.
+    assert store.present(STAGING, keys) == set(keys)
+
+    task.post_commit(commit)
+    assert store.present(STAGING, keys) == set()
+    assert task.has_work
+    follow_up = task.prepare([], 6_000)
+    assert [(s.group_id, s.status, s.staging_cleared) for s in follow_up.state] == [("g", CLOSED, True)]
+    assert follow_up.state[0].staging_keys == commit.state[1].staging_keys
+    assert follow_up.progress is None and follow_up.commit_offset is None
+    task.post_commit(follow_up)
+    assert not task.has_work and task.prepare([], 7_000).empty
+
+
+def test_the_commit_offset_stays_at_the_first_receipt_of_an_open_group():
+    store = InMemoryStore()
+    task = make_task(store)
+    task.intake(record(3, receipt("open", 0).to_bytes()), 0)
+    done = staged(store, "done")
+    task.intake(record(4, done[0].to_bytes()), 0)
+    task.intake(record(5, done[1].to_bytes()), 0)
+    commit = step(task, store)
+    assert [f.group_id for f in commit.finalized] == ["done"]
+    assert commit.commit_offset == 3 and commit.progress.emitted_through == 5
+
+
+def test_without_clear_staging_the_staged_tensors_stay_and_no_cleared_entry_follows():
+    store = InMemoryStore()
+    config = msgspec.structs.replace(CONFIG, clear_staging=False)
+    task = make_task(store, config=config)
+    receipts = staged(store, "g")
+    for offset, r in enumerate(receipts):
+        task.intake(record(offset, r.to_bytes()), 0)
+    commit = step(task, store, config=config)
+    assert commit.state[-1].staging_keys == () and commit.closed == ()
+    task.post_commit(commit)
+    keys = [c.staging_key for r in receipts for c in r.manifest]
+    assert store.present(STAGING, keys) == set(keys)
+    assert task.prepare([], 0).state == ()
+
+
+def test_bad_duplicate_and_late_receipts_become_dead_letters_of_their_kind():
+    store = InMemoryStore()
+    task = make_task(store, [closed("old", 0, 1)])
+    task.intake(record(2, b"\x93\xff"), 0)
+    task.intake(record(3, receipt("g", 0, size=3).to_bytes()), 0)
+    task.intake(record(4, receipt("g", 0, size=3, rollout_id="again").to_bytes(), redriven=2), 0)
+    task.intake(record(5, receipt("g", 1, size=4).to_bytes()), 0)
+    task.intake(record(6, receipt("old", 0, rollout_id="late").to_bytes()), 0)
+    letters = task.prepare([], 0).dead_letters
+    assert [(d.source_offset, d.error_kind) for d in letters] == [
+        (2, dl.DECODE_ERROR),
+        (4, dl.DUPLICATE_RECEIPT),
+        (5, dl.INCONSISTENT_GROUP),
+        (6, dl.LATE_RECEIPT),
+    ]
+    assert letters[0].original == b"\x93\xff" and letters[0].source_key == b"k2"
+    assert letters[1].redrive_count == 2 and letters[1].worker_id == "w0"
+
+
+def test_a_failed_group_dead_letters_every_receipt_with_its_redrive_count_and_closes_dead_lettered():
+    store = InMemoryStore()
+    task = make_task(store)
+    task.intake(record(7, receipt("g", 0).to_bytes(), redriven=1), 0)
+    task.intake(record(8, receipt("g", 1).to_bytes()), 0)
+    (group,) = task.ready(0, TIMEOUT_MS)
+    outcome = GroupOutcome(group, None, dl.ALL_ROLLOUTS_FAILED, "no valid row", ("g-r0/c0", "g-r1/c0"))
+    commit = task.prepare([outcome], 9)
+    assert [(d.source_offset, d.error_kind, d.redrive_count) for d in commit.dead_letters] == [
+        (7, dl.ALL_ROLLOUTS_FAILED, 1),
+        (8, dl.ALL_ROLLOUTS_FAILED, 0),
+    ]
+    assert commit.dead_letters[0].original == receipt("g", 0).to_bytes()
+    assert commit.finalized == () and commit.state[-1].outcome == DEAD_LETTERED
+    assert "g" in task.groups.dead_lettered
+
+
+def test_receipts_read_again_below_the_recorded_progress_emit_nothing_twice():
+    store = InMemoryStore()
+    entries = [opened("g", 3), PartitionProgress(partition=0, emitted_through=5, time_ms=0)]
+    task = make_task(store, entries)
+    task.intake(record(3, receipt("g", 0, size=3).to_bytes()), 0)
+    task.intake(record(4, b"poison"), 0)
+    task.intake(record(5, receipt("g", 0, size=3, rollout_id="dup").to_bytes()), 0)
+    task.intake(record(6, b"poison"), 0)
+    task.intake(record(7, receipt("h", 0, size=3).to_bytes()), 0)
+    commit = task.prepare([], 0)
+    assert [d.source_offset for d in commit.dead_letters] == [6]
+    assert [(s.group_id, s.status) for s in commit.state] == [("h", OPEN)]
+    assert commit.progress.emitted_through == 7 and commit.commit_offset == 3
+
+
+def test_progress_never_goes_back_below_what_was_recorded():
+    store = InMemoryStore()
+    task = make_task(store, [PartitionProgress(partition=0, emitted_through=100, time_ms=0)])
+    task.intake(record(50, receipt("g", 0).to_bytes()), 0)
+    commit = task.prepare([], 0)
+    assert commit.progress.emitted_through == 100 and commit.commit_offset == 50
+
+
+def test_a_redriven_receipt_reopens_a_dead_lettered_group_and_its_open_entry_comes_last():
+    store = InMemoryStore()
+    task = make_task(store, [closed("g", 0, 1, outcome=DEAD_LETTERED, keys=("g/0",))])
+    # The predecessor's uncleared keys are owed as a cleared entry; the redriven receipt then
+    # reopens the same group in this step, and compaction must keep the OPEN entry.
+    task.intake(record(9, receipt("g", 0).to_bytes(), redriven=1), 0)
+    commit = task.prepare([], 0)
+    assert [(s.status, s.staging_cleared) for s in commit.state] == [(CLOSED, True), (OPEN, False)]
+    assert commit.dead_letters == () and "g" in task.groups.open
+
+
+def test_a_redriven_receipt_of_a_finalized_group_is_still_late():
+    store = InMemoryStore()
+    task = make_task(store, [closed("g", 0, 1)])
+    task.intake(record(9, receipt("g", 0).to_bytes(), redriven=1), 0)
+    commit = task.prepare([], 0)
+    assert [d.error_kind for d in commit.dead_letters] == [dl.LATE_RECEIPT]
+    assert commit.state == () and "g" not in task.groups.open
+
+
+def test_a_predecessors_uncleared_staging_is_cleared_on_resume_and_recorded_at_the_next_commit():
+    store = InMemoryStore()
+    receipts = staged(store, "g")
+    keys = tuple(c.staging_key for r in receipts for c in r.manifest)
+    task = make_task(store, [closed("g", 0, 1, keys=keys)])
+    assert store.present(STAGING, list(keys)) == set()
+    assert task.has_work
+    commit = task.prepare([], 0)
+    assert [(s.group_id, s.staging_cleared, s.staging_keys) for s in commit.state] == [("g", True, keys)]
+    # Nothing was read yet: the committed offset and progress stay where they are.
+    assert commit.progress is None and commit.commit_offset is None
+
+
+@pytest.mark.parametrize(
+    "position,end,paused,expected",
+    [
+        (None, 100, False, 2_000),  # nothing read yet: the newest receipt seen (none -> its default)
+        (50, 100, False, 2_000),  # behind a backlog: event time
+        (100, 100, False, 9_000),  # caught up: wall time
+        (50, None, False, 9_000),  # end unknown: wall time
+        (50, 100, True, 9_000),  # paused: nothing new is read, wall time frees memory
+    ],
+)
+def test_the_deadline_clock(position, end, paused, expected):
+    task = make_task(InMemoryStore())
+    task.max_ts = 2_000
+    task.position = position
+    assert task.clock(9_000, end_offset=end, paused=paused) == expected
+
+
+def test_a_group_falls_due_by_the_clock_and_that_makes_the_partition_commit():
+    store = InMemoryStore()
+    task = make_task(store)
+    task.intake(record(0, receipt("g", 0).to_bytes(), ts=1_000), 1_000)
+    task.post_commit(task.prepare([], 1_000))
+    assert not task.has_work
+    assert task.ready(1_000 + TIMEOUT_MS - 1, TIMEOUT_MS) == []
+    assert not task.has_work
+    assert [g.group_id for g in task.ready(1_000 + TIMEOUT_MS, TIMEOUT_MS)] == ["g"]
+    assert task.has_work

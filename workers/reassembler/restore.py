@@ -1,0 +1,51 @@
+"""Rebuilding a receipts partition's prompt-group bookkeeping from its state-topic changelog.
+
+Pure: the caller reads the state partition (after any predecessor's transaction settled) and passes
+its entries in log order; the latest entry per prompt group wins, as compaction would keep it.
+Open groups are not rebuilt here: their receipts lie at or after the committed offset and are read
+again, and only their first-seen time comes from the changelog.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from schemas.state import DEAD_LETTERED, OPEN, GroupState, PartitionProgress, StateEntry
+from workers.reassembler.groups import PartitionGroups
+
+# Before `PartitionProgress` existed, progress was a GroupState under this id; a changelog written
+# by that version keeps it until compaction, and ignoring it would re-emit already-emitted outputs.
+LEGACY_PROGRESS_ID = "__progress__"
+
+
+@dataclass(frozen=True)
+class Restored:
+    """A partition's restored prompt groups, and the closed entries whose staging was never cleared."""
+
+    groups: PartitionGroups
+    # Closed by a predecessor that died between its commit and its staging clear; in log order.
+    pending_clears: tuple[GroupState, ...]
+
+
+def restore_partition(partition: int, entries: Iterable[StateEntry], *, closed_capacity: int = 200_000) -> Restored:
+    """Apply a state partition's entries in log order."""
+    groups = PartitionGroups(partition, closed_capacity=closed_capacity)
+    pending: dict[str, GroupState] = {}
+    for entry in entries:
+        if isinstance(entry, PartitionProgress):
+            # The highest rather than the last: the same while writers keep it monotonic, and a
+            # step back would re-emit outputs that are already committed.
+            groups.emitted_through = max(groups.emitted_through, entry.emitted_through)
+        elif entry.group_id == LEGACY_PROGRESS_ID:
+            groups.emitted_through = max(groups.emitted_through, entry.last_offset)
+        elif entry.status == OPEN:
+            groups.restore_open(entry.group_id, entry.first_seen_ms)
+            # A reopened (redriven) group re-staged its tensors: they are not the closed group's leftovers.
+            pending.pop(entry.group_id, None)
+        else:
+            groups.restore_closed(entry.group_id, entry.last_offset, dead_lettered=entry.outcome == DEAD_LETTERED)
+            pending.pop(entry.group_id, None)
+            if entry.staging_to_clear:
+                pending[entry.group_id] = entry
+    return Restored(groups, tuple(pending.values()))

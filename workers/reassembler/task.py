@@ -1,0 +1,240 @@
+"""One assigned receipts partition of a reassembler worker, in the manner of a Kafka Streams task.
+
+A task owns everything the worker knows about its partition: the prompt groups, the read position,
+the event-time clock, redrive counts, and what its next commit owes. A step feeds it records
+(`intake`), asks for its `ready` groups, hands back their finalization outcomes to `prepare` (which
+closes them and returns an immutable `PartitionCommit`), and after the transaction commits calls
+`post_commit`. Revoking the partition drops the task; a failed transaction rebuilds every task from
+the committed state, so nothing here needs undoing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import msgspec
+
+from schemas import deadletter as dl
+from schemas.deadletter import DeadLetter
+from schemas.receipt import Receipt
+from schemas.state import CLOSED, DEAD_LETTERED, FINALIZED, OPEN, GroupState, PartitionProgress
+from streams.consumer import Record
+from streams.tq import KVStore
+from workers.reassembler.commit import PartitionCommit
+from workers.reassembler.config import ReassemblerConfig
+from workers.reassembler.decode import Refused, decode_receipt, redrive_count
+from workers.reassembler.finalize import GroupOutcome
+from workers.reassembler.groups import Added, OpenGroup, PartitionGroups
+from workers.reassembler.restore import Restored
+
+_REFUSED = {
+    Added.DUPLICATE: dl.DUPLICATE_RECEIPT,
+    Added.INCONSISTENT: dl.INCONSISTENT_GROUP,
+    Added.LATE: dl.LATE_RECEIPT,
+}
+
+
+class PartitionTask:
+    """The prompt groups and commit bookkeeping of one receipts partition."""
+
+    def __init__(self, restored: Restored, store: KVStore, config: ReassemblerConfig):
+        self.groups: PartitionGroups = restored.groups
+        self.partition = restored.groups.partition
+        self.store = store
+        self.config = config
+        # Next offset to read; None until a record was read since the task was (re)built.
+        self.position: int | None = None
+        # Newest receipt timestamp read: the deadline clock while the partition is behind.
+        self.max_ts = 0
+        # offset -> redrive count of buffered receipts that arrived redriven, for their dead letters.
+        self._redriven: dict[int, int] = {}
+        # Records were read or groups fell due since the last commit: progress and offset must move.
+        self._dirty = False
+        self._leftovers = restored.pending_clears
+        # Closed entries again with staging_cleared, owed to the next commit once their keys are gone.
+        self._owed: list[GroupState] = []
+        # This step's intake, until `prepare` hands it over.
+        self._dead: list[DeadLetter] = []
+        self._opened: list[GroupState] = []
+        self._completed: dict[str, OpenGroup] = {}
+
+    @classmethod
+    def resume(cls, restored: Restored, store: KVStore, config: ReassemblerConfig) -> PartitionTask:
+        """A task for a restored partition, having cleared the staging its predecessor closed but left behind."""
+        task = cls(restored, store, config)
+        for entry in task._leftovers:
+            if config.clear_staging:
+                store.clear(config.actor.staging_partition, list(entry.staging_keys))
+            task._owed.append(msgspec.structs.replace(entry, staging_cleared=True))
+        task._leftovers = ()
+        return task
+
+    @property
+    def has_work(self) -> bool:
+        """Whether the next step must commit for this partition even when no group is ready."""
+        return bool(self._dirty or self._owed or self._dead or self._opened)
+
+    # ----- intake ----------------------------------------------------------------------------
+
+    def intake(self, rec: Record, now_ms: int) -> None:
+        """Take one receipts record of this partition, in offset order."""
+        self.position = rec.offset + 1
+        self.max_ts = max(self.max_ts, rec.timestamp_ms)
+        self._dirty = True
+        # A record at or below the recorded progress is read again after a restart: its dead
+        # letters and OPEN entry are already committed and must not appear twice.
+        replay = self.groups.replaying(rec.offset)
+        decoded = decode_receipt(rec.value)
+        if isinstance(decoded, Refused):
+            if not replay:
+                self._dead.append(self._refused(rec, decoded.kind, decoded.message, now_ms))
+            return
+        redriven = redrive_count(rec.headers)
+        if redriven and not replay:
+            # The operator fixed the cause of a dead-lettered group and redrove its receipts:
+            # nothing of it reached the trainer, so it may open afresh.
+            self.groups.reopen_dead_lettered(decoded.group_id)
+        outcome, group = self.groups.add(decoded, rec.offset, rec.timestamp_ms, (rec.key, rec.value or b""))
+        if outcome in (Added.ADDED, Added.COMPLETED):
+            if redriven:
+                self._redriven[rec.offset] = redriven
+            if group.first_offset == rec.offset and not replay:
+                self._opened.append(_open_entry(group))
+            if outcome is Added.COMPLETED:
+                self._completed[group.group_id] = group
+        elif outcome is not Added.REPLAYED_CLOSED and not replay:
+            self._dead.append(self._refused(rec, _REFUSED[outcome], _refusal(decoded, outcome), now_ms))
+
+    def _refused(self, rec: Record, kind: str, message: str, now_ms: int) -> DeadLetter:
+        return DeadLetter(
+            source_topic=rec.topic,
+            source_partition=rec.partition,
+            source_offset=rec.offset,
+            source_key=rec.key,
+            original=rec.value or b"",
+            error_kind=kind,
+            message=message,
+            worker_id=self.config.worker_id,
+            time_ms=now_ms,
+            redrive_count=redrive_count(rec.headers),
+        )
+
+    # ----- deadlines -------------------------------------------------------------------------
+
+    def clock(self, now_ms: int, *, end_offset: int | None, paused: bool) -> int:
+        """Deadline clock: wall time once caught up with `end_offset`, else the newest receipt's timestamp.
+
+        A worker that restarts behind a backlog would otherwise find every group past its deadline
+        although the missing receipts are already in Kafka, just not read yet. While paused for
+        backpressure nothing new is read, so wall time runs: deadlines are what frees memory then.
+        """
+        if paused:
+            return now_ms
+        if self.position is None:
+            return self.max_ts
+        if end_offset is None or self.position >= end_offset:
+            return now_ms
+        return self.max_ts
+
+    def ready(self, clock_ms: int, timeout_ms: int) -> list[OpenGroup]:
+        """Groups to finalize this step: those completed by this step's intake and those past their deadline."""
+        ready = dict(self._completed)
+        due = self.groups.due(clock_ms, timeout_ms)
+        for g in due:
+            ready.setdefault(g.group_id, g)
+        if due:
+            self._dirty = True
+        return list(ready.values())
+
+    # ----- commit cycle ----------------------------------------------------------------------
+
+    def prepare(self, outcomes: Sequence[GroupOutcome], now_ms: int) -> PartitionCommit:
+        """Close the finalized groups and hand over everything this partition owes the step's transaction."""
+        finalized, dead, closed = [], list(self._dead), []
+        for o in outcomes:
+            entry, letters = self._close(o, now_ms)
+            closed.append(entry)
+            dead.extend(letters)
+            if o.finalized is not None:
+                finalized.append(o.finalized)
+        progress, offset = None, None
+        if self._dirty and self.position is not None:
+            # Never below what was already recorded: compaction keeps only the latest entry.
+            through = max(self.position - 1, self.groups.emitted_through, 0)
+            progress = PartitionProgress(partition=self.partition, emitted_through=through, time_ms=now_ms)
+            offset = self.groups.safe_offset(self.position)
+        # Cleared-closed entries first: a redriven receipt may reopen the same group in this step,
+        # and its OPEN entry must be the one compaction keeps.
+        state = (*self._owed, *self._opened, *closed)
+        self._dead, self._opened, self._completed = [], [], {}
+        return PartitionCommit(
+            partition=self.partition,
+            finalized=tuple(finalized),
+            dead_letters=tuple(dead),
+            state=state,
+            progress=progress,
+            commit_offset=offset,
+            closed=tuple(e for e in closed if e.staging_keys),
+        )
+
+    def _close(self, o: GroupOutcome, now_ms: int) -> tuple[GroupState, list[DeadLetter]]:
+        failed = o.finalized is None
+        g = self.groups.close(o.group.group_id, dead_lettered=failed)
+        letters = []
+        if o.dead_letter_kind is not None:
+            # The group's receipts go to the dead-letter topic intact, so a redrive can replay them.
+            letters = [
+                DeadLetter(
+                    source_topic=self.config.receipts_topic,
+                    source_partition=g.partition,
+                    source_offset=g.offsets[idx],
+                    source_key=key,
+                    original=value,
+                    error_kind=o.dead_letter_kind,
+                    message=o.dead_letter_message or "",
+                    worker_id=self.config.worker_id,
+                    time_ms=now_ms,
+                    redrive_count=self._redriven.get(g.offsets[idx], 0),
+                )
+                for idx, (key, value) in sorted(g.raw.items())
+            ]
+        for offset in g.offsets.values():
+            self._redriven.pop(offset, None)
+        entry = GroupState(
+            group_id=g.group_id,
+            status=CLOSED,
+            partition=g.partition,
+            first_offset=g.first_offset,
+            last_offset=g.last_offset,
+            first_seen_ms=g.first_seen_ms,
+            outcome=DEAD_LETTERED if failed else FINALIZED,
+            finalized_at_ms=now_ms,
+            staging_keys=o.staging_keys if self.config.clear_staging else (),
+        )
+        return entry, letters
+
+    def post_commit(self, commit: PartitionCommit) -> None:
+        """After the transaction committed: clear the closed groups' staging, owe their cleared entries."""
+        # Only now: a crash before the commit re-finalizes these groups from the same staged tensors.
+        keys = [k for entry in commit.closed for k in entry.staging_keys]
+        if keys:
+            self.store.clear(self.config.actor.staging_partition, keys)
+        self._owed = [msgspec.structs.replace(entry, staging_cleared=True) for entry in commit.closed]
+        self._dirty = False
+        if commit.progress is not None:
+            self.groups.emitted_through = commit.progress.emitted_through
+
+
+def _open_entry(group: OpenGroup) -> GroupState:
+    return GroupState(
+        group_id=group.group_id,
+        status=OPEN,
+        partition=group.partition,
+        first_offset=group.first_offset,
+        last_offset=group.first_offset,
+        first_seen_ms=group.first_seen_ms,
+    )
+
+
+def _refusal(receipt: Receipt, outcome: Added) -> str:
+    return f"receipt {receipt.rollout_id} of group {receipt.group_id}: {outcome.value}"
