@@ -62,6 +62,20 @@ class _Arrivals(threading.Thread):
         self._consumer.close()
 
 
+def _paced(pub: RolloutPublisher, arrivals: _Arrivals, n: int, rate: float) -> dict[str, float]:
+    """Publish n groups at `rate` groups/s and wait for all; returns group id -> time its receipts were acked."""
+    acked: dict[str, float] = {}
+    for i in range(n):
+        rollouts = make_group(f"l{i:04d}", i, 1, shape=SHAPE)
+        t_next = time.time() + 1.0 / rate
+        pub.publish(rollouts)
+        acked[f"l{i:04d}"] = time.time()
+        time.sleep(max(0.0, t_next - time.time()))
+    while any(g not in arrivals.seen for g in acked):
+        time.sleep(0.05)
+    return acked
+
+
 def run_case(kafka: KafkaConfig, store: TQStore, workers: int, groups: int, rate: float) -> dict:
     names = TopicNames(f"bench-{workers}w-{uuid.uuid4().hex[:6]}")
     create_topics(kafka, pipeline_topics(names, 4))
@@ -95,15 +109,7 @@ def run_case(kafka: KafkaConfig, store: TQStore, workers: int, groups: int, rate
             time.sleep(0.05)
         drain_s = max(arrivals.seen[g] for g in drained) - t0
 
-        paced = [make_group(f"l{i:04d}", i, 1, shape=SHAPE) for i in range(max(10, groups // 2))]
-        acked: dict[str, float] = {}
-        for i, rollouts in enumerate(paced):
-            t_next = time.time() + 1.0 / rate
-            pub.publish(rollouts)
-            acked[f"l{i:04d}"] = time.time()
-            time.sleep(max(0.0, t_next - time.time()))
-        while any(g not in arrivals.seen for g in acked):
-            time.sleep(0.05)
+        acked = _paced(pub, arrivals, max(10, groups // 2), rate)
     finally:
         for p in procs:
             p.terminate()

@@ -150,6 +150,13 @@ def _diff_group(
                 detail="recorded as finalized, but the rebuild has no valid row (would be dead-lettered)",
             )
         ]
+    diffs = _diff_fields(gid, group, build, record)
+    if tuple(build.sample_ids) == tuple(record.sample_ids):
+        diffs.extend(_diff_rows(gid, record, build.fields, recorded_store))
+    return diffs
+
+
+def _diff_fields(gid: str, group: OpenGroup, build, record: FinalizedGroup) -> list[Diff]:
     rebuilt = {
         "prompt_idx": group.prompt_idx,
         "sample_ids": tuple(build.sample_ids),
@@ -170,8 +177,6 @@ def _diff_group(
             diffs.extend(Diff(gid, name, b, a, row=i) for i, (a, b) in enumerate(zip(mine, theirs)) if a != b)
         else:
             diffs.append(Diff(gid, name, theirs, mine))
-    if tuple(build.sample_ids) == tuple(record.sample_ids):
-        diffs.extend(_diff_rows(gid, record, build.fields, recorded_store))
     return diffs
 
 
