@@ -64,9 +64,9 @@ class _Arrivals(threading.Thread):
 
 def _paced(pub: RolloutPublisher, arrivals: _Arrivals, n: int, rate: float) -> dict[str, float]:
     """Publish n groups at `rate` groups/s and wait for all; returns group id -> time its receipts were acked."""
+    paced = [make_group(f"l{i:04d}", i, 1, shape=SHAPE) for i in range(n)]
     acked: dict[str, float] = {}
-    for i in range(n):
-        rollouts = make_group(f"l{i:04d}", i, 1, shape=SHAPE)
+    for i, rollouts in enumerate(paced):
         t_next = time.time() + 1.0 / rate
         pub.publish(rollouts)
         acked[f"l{i:04d}"] = time.time()
