@@ -107,10 +107,14 @@ class RolloutReassemblerActor:
         from workers.reassembler.worker import ReassemblerWorker
         from workers.telemetry.sensors import ReassemblerStats
 
-        self._stop.clear()
         stats = ReassemblerStats()
         worker = ReassemblerWorker(kafka, self._tq(), worker_config, sensor=stats)
-        worker.run(self._stop)
+        try:
+            worker.run(self._stop)
+        finally:
+            # Cleared after the run, not before: a stop_worker that arrives before run_worker starts
+            # (calls run concurrently, max_concurrency > 1) must still stop it.
+            self._stop.clear()
         return stats.snapshot()
 
     def stop_worker(self) -> None:

@@ -37,13 +37,18 @@ _REFUSED = {
 class PartitionTask:
     """The prompt groups and commit bookkeeping of one receipts partition."""
 
-    def __init__(self, restored: Restored, store: KVStore, config: ReassemblerConfig):
+    def __init__(
+        self, restored: Restored, store: KVStore, config: ReassemblerConfig, *, committed_offset: int | None = None
+    ):
         self.groups: PartitionGroups = restored.groups
         self.partition = restored.groups.partition
         self.store = store
         self.config = config
         # Next offset to read; None until a record was read since the task was (re)built.
         self.position: int | None = None
+        # The input offset last committed for this partition (None: never). Sent again with a step that
+        # writes state but moves no offset, so that a worker no longer in the group is fenced.
+        self.committed_offset = committed_offset
         # Newest receipt timestamp read: the deadline clock while the partition is behind.
         self.max_ts = 0
         # offset -> redrive count of buffered receipts that arrived redriven, for their dead letters.
@@ -59,13 +64,15 @@ class PartitionTask:
         self._completed: dict[str, OpenGroup] = {}
 
     @classmethod
-    def resume(cls, restored: Restored, store: KVStore, config: ReassemblerConfig) -> PartitionTask:
+    def resume(
+        cls, restored: Restored, store: KVStore, config: ReassemblerConfig, *, committed_offset: int | None = None
+    ) -> PartitionTask:
         """A task for a restored partition, having cleared the staging its predecessor closed but left behind."""
-        task = cls(restored, store, config)
+        task = cls(restored, store, config, committed_offset=committed_offset)
         for entry in task._leftovers:
             if config.clear_staging:
                 store.clear(config.actor.staging_partition, list(entry.staging_keys))
-            task._owed.append(msgspec.structs.replace(entry, staging_cleared=True))
+            task._owed.append(_cleared(entry))
         task._leftovers = ()
         return task
 
@@ -121,8 +128,8 @@ class PartitionTask:
 
     # ----- deadlines -------------------------------------------------------------------------
 
-    def clock(self, now_ms: int, *, end_offset: int | None, paused: bool) -> int:
-        """Deadline clock: wall time once caught up with `end_offset`, else the newest receipt's timestamp.
+    def clock(self, now_ms: int, *, caught_up: bool, paused: bool) -> int:
+        """Deadline clock: wall time once the partition is read to its end, else the newest receipt's timestamp.
 
         A worker that restarts behind a backlog would otherwise find every group past its deadline
         although the missing receipts are already in Kafka, just not read yet. While paused for
@@ -132,9 +139,7 @@ class PartitionTask:
             return now_ms
         if self.position is None:
             return self.max_ts
-        if end_offset is None or self.position >= end_offset:
-            return now_ms
-        return self.max_ts
+        return now_ms if caught_up else self.max_ts
 
     def ready(self, clock_ms: int, timeout_ms: int) -> list[OpenGroup]:
         """Groups to finalize this step: those completed by this step's intake and those past their deadline."""
@@ -166,6 +171,8 @@ class PartitionTask:
         # Cleared-closed entries first: a redriven receipt may reopen the same group in this step,
         # and its OPEN entry must be the one compaction keeps.
         state = (*self._owed, *self._opened, *closed)
+        if offset is None and (state or dead or finalized):
+            offset = self.committed_offset
         self._dead, self._opened, self._completed = [], [], {}
         return PartitionCommit(
             partition=self.partition,
@@ -219,10 +226,17 @@ class PartitionTask:
         keys = [k for entry in commit.closed for k in entry.staging_keys]
         if keys:
             self.store.clear(self.config.actor.staging_partition, keys)
-        self._owed = [msgspec.structs.replace(entry, staging_cleared=True) for entry in commit.closed]
+        self._owed = [_cleared(entry) for entry in commit.closed]
+        if commit.commit_offset is not None:
+            self.committed_offset = commit.commit_offset
         self._dirty = False
         if commit.progress is not None:
             self.groups.emitted_through = commit.progress.emitted_through
+
+
+def _cleared(entry: GroupState) -> GroupState:
+    """The closed entry once its staging is gone; without keys, so the compacted log stays small."""
+    return msgspec.structs.replace(entry, staging_cleared=True, staging_keys=())
 
 
 def _open_entry(group: OpenGroup) -> GroupState:

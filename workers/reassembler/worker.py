@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
+from schemas.errors import InvalidArgument, RlstreamError
 from schemas.state import StateEntry
 from streams.config import KafkaConfig
 from streams.consumer import Record, read_topic
@@ -35,7 +36,7 @@ from workers.topics import STATE_ROLE, decode_value
 log = logging.getLogger("rlstream.reassembler")
 
 
-class WorkerFenced(RuntimeError):
+class WorkerFenced(RlstreamError, RuntimeError):
     """A newer worker with the same transactional id exists; this one must stop, not fence it back."""
 
 
@@ -45,6 +46,9 @@ class ReassemblerWorker:
     def __init__(
         self, kafka: KafkaConfig, store: KVStore, config: ReassemblerConfig, *, sensor: ReassemblerSensor | None = None
     ):
+        if not config.worker_id:
+            # It names the transactional id: two workers sharing one would fence each other.
+            raise InvalidArgument("ReassemblerConfig.worker_id is empty: every worker needs a stable id of its own")
         self.kafka = kafka
         self.store = store
         self.config = config
@@ -86,6 +90,10 @@ class ReassemblerWorker:
     def _on_assign(self, consumer, partitions) -> None:
         for tp in partitions:
             self._tasks[tp.partition] = self._restore_task(tp.partition)
+        # librdkafka keeps a partition's paused state across revoke and re-assign: resume everything
+        # and let the next step pause again if the open-group cap still holds.
+        consumer.resume(list(partitions) + list(consumer.assignment()))
+        self._paused = False
         log.info("%s assigned %s", self.config.worker_id, sorted(tp.partition for tp in partitions))
 
     def _on_revoke(self, consumer, partitions) -> None:
@@ -97,12 +105,13 @@ class ReassemblerWorker:
         """A task rebuilt from the partition's state changelog, its predecessor's leftovers cleared."""
         # A fetch of committed offsets waits until a predecessor's open transaction (holding offsets
         # for this partition) commits or aborts, so the state read below includes its outcome.
-        self._consumer.committed(
+        (tp,) = self._consumer.committed(
             [TopicPartition(self.config.receipts_topic, partition)],
             timeout=self.config.transaction_timeout_ms / 1000 + 30,
         )
         restored = restore_partition(partition, self._state_entries(partition))
-        return PartitionTask.resume(restored, self.store, self.config)
+        committed = tp.offset if tp.offset >= 0 else None
+        return PartitionTask.resume(restored, self.store, self.config, committed_offset=committed)
 
     def _state_entries(self, partition: int) -> Iterator[StateEntry]:
         for rec in read_topic(self.kafka, self.config.topics.state, partitions=[partition]):
@@ -118,9 +127,13 @@ class ReassemblerWorker:
         consumed = 0
         for m in msgs:
             if m.error() is not None:
-                if m.error().code() == KafkaError._PARTITION_EOF:
-                    continue
-                raise KafkaException(m.error())
+                # Transient client errors (a broker restarting, all brokers down for a moment) arrive
+                # as messages; librdkafka retries them itself. Only a fatal one ends the worker.
+                if m.error().fatal():
+                    raise KafkaException(m.error())
+                if m.error().code() != KafkaError._PARTITION_EOF:
+                    log.warning("%s: consumer error (retried by the client): %s", self.config.worker_id, m.error())
+                continue
             task = self._tasks.get(m.partition())
             if task is None:  # revoked during this poll
                 continue
@@ -131,7 +144,7 @@ class ReassemblerWorker:
         ready = [
             g
             for part, task in self._tasks.items()
-            for g in task.ready(task.clock(now_ms, end_offset=self._end_offset(part), paused=self._paused), timeout_ms)
+            for g in task.ready(task.clock(now_ms, caught_up=self._caught_up(part), paused=self._paused), timeout_ms)
         ]
         if ready or any(task.has_work for task in self._tasks.values()):
             self._commit_step(ready, now_ms)
@@ -206,6 +219,18 @@ class ReassemblerWorker:
         for tp in committed:
             tp.offset = tp.offset if tp.offset >= 0 else 0
             self._consumer.seek(tp)
+
+    def _caught_up(self, partition: int) -> bool:
+        """Whether this partition was read to its end (wall-time deadlines) or is behind (event time)."""
+        end = self._end_offset(partition)
+        if end is None:
+            return True
+        # The consumer's position moves past transaction markers, which a record's offset never does:
+        # a partition ending in a commit marker still counts as read to its end.
+        (tp,) = self._consumer.position([TopicPartition(self.config.receipts_topic, partition)])
+        task = self._tasks.get(partition)
+        position = tp.offset if tp.offset >= 0 else (task.position if task is not None else None)
+        return position is not None and position >= end
 
     def _end_offset(self, partition: int) -> int | None:
         _, high = self._consumer.get_watermark_offsets(

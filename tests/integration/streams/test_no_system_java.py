@@ -9,7 +9,7 @@ import textwrap
 # and whose cache is empty, so the jars must come from the lock over HTTPS.
 CHILD = textwrap.dedent(
     """
-    import shutil, sys, tempfile, uuid
+    import shutil, sys, tempfile, time, uuid
     from pathlib import Path
     assert shutil.which("java") is None and shutil.which("mvn") is None, "PATH still has java or mvn"
     from streams.admin import TopicSpec, create_topics
@@ -29,8 +29,11 @@ CHILD = textwrap.dedent(
         producer.begin()
         producer.produce(Outgoing(topic, b"k", b"aborted"))
         producer.abort()
-        values = [r.value for r in read_topic(kafka, topic)]
-        assert values == [b"committed"], values
+        # Commit and abort markers reach the partition a moment after the calls return: wait for them.
+        deadline = time.monotonic() + 60
+        while (values := [r.value for r in read_topic(kafka, topic)]) != [b"committed"]:
+            assert time.monotonic() < deadline, values
+            time.sleep(0.2)
         print("round trip ok", flush=True)
     """
 )

@@ -4,7 +4,7 @@ import msgspec
 import pytest
 
 from schemas import deadletter as dl
-from schemas.state import CLOSED, DEAD_LETTERED, FINALIZED, OPEN, PartitionProgress
+from schemas.state import CLOSED, DEAD_LETTERED, FINALIZED, OPEN, GroupState, PartitionProgress
 from streams.tq import STAGING, TRAIN
 from tests.unit.memory_store import InMemoryStore
 from workers.reassembler.config import ReassemblerConfig
@@ -61,8 +61,10 @@ def test_a_complete_group_commits_its_record_state_progress_and_offset_then_clea
     assert task.has_work
     follow_up = task.prepare([], 6_000)
     assert [(s.group_id, s.status, s.staging_cleared) for s in follow_up.state] == [("g", CLOSED, True)]
-    assert follow_up.state[0].staging_keys == commit.state[1].staging_keys
-    assert follow_up.progress is None and follow_up.commit_offset is None
+    # Cleared: the entry no longer lists the keys, so compaction keeps a small record per group.
+    assert follow_up.state[0].staging_keys == ()
+    # No new receipt: progress stays; the offset is sent again unchanged, to fence a zombie.
+    assert follow_up.progress is None and follow_up.commit_offset == commit.commit_offset
     task.post_commit(follow_up)
     assert not task.has_work and task.prepare([], 7_000).empty
 
@@ -181,26 +183,25 @@ def test_a_predecessors_uncleared_staging_is_cleared_on_resume_and_recorded_at_t
     assert store.present(STAGING, list(keys)) == set()
     assert task.has_work
     commit = task.prepare([], 0)
-    assert [(s.group_id, s.staging_cleared, s.staging_keys) for s in commit.state] == [("g", True, keys)]
+    assert [(s.group_id, s.staging_cleared, s.staging_keys) for s in commit.state] == [("g", True, ())]
     # Nothing was read yet: the committed offset and progress stay where they are.
     assert commit.progress is None and commit.commit_offset is None
 
 
 @pytest.mark.parametrize(
-    "position,end,paused,expected",
+    "position,caught_up,paused,expected",
     [
-        (None, 100, False, 2_000),  # nothing read yet: the newest receipt seen (none -> its default)
-        (50, 100, False, 2_000),  # behind a backlog: event time
-        (100, 100, False, 9_000),  # caught up: wall time
-        (50, None, False, 9_000),  # end unknown: wall time
-        (50, 100, True, 9_000),  # paused: nothing new is read, wall time frees memory
+        (None, True, False, 2_000),  # nothing read yet: the newest receipt seen (none -> its default)
+        (50, False, False, 2_000),  # behind a backlog: event time
+        (100, True, False, 9_000),  # read to the end: wall time
+        (50, False, True, 9_000),  # paused: nothing new is read, wall time frees memory
     ],
 )
-def test_the_deadline_clock(position, end, paused, expected):
+def test_the_deadline_clock(position, caught_up, paused, expected):
     task = make_task(InMemoryStore())
     task.max_ts = 2_000
     task.position = position
-    assert task.clock(9_000, end_offset=end, paused=paused) == expected
+    assert task.clock(9_000, caught_up=caught_up, paused=paused) == expected
 
 
 def test_a_group_falls_due_by_the_clock_and_that_makes_the_partition_commit():
@@ -213,3 +214,20 @@ def test_a_group_falls_due_by_the_clock_and_that_makes_the_partition_commit():
     assert not task.has_work
     assert [g.group_id for g in task.ready(1_000 + TIMEOUT_MS, TIMEOUT_MS)] == ["g"]
     assert task.has_work
+
+
+def test_a_step_that_only_writes_state_resends_the_committed_offset_so_a_zombie_is_fenced():
+    # A predecessor's uncleared staging is recorded as cleared by the successor's first commit; that
+    # transaction must carry an offset, or a worker already out of the group could still commit it.
+    store = InMemoryStore()
+    keys = ("g-r0/c0",)
+    closed = GroupState(
+        group_id="g", status=CLOSED, partition=0, first_offset=3, last_offset=4, first_seen_ms=1,
+        outcome=FINALIZED, finalized_at_ms=2, staging_keys=keys,
+    )  # fmt: skip
+    task = PartitionTask.resume(restore_partition(0, [closed]), store, CONFIG, committed_offset=5)
+    commit = task.prepare((), now_ms=10)
+    assert commit.state and commit.progress is None
+    assert commit.commit_offset == 5
+    untracked = PartitionTask.resume(restore_partition(0, [closed]), store, CONFIG)
+    assert untracked.prepare((), now_ms=10).commit_offset is None
