@@ -8,13 +8,14 @@ a slice of any of them, so its values are recognised by the `"kind"` every messa
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import msgspec
 
 from schemas.codec import Message
 from schemas.deadletter import DeadLetter
-from schemas.errors import SchemaError
+from schemas.errors import InvalidArgument, SchemaError
 from schemas.finalized import FinalizedGroup
 from schemas.receipt import Receipt
 from schemas.state import GroupState, PartitionProgress
@@ -56,20 +57,34 @@ class TopicNames:
         return self._p(REPLAY_PREFIX + name)
 
 
-def pipeline_topics(names: TopicNames, partitions: int = 4, replication_factor: int = 1) -> list[TopicSpec]:
-    """Receipts, finalized, dead-letter and the state changelog (compacted, co-partitioned with receipts)."""
+def default_replication(brokers: int) -> int:
+    """Replication factor of the pipeline's topics on a cluster of `brokers`: 3 where it can be."""
+    return max(1, min(3, brokers))
+
+
+def pipeline_topics(
+    names: TopicNames,
+    partitions: int = 4,
+    replication_factor: int = 1,
+    config: Mapping[str, str] | None = None,
+) -> list[TopicSpec]:
+    """Receipts, finalized, dead-letter and the state changelog (compacted, co-partitioned with receipts).
+
+    `config` applies to every topic. With 3 or more replicas, `min.insync.replicas` defaults to 2, so
+    an acknowledged write (acks=all) survives the loss of any one broker.
+    """
     if partitions < 1:
-        raise ValueError(f"partitions must be >= 1, got {partitions}")
+        raise InvalidArgument(f"partitions must be >= 1, got {partitions}")
+    if replication_factor < 1:
+        raise InvalidArgument(f"replication factor must be >= 1, got {replication_factor}")
+    common = {"min.insync.replicas": "2"} if replication_factor >= 3 else {}
+    common.update(config or {})
+    compacted = {**common, "cleanup.policy": "compact", "min.cleanable.dirty.ratio": "0.1", "segment.ms": "60000"}
     return [
-        TopicSpec(names.receipts, partitions, replication_factor=replication_factor),
-        TopicSpec(names.finalized, partitions, replication_factor=replication_factor),
-        TopicSpec(names.deadletter, 1, replication_factor=replication_factor),
-        TopicSpec(
-            names.state,
-            partitions,
-            {"cleanup.policy": "compact", "min.cleanable.dirty.ratio": "0.1", "segment.ms": "60000"},
-            replication_factor=replication_factor,
-        ),
+        TopicSpec(names.receipts, partitions, dict(common), replication_factor=replication_factor),
+        TopicSpec(names.finalized, partitions, dict(common), replication_factor=replication_factor),
+        TopicSpec(names.deadletter, 1, dict(common), replication_factor=replication_factor),
+        TopicSpec(names.state, partitions, compacted, replication_factor=replication_factor),
     ]
 
 
