@@ -1,11 +1,14 @@
 """Topic administration over the admin API: idempotent creation, listing and partition counts.
 
-Generic: it knows nothing of the pipeline's own topics (see `workers.topics`)."""
+Generic: it knows nothing of the pipeline's own topics (see `workers.topics`). Every admin call is
+followed by `poll(0)`: librdkafka queues its log lines until the client is polled, and an admin
+client nobody polls would never hand them to the `rlstream.kafka` logger."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from confluent_kafka import KafkaException
@@ -17,6 +20,15 @@ from streams.config import KafkaConfig
 
 class TopicError(RlstreamError, RuntimeError):
     """A topic could not be created or described; the message names the topic."""
+
+
+@contextmanager
+def _polled(admin: AdminClient) -> Iterator[AdminClient]:
+    """Use `admin` for one call, then deliver the log lines it queued (also when the call failed)."""
+    try:
+        yield admin
+    finally:
+        admin.poll(0)
 
 
 @dataclass(frozen=True)
@@ -34,7 +46,8 @@ def create_topics(kafka: KafkaConfig, specs: list[TopicSpec], *, timeout_s: floa
     of receipts and state depends on it.
     """
     admin = AdminClient(kafka.admin())
-    existing = admin.list_topics(timeout=timeout_s).topics
+    with _polled(admin):
+        existing = admin.list_topics(timeout=timeout_s).topics
     result: dict[str, str] = {}
     to_create = []
     for spec in specs:
@@ -53,17 +66,24 @@ def create_topics(kafka: KafkaConfig, specs: list[TopicSpec], *, timeout_s: floa
                 )
             )
     if to_create:
-        futures = admin.create_topics(to_create, operation_timeout=timeout_s, request_timeout=timeout_s)
-        for name, fut in futures.items():
-            try:
-                fut.result()
-                result[name] = "created"
-            except KafkaException as exc:
-                if exc.args[0].name() == "TOPIC_ALREADY_EXISTS":
-                    result[name] = "exists"
-                else:
-                    raise TopicError(f"creating topic {name} failed: {exc.args[0].str()}") from None
+        with _polled(admin):
+            result.update(_create(admin, to_create, timeout_s))
     _wait_for_leaders(admin, [s.name for s in specs], timeout_s)
+    return result
+
+
+def _create(admin: AdminClient, topics: list[NewTopic], timeout_s: float) -> dict[str, str]:
+    result = {}
+    futures = admin.create_topics(topics, operation_timeout=timeout_s, request_timeout=timeout_s)
+    for name, fut in futures.items():
+        try:
+            fut.result()
+            result[name] = "created"
+        except KafkaException as exc:
+            if exc.args[0].name() == "TOPIC_ALREADY_EXISTS":
+                result[name] = "exists"
+            else:
+                raise TopicError(f"creating topic {name} failed: {exc.args[0].str()}") from None
     return result
 
 
@@ -72,7 +92,8 @@ def _wait_for_leaders(admin: AdminClient, names: list[str], timeout_s: float) ->
     # error that tests would see as flakiness.
     deadline = time.monotonic() + timeout_s
     while True:
-        md = admin.list_topics(timeout=timeout_s).topics
+        with _polled(admin):
+            md = admin.list_topics(timeout=timeout_s).topics
         pending = [
             n
             for n in names
@@ -87,12 +108,14 @@ def _wait_for_leaders(admin: AdminClient, names: list[str], timeout_s: float) ->
 
 def list_topics(kafka: KafkaConfig, *, timeout_s: float = 10.0) -> dict[str, int]:
     """Non-internal topic names and their partition counts."""
-    md = AdminClient(kafka.admin()).list_topics(timeout=timeout_s)
+    with _polled(AdminClient(kafka.admin())) as admin:
+        md = admin.list_topics(timeout=timeout_s)
     return {name: len(t.partitions) for name, t in sorted(md.topics.items()) if not name.startswith("__")}
 
 
 def partition_count(kafka: KafkaConfig, topic: str, *, timeout_s: float = 10.0) -> int:
-    md = AdminClient(kafka.admin()).list_topics(topic=topic, timeout=timeout_s)
+    with _polled(AdminClient(kafka.admin())) as admin:
+        md = admin.list_topics(topic=topic, timeout=timeout_s)
     t = md.topics.get(topic)
     if t is None or t.error is not None:
         raise TopicError(f"topic {topic} not found on {kafka.bootstrap_servers}")

@@ -8,7 +8,7 @@ start formats fresh KRaft storage in the data directory and runs `java -cp`.
 from __future__ import annotations
 
 import atexit
-import ctypes
+import logging
 import os
 import shutil
 import signal
@@ -22,9 +22,12 @@ from importlib import resources
 from pathlib import Path
 
 from schemas.errors import RlstreamError
+from streams.config import CLIENT_LOGGER
 from streams.jars import ensure_kafka_jars
-from streams.java import find_java
-from streams.pids import record_pid
+from streams.java import JavaRuntime, find_java
+from streams.pids import die_with_parent, forget_pid, record_pid, runs_main_class
+from streams.pids import pid_alive as _pid_alive  # these two by their old names, as streams.cluster imports them
+from streams.pids import reap as _reap
 
 KAFKA_MAIN = "kafka.Kafka"
 STORAGE_TOOL = "kafka.tools.StorageTool"
@@ -32,6 +35,7 @@ PID_FILE = "broker.pid"
 ADDRESS_FILE = "bootstrap.servers"
 LOG_FILE = "broker.log"
 JAVA_FILE = "java"
+PID_NAME = "kafka-broker"  # its pid files in RLSTREAM_PID_DIR
 
 
 class BrokerError(RlstreamError, RuntimeError):
@@ -118,14 +122,6 @@ def server_properties(data_dir: Path, port: int, controller_port: int, extra: tu
     return "".join(f"{k}={v}\n" for k, v in props.items())
 
 
-def _die_with_parent() -> None:
-    # Linux only: the JVM gets SIGTERM when the process that started it dies, even by SIGKILL.
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
-
-
 def _log_tail(path: Path, lines: int = 25) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
@@ -133,18 +129,9 @@ def _log_tail(path: Path, lines: int = 25) -> str:
         return "(no broker log)"
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie child still answers kill(0); look at its state.
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except OSError:
-        return True
+def _runs_kafka(pid: int) -> bool:
+    # A pid file that outlived its broker may name a reused pid: never take that for our broker.
+    return runs_main_class(pid, KAFKA_MAIN)
 
 
 def broker_answers(bootstrap: str, timeout_s: float = 2.0) -> bool:
@@ -157,16 +144,22 @@ def broker_answers(bootstrap: str, timeout_s: float = 2.0) -> bool:
         socket.create_connection((host, int(port)), timeout=timeout_s).close()
     except OSError:
         return False
-    admin = AdminClient({"bootstrap.servers": bootstrap, "socket.connection.setup.timeout.ms": 1000})
+    conf = {"bootstrap.servers": bootstrap, "socket.connection.setup.timeout.ms": 1000}
+    admin = AdminClient({**conf, "logger": logging.getLogger(CLIENT_LOGGER)})
     try:
         md = admin.list_topics(timeout=timeout_s)
         return len(md.brokers) > 0
     except Exception:
         return False
+    finally:
+        admin.poll(0)  # delivers librdkafka's log lines to the logger
 
 
 def start_broker(config: BrokerConfig, *, log: Callable[[str], None] = print) -> BrokerHandle:
-    """Format fresh KRaft storage, start the JVM and wait until it answers metadata requests."""
+    """Format fresh KRaft storage, start the JVM and wait until it answers metadata requests.
+
+    Whatever interrupts the wait (a timeout, the JVM exiting, Ctrl-C) stops the JVM before it propagates.
+    """
     runtime = find_java(config.java)
     data_dir = Path(config.data_dir).resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -176,61 +169,103 @@ def start_broker(config: BrokerConfig, *, log: Callable[[str], None] = print) ->
             f"a broker is already running from {data_dir} (pid {running.pid}, "
             f"{running.bootstrap_servers}); stop it first"
         )
+    _forget(data_dir)  # the records of a broker that is gone, if any
     libs = ensure_kafka_jars(config.cache_dir, log=log)
     port = config.port or free_port()
     _check_port_free(port)
     controller_port = config.controller_port or free_port()
     _check_port_free(controller_port)
-    props = _write_config(data_dir, port, controller_port, config)
-    jvm = [
-        runtime.path,
-        f"-Xmx{config.heap}",
-        "-Xms128m",
-        "-XX:+UseG1GC",
-        "-Djava.awt.headless=true",
-        f"-Dlog4j2.configurationFile={data_dir / 'log4j2.yaml'}",
-        "-cp",
-        f"{libs}/*",
-    ]
-    fmt = subprocess.run(
-        jvm + [STORAGE_TOOL, "format", "-t", str(uuid.uuid4()), "-c", str(props)], capture_output=True, text=True
-    )
-    if fmt.returncode != 0:
-        raise BrokerError(f"formatting KRaft storage in {data_dir} failed:\n{(fmt.stdout + fmt.stderr)[-2000:]}")
-    log_path = data_dir / LOG_FILE
-    with open(log_path, "ab") as out:
-        proc = subprocess.Popen(
-            jvm + [KAFKA_MAIN, str(props)],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=config.detached,
-            preexec_fn=None if config.detached else _die_with_parent,
-        )
-    record_pid("kafka-broker", proc.pid)
-    handle = BrokerHandle(proc.pid, f"127.0.0.1:{port}", data_dir, log_path, runtime.describe())
-    (data_dir / PID_FILE).write_text(f"{proc.pid}\n")
-    (data_dir / JAVA_FILE).write_text(handle.java + "\n")
-    (data_dir / ADDRESS_FILE).write_text(handle.bootstrap_servers + "\n")
-    _wait_ready(proc, handle, config)
+    props = write_node_files(data_dir, server_properties(data_dir, port, controller_port, config.extra_properties))
+    jvm = jvm_command(runtime, config.heap, libs)
+    format_storage(jvm, props, data_dir, str(uuid.uuid4()))
+    proc = _launch(jvm, props, data_dir, detached=config.detached)
+    try:
+        handle = _record(proc.pid, data_dir, f"127.0.0.1:{port}", runtime.describe())
+        _wait_ready(proc, handle, config)
+    except BaseException:
+        _stop_launched(proc, data_dir, config.stop_timeout_s)
+        raise
     return handle
 
 
-def _write_config(data_dir: Path, port: int, controller_port: int, config: BrokerConfig) -> Path:
+def jvm_command(runtime: JavaRuntime, heap: str, libs: Path) -> list[str]:
+    """`java` with the broker's heap and classpath; the main class and its arguments follow."""
+    return [runtime.path, f"-Xmx{heap}", "-Xms128m", "-XX:+UseG1GC", "-Djava.awt.headless=true", "-cp", f"{libs}/*"]
+
+
+def _log4j(data_dir: Path) -> str:
+    return f"-Dlog4j2.configurationFile={data_dir / 'log4j2.yaml'}"
+
+
+def write_node_files(data_dir: Path, properties: str) -> Path:
     """Fresh storage and the broker's properties and log4j files in data_dir; returns the properties file."""
+    data_dir.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(data_dir / "kraft-logs", ignore_errors=True)
     props = data_dir / "server.properties"
-    props.write_text(server_properties(data_dir, port, controller_port, config.extra_properties))
+    props.write_text(properties)
     log4j = data_dir / "log4j2.yaml"
     log4j.write_bytes(resources.files("streams").joinpath("resources/log4j2.yaml").read_bytes())
     return props
+
+
+def format_storage(jvm: list[str], props: Path, data_dir: Path, cluster_id: str) -> None:
+    """Format the KRaft storage named in `props` for cluster `cluster_id`."""
+    cmd = [*jvm, _log4j(data_dir), STORAGE_TOOL, "format", "-t", cluster_id, "-c", str(props)]
+    fmt = subprocess.run(cmd, capture_output=True, text=True)
+    if fmt.returncode != 0:
+        raise BrokerError(f"formatting KRaft storage in {data_dir} failed:\n{(fmt.stdout + fmt.stderr)[-2000:]}")
+
+
+def _launch(jvm: list[str], props: Path, data_dir: Path, *, detached: bool) -> subprocess.Popen:
+    with open(data_dir / LOG_FILE, "ab") as out:
+        proc = subprocess.Popen(
+            [*jvm, _log4j(data_dir), KAFKA_MAIN, str(props)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=detached,
+            preexec_fn=None if detached else die_with_parent,
+        )
+    record_pid(PID_NAME, proc.pid)
+    return proc
+
+
+def _record(pid: int, data_dir: Path, address: str, java: str) -> BrokerHandle:
+    handle = BrokerHandle(pid, address, data_dir, data_dir / LOG_FILE, java)
+    (data_dir / PID_FILE).write_text(f"{pid}\n")
+    (data_dir / JAVA_FILE).write_text(java + "\n")
+    (data_dir / ADDRESS_FILE).write_text(address + "\n")
+    return handle
+
+
+def launch_node(
+    jvm: list[str], props: Path, data_dir: Path, address: str, java: str, *, detached: bool = False
+) -> BrokerHandle:
+    """Start one broker JVM on formatted storage and record it in data_dir, without waiting for it."""
+    proc = _launch(jvm, props, data_dir, detached=detached)
+    try:
+        return _record(proc.pid, data_dir, address, java)
+    except BaseException:
+        _stop_launched(proc, data_dir, 20.0)
+        raise
+
+
+def _stop_launched(proc: subprocess.Popen, data_dir: Path, timeout_s: float) -> None:
+    """Stop a JVM this process launched and forget it; a second Ctrl-C only hastens the kill."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout_s)
+        except (subprocess.TimeoutExpired, KeyboardInterrupt):
+            proc.kill()
+            proc.wait()
+    _forget(data_dir, proc.pid)
 
 
 def _wait_ready(proc: subprocess.Popen, handle: BrokerHandle, config: BrokerConfig) -> None:
     deadline = time.monotonic() + config.start_timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            _forget(handle.data_dir)
             raise BrokerError(
                 f"the broker JVM exited with code {proc.returncode} during start; "
                 f"last lines of {handle.log_path}:\n{_log_tail(handle.log_path)}"
@@ -238,7 +273,6 @@ def _wait_ready(proc: subprocess.Popen, handle: BrokerHandle, config: BrokerConf
         if broker_answers(handle.bootstrap_servers, timeout_s=1.0):
             return
         time.sleep(0.3)
-    stop_broker(handle.data_dir, timeout_s=config.stop_timeout_s)
     raise BrokerError(
         f"the broker did not answer metadata requests within {config.start_timeout_s:.0f}s; "
         f"last lines of {handle.log_path}:\n{_log_tail(handle.log_path)}"
@@ -246,14 +280,14 @@ def _wait_ready(proc: subprocess.Popen, handle: BrokerHandle, config: BrokerConf
 
 
 def read_handle(data_dir: Path) -> BrokerHandle | None:
-    """The broker recorded in data_dir if its process is still alive, else None."""
+    """The broker recorded in data_dir if its process is still alive and still a broker, else None."""
     data_dir = Path(data_dir)
     try:
         pid = int((data_dir / PID_FILE).read_text().strip())
         bootstrap = (data_dir / ADDRESS_FILE).read_text().strip()
     except (OSError, ValueError):
         return None
-    if not _pid_alive(pid):
+    if not _pid_alive(pid) or not _runs_kafka(pid):
         return None
     try:
         java = (data_dir / JAVA_FILE).read_text().strip()
@@ -262,38 +296,54 @@ def read_handle(data_dir: Path) -> BrokerHandle | None:
     return BrokerHandle(pid, bootstrap, data_dir, data_dir / LOG_FILE, java)
 
 
-def _forget(data_dir: Path) -> None:
+def _forget(data_dir: Path, pid: int | None = None) -> None:
+    """Remove the broker's records in data_dir and its pid file in RLSTREAM_PID_DIR."""
+    if pid is None:
+        try:
+            pid = int((data_dir / PID_FILE).read_text().strip())
+        except (OSError, ValueError):
+            pid = None
+    if pid is not None:
+        forget_pid(PID_NAME, pid)
     for name in (PID_FILE, ADDRESS_FILE, JAVA_FILE):
         (data_dir / name).unlink(missing_ok=True)
 
 
 def stop_broker(data_dir: Path, *, timeout_s: float = 20.0) -> bool:
-    """Shut the broker down gracefully, killing it after timeout_s; False if none was running."""
+    """Shut the broker down gracefully, killing it after timeout_s; False if none was running.
+
+    A recorded pid that is no longer a Kafka broker (the broker died, the pid was reused) is never
+    signalled: the records are forgotten and the answer is False.
+    """
     data_dir = Path(data_dir)
     handle = read_handle(data_dir)
     if handle is None:
         _forget(data_dir)
         return False
-    os.kill(handle.pid, signal.SIGTERM)
+    _signal(handle, signal.SIGTERM)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and _pid_alive(handle.pid):
         _reap(handle.pid)
         time.sleep(0.1)
     if _pid_alive(handle.pid):
-        os.kill(handle.pid, signal.SIGKILL)
+        _signal(handle, signal.SIGKILL)
         while _pid_alive(handle.pid):
             _reap(handle.pid)
             time.sleep(0.05)
     _reap(handle.pid)
-    _forget(data_dir)
+    _forget(data_dir, handle.pid)
     return True
 
 
-def _reap(pid: int) -> None:
+def _signal(handle: BrokerHandle, sig: int) -> None:
     try:
-        os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        pass
+        os.kill(handle.pid, sig)
+    except ProcessLookupError:
+        pass  # it exited meanwhile
+    except PermissionError:
+        raise BrokerError(
+            f"not allowed to stop the broker of {handle.data_dir} (pid {handle.pid}): it runs as another user"
+        ) from None
 
 
 @dataclass(frozen=True)

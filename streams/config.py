@@ -8,6 +8,7 @@ logged.
 from __future__ import annotations
 
 import logging
+import re
 from typing import Annotated
 
 from msgspec import Meta
@@ -16,13 +17,33 @@ from streams.settings import ConfigError, Settings
 
 # librdkafka's own log lines go through Python logging under this name, never straight to stderr.
 CLIENT_LOGGER = "rlstream.kafka"
-_SECRET_WORDS = ("password", "secret", "token", "key")
+# Anywhere in the name: ssl.key.pem, sasl.oauthbearer.config, ...assertion.private.key.passphrase, ...
+_SECRET_WORDS = ("password", "secret", "passphrase", "token", "pem", "oauthbearer.config", "credentials")
+# ... except a setting naming where a secret is (a file) or who someone is, not the secret itself.
+_NOT_SECRET_ENDINGS = (".location", ".id")
 
 
 def is_secret(setting: str) -> bool:
-    """Whether a client setting's value must never be printed (sasl.password, ssl.key.password, ...)."""
-    last = setting.lower().rsplit(".", 1)[-1]
-    return any(word in last for word in _SECRET_WORDS) and not last.endswith(("location", "id", "pem_file"))
+    """Whether a client setting's value must never be printed (sasl.password, ssl.key.pem, ...).
+
+    Any name containing one of the secret words counts, unless it ends in `.location` or `.id`.
+    """
+    name = setting.lower().strip()
+    return any(word in name for word in _SECRET_WORDS) and not name.endswith(_NOT_SECRET_ENDINGS)
+
+
+def shown_key(pair: str) -> str:
+    """What a message may show of a malformed `key=value` setting: the key at most, never a value."""
+    key = pair.partition("=")[0] if "=" in pair else re.split(r"[:\s]", pair.strip(), maxsplit=1)[0]
+    return key.strip()[:40]
+
+
+def malformed_setting(pair: str) -> str:
+    """Why `pair` is no `key=value` setting, naming its key only (its value may be a secret)."""
+    key = shown_key(pair)
+    if not key:
+        return "a setting with an empty key is not of the form KEY=VALUE"
+    return f"{key!r}... is not of the form KEY=VALUE"
 
 
 class KafkaConfig(Settings, frozen=True, kw_only=False):
@@ -93,6 +114,6 @@ def parse_client_settings(pairs: list[str] | tuple[str, ...] | None) -> dict[str
     for pair in pairs or []:
         key, sep, value = pair.partition("=")
         if not sep or not key.strip():
-            raise ConfigError(f"client setting {pair.split('=')[0]!r}... is not of the form key=value")
+            raise ConfigError(f"client setting: {malformed_setting(pair)}")
         out[key.strip()] = value.strip()
     return out

@@ -9,7 +9,12 @@ from dataclasses import dataclass
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
 
+from schemas.errors import RlstreamError
 from streams.config import KafkaConfig
+
+
+class ReadTimeout(RlstreamError, TimeoutError):
+    """Reading a topic stopped making progress, or a condition was not met in time; an expected failure."""
 
 
 @dataclass(frozen=True)
@@ -107,7 +112,7 @@ def read_topic(
                     if tp.offset >= stop_at[tp.partition]:
                         pending.discard(tp.partition)
                 if time.monotonic() - last_progress > idle_timeout_s:
-                    raise TimeoutError(
+                    raise ReadTimeout(
                         f"reading {topic}: no progress for {idle_timeout_s:.0f}s, "
                         f"partitions {sorted(pending)} short of their end"
                     )
@@ -135,5 +140,5 @@ def wait_until(
     deadline = time.monotonic() + timeout_s
     while not predicate():
         if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+            raise ReadTimeout(f"timed out after {timeout_s:.0f}s waiting for {what}")
         time.sleep(interval_s)

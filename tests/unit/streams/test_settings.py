@@ -8,7 +8,7 @@ from msgspec import Meta
 
 from streams import settings
 from streams.config import KafkaConfig, is_secret, parse_client_settings
-from streams.pids import PID_DIR_ENV, record_pid
+from streams.pids import PID_DIR_ENV, forget_pid, record_pid
 from streams.settings import ConfigError, Settings
 
 
@@ -95,3 +95,88 @@ def test_pid_files_only_when_a_directory_is_configured(tmp_path, monkeypatch):
     monkeypatch.setenv(PID_DIR_ENV, str(tmp_path / "pids"))
     record_pid("kafka-broker", 4242)
     assert (tmp_path / "pids" / "kafka-broker-4242.pid").read_text().strip() == "4242"
+
+
+def test_dict_settings_come_from_the_environment_as_json_merged_over_the_file(tmp_path):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(
+        "[kafka]\nbootstrap_servers = 'f:1'\n[kafka.client_settings]\n"
+        "'security.protocol' = 'SASL_SSL'\n'sasl.password' = 'from-file'\n"
+    )
+    env = {"RLSTREAM_KAFKA_CLIENT_SETTINGS": '{"sasl.password": "from-env", "client.id": "e"}'}
+    got = settings.load(KafkaConfig, file=cfg, env=env)
+    assert got.client_settings == {"security.protocol": "SASL_SSL", "sasl.password": "from-env", "client.id": "e"}
+    # Flags (-X) are merged over both by the same path, key by key.
+    got = settings.load(KafkaConfig, file=cfg, env=env, overrides={"client_settings": {"client.id": "flag"}})
+    assert got.client_settings == {"security.protocol": "SASL_SSL", "sasl.password": "from-env", "client.id": "flag"}
+
+
+@pytest.mark.parametrize("value", ['{"sasl.password": hunter2}', '["hunter2"]'])
+def test_a_bad_json_setting_in_the_environment_names_the_variable_never_the_value(value):
+    with pytest.raises(ConfigError, match="RLSTREAM_KAFKA_CLIENT_SETTINGS") as info:
+        settings.load(
+            KafkaConfig, env={"RLSTREAM_KAFKA_BOOTSTRAP_SERVERS": "b:1", "RLSTREAM_KAFKA_CLIENT_SETTINGS": value}
+        )
+    assert "hunter2" not in str(info.value)
+
+
+def test_numbers_and_booleans_in_client_settings_become_text(tmp_path):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(
+        "[kafka]\nbootstrap_servers = 'f:1'\n[kafka.client_settings]\n"
+        "'linger.ms' = 5\n'enable.ssl.certificate.verification' = false\n'retry.backoff.max.ms' = 1.5\n"
+    )
+    got = settings.load(KafkaConfig, file=cfg, env={"RLSTREAM_KAFKA_CLIENT_SETTINGS": '{"socket.nagle.disable": true}'})
+    assert got.client_settings == {
+        "linger.ms": "5",
+        "enable.ssl.certificate.verification": "false",
+        "retry.backoff.max.ms": "1.5",
+        "socket.nagle.disable": "true",
+    }
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "ssl.key.pem",
+        "ssl.key.password",
+        "sasl.oauthbearer.config",
+        "sasl.oauthbearer.client.secret",
+        "sasl.oauthbearer.assertion.private.key.pem",
+        "sasl.oauthbearer.assertion.private.key.passphrase",
+        "https.client.key.pem",
+        "ssl.keystore.password",
+        "sasl.aws.credentials",
+        "SASL.PASSWORD",
+    ],
+)
+def test_secret_anywhere_in_the_name_is_redacted(name):
+    assert is_secret(name)
+    assert "hunter2" not in repr(KafkaConfig("b:1", {name: "hunter2"}))
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["ssl.key.location", "ssl.keystore.location", "sasl.oauthbearer.client.id", "security.protocol", "client.id"],
+)
+def test_where_a_secret_is_or_who_someone_is_is_not_secret(name):
+    assert not is_secret(name)
+
+
+@pytest.mark.parametrize("pair", ["=hunter2", " =hunter2", "sasl.password:hunter2"])
+def test_a_malformed_client_setting_never_echoes_a_value(pair):
+    with pytest.raises(ConfigError) as info:
+        parse_client_settings([pair])
+    assert "hunter2" not in str(info.value)
+
+
+def test_a_pid_file_is_removed_when_its_process_is_forgotten(tmp_path, monkeypatch):
+    monkeypatch.setenv(PID_DIR_ENV, str(tmp_path / "pids"))
+    record_pid("kafka-broker", 4242)
+    record_pid("kafka-broker", 4243)
+    forget_pid("kafka-broker", 4242)
+    forget_pid("kafka-broker", 999)  # never recorded: nothing happens
+    assert [p.name for p in (tmp_path / "pids").iterdir()] == ["kafka-broker-4243.pid"]
+    monkeypatch.delenv(PID_DIR_ENV)
+    forget_pid("kafka-broker", 4243)  # no directory configured: a no-op
+    assert (tmp_path / "pids" / "kafka-broker-4243.pid").exists()

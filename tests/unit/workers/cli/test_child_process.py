@@ -91,3 +91,15 @@ def test_a_pool_hands_each_child_its_own_worker_id_and_metrics_port(monkeypatch,
     monkeypatch.setattr(workers.reassembler.run, "CHILD_ARGS", ("-c", show))
     assert run_pool(KAFKA, CONFIG, TQ, 2, log=lambda _: None, metrics_port=9100) == 0
     assert sorted(capfd.readouterr().out.splitlines()) == ["w-1-0 9100 hunter2", "w-1-1 9101 hunter2"]
+
+
+def test_a_child_logs_at_debug_level_when_its_parent_was_asked_to(monkeypatch, capsys):
+    import logging
+
+    monkeypatch.setattr(workers.reassembler.run, "run_worker", lambda *a, **kw: None)
+    for debug, level in ((True, logging.DEBUG), (False, logging.INFO)):
+        _, document = child_process(KAFKA, CONFIG, TQ, debug=debug)
+        assert read_spec(document).debug is debug
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(document)))
+        assert main(["reassemble", "--config-stdin"]) == 0, capsys.readouterr().err
+        assert logging.getLogger("rlstream").level == level

@@ -1,5 +1,8 @@
 """The error funnel: one line for an expected failure, a logged traceback for a bug (no broker needed)."""
 
+import subprocess
+import sys
+
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
@@ -83,3 +86,72 @@ def test_a_bad_config_file_is_one_line(capsys, tmp_path):
 def test_help_exits_0(capsys, argv):
     code, out, _ = _run(capsys, *argv)
     assert code == 0 and out.startswith("Usage: rlstream")
+
+
+@pytest.mark.parametrize(
+    ("exc", "reason"),
+    [
+        (PermissionError(13, "Permission denied", "/data/broker"), "[Errno 13] Permission denied: '/data/broker'"),
+        (OSError(98, "Address already in use"), "[Errno 98] Address already in use"),
+        (NotADirectoryError(20, "Not a directory", "/data/file"), "[Errno 20] Not a directory: '/data/file'"),
+    ],
+)
+def test_an_os_error_is_an_expected_failure(monkeypatch, capsys, clean_env, exc, reason):
+    monkeypatch.setattr(streams.admin, "list_topics", _raising(exc))
+    code, _, err = _run(capsys, "topics", "list", "--bootstrap-servers", "b:1")
+    assert (code, err) == (1, f"rlstream topics list: {reason}\n")
+
+
+def test_a_read_timeout_is_an_expected_failure(monkeypatch, capsys):
+    from streams.consumer import ReadTimeout, wait_until
+
+    with pytest.raises(TimeoutError):  # still a TimeoutError for callers that catch that
+        wait_until(lambda: False, timeout_s=0, what="nothing")
+    monkeypatch.setattr(streams.admin, "list_topics", lambda kafka: wait_until(lambda: False, timeout_s=0, what="x"))
+    code, _, err = _run(capsys, "topics", "list", "--bootstrap-servers", "b:1")
+    assert (code, err) == (1, "rlstream topics list: timed out after 0s waiting for x\n")
+    assert issubclass(ReadTimeout, RlstreamError)
+
+
+def test_details_go_to_the_screen_when_the_log_file_cannot_be_written(monkeypatch, capsys, tmp_path):
+    (tmp_path / "not-a-dir").write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "not-a-dir"))
+    details = [f"log line {i}" for i in range(1, 26)]
+    monkeypatch.setattr(streams.admin, "list_topics", _raising(RlstreamError("\n".join(["it failed", *details]))))
+    code, _, err = _run(capsys, "topics", "list", "--bootstrap-servers", "b:1")
+    assert code == 1
+    lines = err.splitlines()
+    assert lines[0] == "rlstream topics list: it failed"
+    assert lines[1:11] == details[:10]
+    assert lines[11].startswith("... (15 more lines; the log file") and len(lines) == 12
+
+
+def test_short_details_are_shown_whole_when_the_log_file_cannot_be_written(monkeypatch, capsys, tmp_path):
+    (tmp_path / "not-a-dir").write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "not-a-dir"))
+    monkeypatch.setattr(streams.admin, "list_topics", _raising(RlstreamError("it failed\nbecause\nof this")))
+    code, _, err = _run(capsys, "topics", "list", "--bootstrap-servers", "b:1")
+    assert (code, err) == (1, "rlstream topics list: it failed\nbecause\nof this\n")
+
+
+# Lists `n` topics, one line each, through the real command in a process of its own.
+_LISTER = (
+    "import sys, streams.admin\n"
+    "streams.admin.list_topics = lambda kafka: {{f't{{i}}': 1 for i in range({n})}}\n"
+    "from workers.cli.main import main\n"
+    "sys.exit(main(['topics', 'list', '--bootstrap-servers', 'b:1']))\n"
+)
+
+
+@pytest.mark.parametrize("topics", [200_000, 3])
+def test_a_closed_stdout_ends_the_command_quietly_with_141(clean_env, topics):
+    # 200,000 lines break the pipe while the verb writes; 3 only when stdout is flushed at the end.
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _LISTER.format(n=topics)], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    if topics > 3:
+        assert proc.stdout.readline()  # `| head -1`
+    proc.stdout.close()
+    _, err = proc.communicate(timeout=120)
+    assert (proc.returncode, err.decode()) == (141, "")
+    assert not clean_env.exists() or "Traceback" not in clean_env.read_text()

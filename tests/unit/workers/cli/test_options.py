@@ -203,3 +203,49 @@ def test_demo_flags_derive_from_its_settings_and_client_settings_reach_it(monkey
     assert code == 0 and seen[1][0].bootstrap_servers is None and seen[1][1] is None
     code, err = _main(capsys, "demo", "--producers", "0")
     assert code == 2 and "'--producers'" in err and len(seen) == 2
+
+
+@pytest.mark.parametrize("setting", ["=hunter2", " = hunter2", "sasl.password:hunter2"])
+def test_a_malformed_client_setting_never_shows_what_follows_its_key(capsys, setting):
+    code, err = _main(capsys, "topics", "list", "--bootstrap-servers", "b:1", "-X", setting)
+    assert code == 2 and len(err.splitlines()) == 1
+    assert "KEY=VALUE" in err and "hunter2" not in err
+
+
+def test_client_settings_merge_file_then_environment_then_flags(monkeypatch, capsys, tmp_path):
+    seen = []
+    monkeypatch.setattr(streams.admin, "list_topics", lambda kafka: seen.append(kafka) or {})
+    cfg = tmp_path / "run.toml"
+    cfg.write_text(
+        "[kafka]\nbootstrap_servers = 'file:9092'\n[kafka.client_settings]\n"
+        "'security.protocol' = 'SASL_SSL'\n'sasl.username' = 'file'\n'linger.ms' = 5\n"
+    )
+    monkeypatch.setenv("RLSTREAM_KAFKA_CLIENT_SETTINGS", '{"sasl.password": "from-env", "sasl.username": "env"}')
+    code, err = _main(capsys, "topics", "list", "--config", str(cfg), "-X", "sasl.username=flag")
+    assert code == 0, err
+    assert seen[0].client_settings == {
+        "security.protocol": "SASL_SSL",
+        "sasl.username": "flag",
+        "linger.ms": "5",
+        "sasl.password": "from-env",
+    }
+    monkeypatch.setenv("RLSTREAM_KAFKA_CLIENT_SETTINGS", '{"sasl.password": from-env}')
+    code, err = _main(capsys, "topics", "list", "--config", str(cfg))
+    assert code == 1 and len(err.splitlines()) == 1 and "RLSTREAM_KAFKA_CLIENT_SETTINGS" in err
+    assert "from-env" not in err
+
+
+def test_reassemble_keeps_debug_logging_and_hands_it_to_pool_children(runs, capsys, monkeypatch):
+    import logging
+
+    code, err = _main(capsys, "--debug", "reassemble", "--bootstrap-servers", "b:1")
+    assert code == 0, err
+    assert logging.getLogger("rlstream").level == logging.DEBUG
+    code, err = _main(capsys, "reassemble", "--bootstrap-servers", "b:1")
+    assert code == 0, err
+    assert logging.getLogger("rlstream").level == logging.INFO
+    pools = []
+    monkeypatch.setattr(workers.reassembler.run, "run_pool", lambda *a, **kw: pools.append(kw) or 0)
+    code, err = _main(capsys, "--debug", "reassemble", "--bootstrap-servers", "b:1", "--workers", "2")
+    assert code == 0, err
+    assert pools[0]["debug"] is True
