@@ -120,3 +120,9 @@ def partition_count(kafka: KafkaConfig, topic: str, *, timeout_s: float = 10.0) 
     if t is None or t.error is not None:
         raise TopicError(f"topic {topic} not found on {kafka.bootstrap_servers}")
     return len(t.partitions)
+
+
+def broker_count(kafka: KafkaConfig, *, timeout_s: float = 10.0) -> int:
+    """How many brokers the cluster's metadata lists."""
+    with _polled(AdminClient(kafka.admin())) as admin:
+        return len(admin.list_topics(timeout=timeout_s).brokers)

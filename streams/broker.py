@@ -26,7 +26,7 @@ from streams.config import CLIENT_LOGGER
 from streams.jars import ensure_kafka_jars
 from streams.java import JavaRuntime, find_java
 from streams.pids import die_with_parent, forget_pid, record_pid, runs_main_class
-from streams.pids import pid_alive as _pid_alive  # these two by their old names, as streams.cluster imports them
+from streams.pids import pid_alive as _pid_alive
 from streams.pids import reap as _reap
 
 KAFKA_MAIN = "kafka.Kafka"

