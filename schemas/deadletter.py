@@ -13,6 +13,10 @@ LATE_RECEIPT = "late_receipt"
 ALL_ROLLOUTS_FAILED = "all_rollouts_failed"
 GROUP_TIMEOUT = "group_timeout"
 INCONSISTENT_GROUP = "inconsistent_group"
+# A receipt keyed by something other than its group_id: its group could be split across partitions.
+KEY_MISMATCH = "key_mismatch"
+# A receipt declaring sizes past the reassembler's configured bounds (group size, calls, tokens).
+LIMIT_EXCEEDED = "limit_exceeded"
 
 ERROR_KINDS = frozenset(
     {
@@ -24,6 +28,8 @@ ERROR_KINDS = frozenset(
         ALL_ROLLOUTS_FAILED,
         GROUP_TIMEOUT,
         INCONSISTENT_GROUP,
+        KEY_MISMATCH,
+        LIMIT_EXCEEDED,
     }
 )
 

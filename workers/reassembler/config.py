@@ -60,6 +60,17 @@ class ReassemblerConfig(Settings, frozen=True):
     max_open_groups: Annotated[
         int, Meta(ge=1, le=10_000_000, description="open prompt groups at which the worker pauses its partitions")
     ] = 10_000
+    # Sizes a receipt declares are checked against these before anything is allocated from them:
+    # a hostile or buggy receipt is dead-lettered instead of exhausting memory at its deadline.
+    max_group_size: Annotated[
+        int, Meta(ge=1, le=1_000_000, description="largest prompt group (rollouts) a receipt may declare")
+    ] = 1024
+    max_calls_per_rollout: Annotated[
+        int, Meta(ge=1, le=1_000_000, description="most model calls one receipt may list")
+    ] = 1024
+    max_tokens_per_call: Annotated[
+        int, Meta(ge=1, le=1 << 31, description="most tokens one call's delta may declare")
+    ] = 1 << 20
     max_poll_records: Annotated[int, Meta(ge=1, le=100_000, description="receipts read per step at most")] = 1000
     poll_timeout_s: Annotated[float, Meta(ge=0, le=10, description="longest wait for receipts in one step")] = 0.05
     session_timeout_ms: Annotated[

@@ -24,8 +24,61 @@ class Refused:
     message: str
 
 
-def decode_receipt(value: bytes | None) -> Receipt | Refused:
-    """The receipt a record value holds, or why it is refused (decode, metadata or validation error)."""
+@dataclass(frozen=True)
+class Limits:
+    """Bounds on the sizes a receipt declares (see ReassemblerConfig)."""
+
+    max_group_size: int = 1024
+    max_calls_per_rollout: int = 1024
+    max_tokens_per_call: int = 1 << 20
+
+
+def decode_receipt(value: bytes | None, limits: Limits = Limits(), key: bytes | None = None) -> Receipt | Refused:
+    """The receipt a record value holds, or why it is refused.
+
+    Refused: not MessagePack, a tensor in the metadata, a schema violation, sizes past `limits`, or
+    (when `key` is given; an unkeyed record passes b"") a record key other than the receipt's group_id.
+    """
+    receipt = _decode(value)
+    if isinstance(receipt, Refused):
+        return receipt
+    return _beyond_limits(receipt, limits) or _wrong_key(receipt, key) or receipt
+
+
+def _beyond_limits(r: Receipt, limits: Limits) -> Refused | None:
+    where = f"receipt {r.rollout_id} of group {r.group_id}"
+    if r.group_size > limits.max_group_size:
+        return Refused(
+            dl.LIMIT_EXCEEDED, f"{where}: group_size {r.group_size} > max_group_size {limits.max_group_size}"
+        )
+    if len(r.manifest) > limits.max_calls_per_rollout:
+        return Refused(
+            dl.LIMIT_EXCEEDED,
+            f"{where}: {len(r.manifest)} calls > max_calls_per_rollout {limits.max_calls_per_rollout}",
+        )
+    for i, call in enumerate(r.manifest):
+        if call.delta_len > limits.max_tokens_per_call:
+            return Refused(
+                dl.LIMIT_EXCEEDED,
+                f"{where}: manifest[{i}].delta_len {call.delta_len} > max_tokens_per_call {limits.max_tokens_per_call}",
+            )
+    return None
+
+
+def _wrong_key(r: Receipt, key: bytes | None) -> Refused | None:
+    # Receipts are keyed by group_id so that a group's receipts share a partition; a receipt keyed
+    # otherwise would open a second copy of its group elsewhere, and both would finalize halves.
+    if key is None or key == r.group_id.encode():
+        return None
+    shown = key[:64].decode(errors="replace")
+    return Refused(
+        dl.KEY_MISMATCH,
+        f"receipt {r.rollout_id}: record key {shown!r} is not its group_id {r.group_id!r} (receipts must be keyed "
+        f"by group_id)",
+    )
+
+
+def _decode(value: bytes | None) -> Receipt | Refused:
     if value is None:
         return Refused(dl.DECODE_ERROR, "receipt: empty record value")
     try:

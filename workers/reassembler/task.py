@@ -22,7 +22,7 @@ from streams.consumer import Record
 from streams.tq import KVStore
 from workers.reassembler.commit import PartitionCommit
 from workers.reassembler.config import ReassemblerConfig
-from workers.reassembler.decode import Refused, decode_receipt, redrive_count
+from workers.reassembler.decode import Limits, Refused, decode_receipt, redrive_count
 from workers.reassembler.finalize import GroupOutcome
 from workers.reassembler.groups import Added, OpenGroup, PartitionGroups
 from workers.reassembler.restore import Restored
@@ -58,6 +58,7 @@ class PartitionTask:
         self._leftovers = restored.pending_clears
         # Closed entries again with staging_cleared, owed to the next commit once their keys are gone.
         self._owed: list[GroupState] = []
+        self._limits = Limits(config.max_group_size, config.max_calls_per_rollout, config.max_tokens_per_call)
         # This step's intake, until `prepare` hands it over.
         self._dead: list[DeadLetter] = []
         self._opened: list[GroupState] = []
@@ -86,12 +87,15 @@ class PartitionTask:
     def intake(self, rec: Record, now_ms: int) -> None:
         """Take one receipts record of this partition, in offset order."""
         self.position = rec.offset + 1
-        self.max_ts = max(self.max_ts, rec.timestamp_ms)
+        # Producer CreateTime is input: clamped to this worker's clock, so a far-future stamp can
+        # neither cut every open group short nor keep its own group from ever falling due.
+        timestamp = min(max(rec.timestamp_ms, 0), now_ms)
+        self.max_ts = max(self.max_ts, timestamp)
         self._dirty = True
         # A record at or below the recorded progress is read again after a restart: its dead
         # letters and OPEN entry are already committed and must not appear twice.
         replay = self.groups.replaying(rec.offset)
-        decoded = decode_receipt(rec.value)
+        decoded = decode_receipt(rec.value, self._limits, key=rec.key if rec.key is not None else b"")
         if isinstance(decoded, Refused):
             if not replay:
                 self._dead.append(self._refused(rec, decoded.kind, decoded.message, now_ms))
@@ -101,7 +105,7 @@ class PartitionTask:
             # The operator fixed the cause of a dead-lettered group and redrove its receipts:
             # nothing of it reached the trainer, so it may open afresh.
             self.groups.reopen_dead_lettered(decoded.group_id)
-        outcome, group = self.groups.add(decoded, rec.offset, rec.timestamp_ms, (rec.key, rec.value or b""))
+        outcome, group = self.groups.add(decoded, rec.offset, timestamp, (rec.key, rec.value or b""))
         if outcome in (Added.ADDED, Added.COMPLETED):
             if redriven:
                 self._redriven[rec.offset] = redriven

@@ -43,7 +43,7 @@ def test_error_kind_constants():
         "group_timeout",
         "inconsistent_group",
     )
-    assert len(deadletter.ERROR_KINDS) == 8
+    assert len(deadletter.ERROR_KINDS) == 10
 
 
 def test_original_bytes_survive_untouched():

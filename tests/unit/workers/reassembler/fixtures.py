@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from schemas.errors import SchemaError
 from schemas.receipt import CallRecord, Receipt
 from schemas.state import CLOSED, FINALIZED, OPEN, GroupState
 from streams.consumer import Record
@@ -27,9 +28,23 @@ def receipt(group_id: str, index: int, *, size: int = 2, prompt_idx: int = 0, ro
     )
 
 
-def record(offset: int, value: bytes | None, *, ts: int = 1_000, redriven: int = 0, partition: int = 0) -> Record:
+def record(
+    offset: int,
+    value: bytes | None,
+    *,
+    ts: int = 1_000,
+    redriven: int = 0,
+    partition: int = 0,
+    key: bytes | None = None,
+) -> Record:
+    """A receipts record, keyed by its receipt's group_id as a publisher keys it (unless `key` says otherwise)."""
     headers = ((REDRIVE_HEADER, str(redriven).encode()),) if redriven else ()
-    return Record(TOPIC, partition, offset, f"k{offset}".encode(), value, headers, ts)
+    if key is None:
+        try:
+            key = Receipt.from_bytes(value).group_id.encode()
+        except (SchemaError, TypeError):
+            key = f"k{offset}".encode()
+    return Record(TOPIC, partition, offset, key, value, headers, ts)
 
 
 def opened(group_id: str, first_offset: int, first_seen_ms: int = 1_000, partition: int = 0) -> GroupState:

@@ -1,11 +1,12 @@
 """Receipt decoding at the reassembler's boundary, and the redrive header."""
 
 import msgpack
+import msgspec
 import pytest
 
 from schemas import deadletter as dl
 from schemas.receipt import Receipt
-from workers.reassembler.decode import REDRIVE_HEADER, Refused, decode_receipt, redrive_count
+from workers.reassembler.decode import REDRIVE_HEADER, Limits, Refused, decode_receipt, redrive_count
 
 from .fixtures import receipt
 
@@ -57,3 +58,34 @@ def test_a_receipt_failing_its_schema_is_a_validation_error(change, field):
 )
 def test_redrive_count_reads_the_header_and_shrugs_off_bad_values(headers, count):
     assert redrive_count(headers) == count
+
+
+def _sized(*, size: int = 2, calls: int = 1, delta: int = 4) -> Receipt:
+    from schemas.receipt import CallRecord
+
+    manifest = tuple(
+        CallRecord(f"g-r0/c{i}", f"c{i}", None if i == 0 else f"c{i - 1}", i * delta, delta, (i + 1) * delta, 1, "d")
+        for i in range(calls)
+    )
+    return msgspec.structs.replace(receipt("g", 0, size=size), manifest=manifest)
+
+
+@pytest.mark.parametrize(
+    "kwargs,field",
+    [({"size": 2**40}, "group_size"), ({"calls": 9}, "9 calls"), ({"delta": 10**6}, "manifest[0].delta_len")],
+)
+def test_sizes_a_receipt_declares_past_the_configured_bounds_are_refused(kwargs, field):
+    limits = Limits(max_group_size=64, max_calls_per_rollout=8, max_tokens_per_call=4096)
+    assert decode_receipt(_sized().to_bytes(), limits) == _sized()
+    got = decode_receipt(_sized(**kwargs).to_bytes(), limits)
+    assert isinstance(got, Refused) and got.kind == dl.LIMIT_EXCEEDED
+    assert field in got.message
+
+
+def test_a_receipt_keyed_other_than_by_its_group_id_or_unkeyed_is_refused():
+    value = receipt("g", 0).to_bytes()
+    assert decode_receipt(value, key=b"g") == receipt("g", 0)
+    for key in (b"other", b""):
+        got = decode_receipt(value, key=key)
+        assert isinstance(got, Refused) and got.kind == dl.KEY_MISMATCH
+        assert "'g'" in got.message

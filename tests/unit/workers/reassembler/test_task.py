@@ -231,3 +231,34 @@ def test_a_step_that_only_writes_state_resends_the_committed_offset_so_a_zombie_
     assert commit.commit_offset == 5
     untracked = PartitionTask.resume(restore_partition(0, [closed]), store, CONFIG)
     assert untracked.prepare((), now_ms=10).commit_offset is None
+
+
+def test_receipts_keyed_elsewhere_are_dead_lettered_and_never_open_a_second_copy_of_their_group():
+    store = InMemoryStore()
+    task = make_task(store)
+    task.intake(record(0, receipt("g", 0).to_bytes(), key=b"not-g"), 1_000)
+    task.intake(record(1, receipt("g", 1).to_bytes(), key=b""), 1_000)
+    commit = task.prepare([], 1_000)
+    assert [d.error_kind for d in commit.dead_letters] == [dl.KEY_MISMATCH, dl.KEY_MISMATCH]
+    assert "g" not in task.groups.open and commit.state == ()
+
+
+def test_a_far_future_producer_timestamp_is_clamped_to_the_workers_clock():
+    store = InMemoryStore()
+    task = make_task(store)
+    now = 1_000_000
+    task.intake(record(0, receipt("late", 0).to_bytes(), ts=now - 10), now)
+    # A receipt stamped a year ahead neither moves the partition's clock into the future (which
+    # would cut "late" short) nor keeps its own group from ever falling due.
+    task.intake(record(1, receipt("g", 0).to_bytes(), ts=now + 365 * 86_400_000), now)
+    assert task.max_ts == now
+    assert task.groups.open["g"].first_seen_ms == now
+    assert [g.group_id for g in task.ready(now + TIMEOUT_MS, TIMEOUT_MS)] == ["late", "g"]
+
+
+def test_a_negative_producer_timestamp_does_not_break_the_step():
+    task = make_task(InMemoryStore())
+    task.intake(record(0, receipt("g", 0).to_bytes(), ts=-5), 2_000)
+    assert task.max_ts == 0 and task.groups.open["g"].first_seen_ms == 0
+    (entry,) = task.prepare([], 2_000).state  # a negative first_seen_ms would not validate here
+    assert entry.first_seen_ms == 0
