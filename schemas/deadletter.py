@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
+
 from schemas.codec import Message
+from schemas.errors import SchemaError
 from schemas.validate import at_least, non_empty
 
 DECODE_ERROR = "decode_error"
@@ -50,6 +53,11 @@ class DeadLetter(Message, frozen=True, tag="dead_letter"):
     worker_id: str
     time_ms: int
     redrive_count: int = 0
+    # Set when `original` holds only the first bytes of a record too large to copy whole: a letter
+    # must always fit in one Kafka message, or its transaction fails and the partition loops.
+    original_truncated: bool = False
+    original_size: int = 0
+    original_sha256: str = ""
 
     def _validate(self) -> None:
         non_empty("dead_letter.source_topic", self.source_topic)
@@ -61,3 +69,28 @@ class DeadLetter(Message, frozen=True, tag="dead_letter"):
         non_empty("dead_letter.worker_id", self.worker_id)
         at_least("dead_letter.time_ms", self.time_ms, 0)
         at_least("dead_letter.redrive_count", self.redrive_count, 0)
+        if self.original_truncated:
+            at_least("dead_letter.original_size", self.original_size, len(self.original) + 1)
+            if len(self.original_sha256) != 64:
+                raise SchemaError("dead_letter.original_sha256", "a truncated original needs its SHA-256 (hex)")
+
+
+# What a dead letter keeps of its original record, and of its message, at most.
+MAX_ORIGINAL_BYTES = 64 * 1024
+MAX_MESSAGE_CHARS = 2000
+
+
+def bounded_original(value: bytes, limit: int = MAX_ORIGINAL_BYTES) -> dict[str, object]:
+    """The `original*` fields of a dead letter for `value`: whole when it fits, else a prefix, size and hash."""
+    if len(value) <= limit:
+        return {"original": value}
+    return {
+        "original": value[:limit],
+        "original_truncated": True,
+        "original_size": len(value),
+        "original_sha256": hashlib.sha256(value).hexdigest(),
+    }
+
+
+def bounded_message(message: str) -> str:
+    return message if len(message) <= MAX_MESSAGE_CHARS else message[: MAX_MESSAGE_CHARS - 1] + "…"

@@ -49,7 +49,7 @@ def describe_record(rec: Record, role: str | None = None) -> dict[str, Any]:
         try:
             value["original_receipt"] = Receipt.from_bytes(msg.original).to_dict()
         except SchemaError:
-            value["original_bytes"] = len(msg.original)
+            value["original_bytes"] = msg.original_size if msg.original_truncated else len(msg.original)
     out["value"] = value
     out["group_id"] = message_group_id(msg)
     return out

@@ -34,6 +34,7 @@ class RedriveReport:
     redriven: list[tuple[str, str, int, int]] = field(default_factory=list)  # (kind, source topic, partition, offset)
     destinations: dict[str, int] = field(default_factory=dict)
     skipped_max: int = 0
+    skipped_truncated: int = 0
     skipped_other_kind: int = 0
     already_done: int = 0
     undecodable: int = 0
@@ -47,7 +48,8 @@ class RedriveReport:
         for kind, topic, p, off in self.redriven[:50]:
             out.append(f"  {kind}: {topic} partition {p} offset {off}")
         out.append(
-            f"skipped: {self.skipped_max} at the redrive limit, {self.already_done} already handled, "
+            f"skipped: {self.skipped_max} at the redrive limit, {self.skipped_truncated} kept only in part, "
+            f"{self.already_done} already handled, "
             f"{self.skipped_other_kind} of other kinds, {self.undecodable} undecodable"
         )
         return out
@@ -109,6 +111,9 @@ def _due_letters(kafka, topic, start, ends, done, report, reason, max_redrives, 
             report.already_done += 1
         elif letter.redrive_count >= max_redrives:
             report.skipped_max += 1
+        elif letter.original_truncated:
+            # Only a prefix of the record was kept (it was too large to copy whole): nothing to re-publish.
+            report.skipped_truncated += 1
         else:
             yield letter
 

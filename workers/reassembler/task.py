@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import msgspec
 
 from schemas import deadletter as dl
-from schemas.deadletter import DeadLetter
+from schemas.deadletter import DeadLetter, bounded_message, bounded_original
 from schemas.receipt import Receipt
 from schemas.state import CLOSED, DEAD_LETTERED, FINALIZED, OPEN, GroupState, PartitionProgress
 from streams.consumer import Record
@@ -122,9 +122,9 @@ class PartitionTask:
             source_partition=rec.partition,
             source_offset=rec.offset,
             source_key=rec.key,
-            original=rec.value or b"",
+            **bounded_original(rec.value or b""),
             error_kind=kind,
-            message=message,
+            message=bounded_message(message),
             worker_id=self.config.worker_id,
             time_ms=now_ms,
             redrive_count=redrive_count(rec.headers),
@@ -200,9 +200,9 @@ class PartitionTask:
                     source_partition=g.partition,
                     source_offset=g.offsets[idx],
                     source_key=key,
-                    original=value,
+                    **bounded_original(value),
                     error_kind=o.dead_letter_kind,
-                    message=o.dead_letter_message or "",
+                    message=bounded_message(o.dead_letter_message or ""),
                     worker_id=self.config.worker_id,
                     time_ms=now_ms,
                     redrive_count=self._redriven.get(g.offsets[idx], 0),

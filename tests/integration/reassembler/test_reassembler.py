@@ -94,6 +94,26 @@ def test_poison_receipts_are_dead_lettered_and_neighbours_finalize(kafka, tq_sto
     assert sorted(r.group_id for r in finalized_records(kafka, names)) == sorted(groups)
 
 
+def test_a_near_megabyte_poison_receipt_is_dead_lettered_once_and_the_partition_flows(kafka, tq_store, unique):
+    # Its dead letter once copied the whole record, outgrew the producer's message limit, aborted
+    # the step, and the worker read the same record again: forever.
+    from workers.telemetry.sensors import ReassemblerStats
+
+    names = setup_topics(kafka, f"huge-{unique}", partitions=1)
+    AckedProducer(kafka).send([Outgoing(names.receipts, b"huge", b"\xc1" * 999_800)])
+    groups = publish_groups(kafka, tq_store, names, 3, prefix="n")
+    stats = ReassemblerStats()
+    worker = _worker(kafka, tq_store, names, sensor=stats)
+    try:
+        drive([worker], lambda: len(finalized_records(kafka, names)) >= 3, timeout_s=120)
+    finally:
+        worker.close()
+    (letter,) = dead_letters(kafka, names)
+    assert letter.error_kind == DECODE_ERROR and letter.original_truncated and letter.original_size == 999_800
+    assert sorted(r.group_id for r in finalized_records(kafka, names)) == sorted(groups)
+    assert stats.aborts == 0
+
+
 def test_missing_segment_gives_placeholder_and_incomplete_group_finalizes_at_deadline(kafka, tq_store, unique):
     names = setup_topics(kafka, f"deadline-{unique}", partitions=1)
     from workers.rollout.publisher import RolloutPublisher

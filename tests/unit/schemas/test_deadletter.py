@@ -77,3 +77,43 @@ def test_dead_letter_checks(changes, path):
 
 def test_an_error_kind_from_a_newer_writer_still_decodes():
     assert DeadLetter.from_bytes(letter(error_kind="quota_exceeded").to_bytes()).error_kind == "quota_exceeded"
+
+
+def test_an_original_too_large_to_copy_keeps_a_prefix_its_size_and_its_hash():
+    import hashlib
+
+    from schemas.deadletter import MAX_ORIGINAL_BYTES, bounded_original
+
+    small = b"x" * 100
+    assert bounded_original(small) == {"original": small}
+    big = bytes(range(256)) * 4000  # ~1 MB: a letter copying it whole would not fit one Kafka message
+    kept = bounded_original(big)
+    assert len(kept["original"]) == MAX_ORIGINAL_BYTES and big.startswith(kept["original"])
+    assert kept["original_size"] == len(big) and kept["original_sha256"] == hashlib.sha256(big).hexdigest()
+    letter = deadletter.DeadLetter(
+        source_topic="t", source_partition=0, source_offset=1, source_key=None, error_kind="decode_error",
+        message="m", worker_id="w", time_ms=1, **kept,
+    )  # fmt: skip
+    assert len(letter.to_bytes()) < 100_000
+    assert deadletter.DeadLetter.from_bytes(letter.to_bytes()) == letter
+
+
+def test_a_truncated_original_must_say_its_size_and_hash():
+    with pytest.raises(SchemaError, match="original_sha256"):
+        deadletter.DeadLetter(
+            source_topic="t", source_partition=0, source_offset=1, source_key=None, original=b"ab",
+            error_kind="decode_error", message="m", worker_id="w", time_ms=1,
+            original_truncated=True, original_size=10,
+        )  # fmt: skip
+
+
+def test_a_letter_written_before_truncation_existed_still_decodes_whole():
+    import msgpack
+
+    old = {
+        "kind": "dead_letter", "schema_version": [1, 0], "source_topic": "t", "source_partition": 0,
+        "source_offset": 3, "source_key": None, "original": b"abc", "error_kind": "decode_error",
+        "message": "m", "worker_id": "w", "time_ms": 5, "redrive_count": 0,
+    }  # fmt: skip
+    letter = deadletter.DeadLetter.from_bytes(msgpack.packb(old))
+    assert letter.original == b"abc" and not letter.original_truncated

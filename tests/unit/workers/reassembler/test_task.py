@@ -262,3 +262,14 @@ def test_a_negative_producer_timestamp_does_not_break_the_step():
     assert task.max_ts == 0 and task.groups.open["g"].first_seen_ms == 0
     (entry,) = task.prepare([], 2_000).state  # a negative first_seen_ms would not validate here
     assert entry.first_seen_ms == 0
+
+
+def test_a_near_megabyte_poison_receipt_becomes_a_dead_letter_that_fits_one_kafka_message():
+    task = make_task(InMemoryStore())
+    poison = b"\xc1" * 999_800  # 0xc1 is never valid MessagePack
+    task.intake(record(0, poison, key=b"junk"), 1_000)
+    (letter,) = task.prepare([], 1_000).dead_letters
+    assert letter.error_kind == dl.DECODE_ERROR and letter.original_truncated
+    assert letter.original_size == len(poison) and poison.startswith(letter.original)
+    # librdkafka's default message.max.bytes is 1,000,000: the whole record copied would not fit.
+    assert len(letter.to_bytes()) < 100_000
