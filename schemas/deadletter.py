@@ -76,7 +76,8 @@ class DeadLetter(Message, frozen=True, tag="dead_letter"):
 
 
 # What a dead letter keeps of its original record, and of its message, at most.
-MAX_ORIGINAL_BYTES = 64 * 1024
+MAX_ORIGINAL_BYTES = 512 * 1024
+MAX_KEY_BYTES = 1024
 MAX_MESSAGE_CHARS = 2000
 
 
@@ -90,6 +91,11 @@ def bounded_original(value: bytes, limit: int = MAX_ORIGINAL_BYTES) -> dict[str,
         "original_size": len(value),
         "original_sha256": hashlib.sha256(value).hexdigest(),
     }
+
+
+def bounded_key(key: bytes | None) -> bytes | None:
+    """A record key as a dead letter keeps it (and is keyed by): at most MAX_KEY_BYTES."""
+    return key if key is None or len(key) <= MAX_KEY_BYTES else key[:MAX_KEY_BYTES]
 
 
 def bounded_message(message: str) -> str:

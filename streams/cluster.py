@@ -19,7 +19,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from confluent_kafka import KafkaException
+
 from streams.broker import (
+    PID_NAME,
     BrokerError,
     BrokerHandle,
     _check_port_free,
@@ -34,9 +37,10 @@ from streams.broker import (
     stop_broker,
     write_node_files,
 )
+from streams.config import KafkaConfig
 from streams.jars import ensure_kafka_jars
 from streams.java import find_java
-from streams.pids import pid_alive, reap
+from streams.pids import forget_pid, pid_alive, reap
 
 CLUSTER_FILE = "cluster.json"
 
@@ -118,8 +122,8 @@ class LocalCluster:
 
     def start(self) -> LocalCluster:
         data_dir = Path(self.config.data_dir).resolve()
-        if any(read_handle(d) for d in data_dir.glob("node-*")):
-            raise BrokerError(f"a cluster is already running from {data_dir}; stop it first")
+        if read_handle(data_dir) or any(read_handle(d) for d in data_dir.glob("node-*")):
+            raise BrokerError(f"a broker or cluster is already running from {data_dir}; stop it first")
         runtime = find_java(self.config.java)
         libs = ensure_kafka_jars(self.config.cache_dir, log=self._log)
         self.nodes = _nodes(data_dir, self.config.brokers)
@@ -132,9 +136,14 @@ class LocalCluster:
         (data_dir / CLUSTER_FILE).write_text(json.dumps(rows))
         if not self.config.detached:
             atexit.register(self.stop)
-        for node in self.nodes:
-            self._launch(node)
-        self.wait_ready()
+        try:
+            for node in self.nodes:
+                self._launch(node)
+            self.wait_ready()
+        except BaseException:
+            # Detached JVMs outlive this process: a start that fails (or is interrupted) stops them.
+            self.stop()
+            raise
         return self
 
     def _launch(self, node: Node) -> BrokerHandle:
@@ -152,8 +161,14 @@ class LocalCluster:
             if dead:
                 raise BrokerError(f"broker {dead[0].node_id} exited during start; see {dead[0].data_dir}/broker.log")
             if all(broker_answers(n.address, timeout_s=1.0) for n in want):
-                md = AdminClient({"bootstrap.servers": want[0].address}).list_topics(timeout=5)
-                if {n.node_id for n in want} <= set(md.brokers):
+                admin = AdminClient(KafkaConfig(want[0].address).admin())
+                try:
+                    brokers = set(admin.list_topics(timeout=5).brokers)
+                except KafkaException:
+                    brokers = set()
+                finally:
+                    admin.poll(0)
+                if {n.node_id for n in want} <= brokers:
                     return
             time.sleep(0.3)
         raise BrokerError(f"the cluster in {self.config.data_dir} was not ready within {self.config.start_timeout_s}s")
@@ -167,10 +182,15 @@ class LocalCluster:
         while pid_alive(handle.pid):
             reap(handle.pid)
             time.sleep(0.05)
+        forget_pid(PID_NAME, handle.pid)
 
     def restart(self, node_id: int) -> None:
         """Start a stopped or killed broker again on its own data (no reformat)."""
         node = self._node(node_id)
+        if read_handle(node.data_dir) is not None:
+            raise BrokerError(f"broker {node_id} is still running; kill or stop it before a restart")
+        if not self._jvm:
+            raise BrokerError("restart needs the cluster started by this object")
         self._launch(node)
         self.wait_ready(nodes=[node])
 
@@ -183,6 +203,7 @@ class LocalCluster:
     def stop(self) -> None:
         for node in self.nodes:
             stop_broker(node.data_dir, timeout_s=self.config.stop_timeout_s)
+        (Path(self.config.data_dir).resolve() / CLUSTER_FILE).unlink(missing_ok=True)
 
     def __enter__(self) -> LocalCluster:
         return self.start()
@@ -201,5 +222,7 @@ def cluster_nodes(data_dir: Path) -> list[Node]:
 
 
 def stop_cluster(data_dir: Path, *, timeout_s: float = 20.0) -> int:
-    """Stop every node of the cluster in `data_dir`; returns how many were running."""
-    return sum(stop_broker(n.data_dir, timeout_s=timeout_s) for n in cluster_nodes(data_dir))
+    """Stop every node of the cluster in `data_dir` and forget it; returns how many were running."""
+    stopped = sum(stop_broker(n.data_dir, timeout_s=timeout_s) for n in cluster_nodes(data_dir))
+    (Path(data_dir) / CLUSTER_FILE).unlink(missing_ok=True)
+    return stopped

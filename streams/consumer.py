@@ -117,7 +117,13 @@ def read_topic(
         c.assign([TopicPartition(topic, p, begin[p]) for p in sorted(pending)])
         last_progress = time.monotonic()
         while pending:
-            msgs = c.consume(500, timeout=0.5)
+            got = c.consume(500, timeout=0.5)
+            # A broker restarting arrives as error messages the client retries itself; they are not
+            # progress, so a lasting outage still ends in the idle timeout.
+            for m in got:
+                if m.error() is not None and m.error().fatal():
+                    raise KafkaException(m.error())
+            msgs = [m for m in got if m.error() is None]
             if not msgs:
                 # Aborted transaction markers and control records occupy offsets we never see;
                 # the position tells us when a partition has reached its stop offset.
@@ -132,8 +138,6 @@ def read_topic(
                 continue
             last_progress = time.monotonic()
             for m in msgs:
-                if m.error() is not None:
-                    raise KafkaException(m.error())
                 p = m.partition()
                 if p not in pending:
                     continue

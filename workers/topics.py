@@ -71,13 +71,14 @@ def pipeline_topics(
     """Receipts, finalized, dead-letter and the state changelog (compacted, co-partitioned with receipts).
 
     `config` applies to every topic. With 3 or more replicas, `min.insync.replicas` defaults to 2, so
-    an acknowledged write (acks=all) survives the loss of any one broker.
+    an acknowledged write (acks=all) survives the loss of any one broker; with 2 replicas it is 1.
     """
     if partitions < 1:
         raise InvalidArgument(f"partitions must be >= 1, got {partitions}")
     if replication_factor < 1:
         raise InvalidArgument(f"replication factor must be >= 1, got {replication_factor}")
-    common = {"min.insync.replicas": "2"} if replication_factor >= 3 else {}
+    # Two in sync when there are three replicas; one with two, or losing a broker would stop writes.
+    common = {"min.insync.replicas": "2" if replication_factor >= 3 else "1"} if replication_factor >= 2 else {}
     common.update(config or {})
     compacted = {**common, "cleanup.policy": "compact", "min.cleanable.dirty.ratio": "0.1", "segment.ms": "60000"}
     return [

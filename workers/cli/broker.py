@@ -48,7 +48,12 @@ def broker_start(data_dir: Path, port: int | None, brokers: int, java: str | Non
     """Start in the background and print its bootstrap.servers."""
     if brokers > 1:
         return _start_cluster(data_dir, port, brokers, java)
-    from streams.broker import BrokerConfig, start_broker
+    from streams.broker import BrokerConfig, BrokerError, read_handle, start_broker
+    from streams.cluster import CLUSTER_FILE, cluster_nodes
+
+    if any(read_handle(n.data_dir) for n in cluster_nodes(data_dir)):
+        raise BrokerError(f"a cluster is running from {data_dir}; stop it first")
+    (data_dir / CLUSTER_FILE).unlink(missing_ok=True)
 
     cfg = BrokerConfig(data_dir=data_dir, port=port, detached=True, java=java)
     _err(f"starting Kafka broker (KRaft, single node) in {cfg.data_dir.resolve()}")
@@ -73,11 +78,14 @@ def _start_cluster(data_dir: Path, port: int | None, brokers: int, java: str | N
 
 
 def _nodes(data_dir: Path) -> list[tuple[str, Path]]:
-    """(label, data dir) of every broker started from data_dir: the cluster's nodes, or the one broker."""
+    """(label, data dir) of every broker started from data_dir: a cluster's nodes and/or the one broker."""
+    from streams.broker import read_handle
     from streams.cluster import cluster_nodes
 
-    nodes = cluster_nodes(data_dir)
-    return [(f"broker {n.node_id}", n.data_dir) for n in nodes] if nodes else [("broker", data_dir)]
+    nodes = [(f"broker {n.node_id}", n.data_dir) for n in cluster_nodes(data_dir)]
+    if not nodes or read_handle(data_dir) is not None:
+        nodes.insert(0, ("broker", data_dir))
+    return nodes
 
 
 @broker.command("stop")
@@ -85,9 +93,11 @@ def _nodes(data_dir: Path) -> list[tuple[str, Path]]:
 def broker_stop(data_dir: Path) -> int:
     """Stop gracefully (every broker of a cluster), kill after a bound."""
     from streams.broker import stop_broker
+    from streams.cluster import CLUSTER_FILE
 
     for label, node_dir in _nodes(data_dir):
         print(f"{label} in {node_dir} {'stopped' if stop_broker(node_dir) else 'was not running'}")
+    (data_dir / CLUSTER_FILE).unlink(missing_ok=True)
     return 0
 
 

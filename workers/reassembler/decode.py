@@ -31,6 +31,9 @@ class Limits:
     max_group_size: int = 1024
     max_calls_per_rollout: int = 1024
     max_tokens_per_call: int = 1 << 20
+    # Ids key Kafka records (receipts, finalized records, state entries): a huge one would make
+    # those records outgrow one Kafka message.
+    max_id_bytes: int = 256
 
 
 def decode_receipt(value: bytes | None, limits: Limits = Limits(), key: bytes | None = None) -> Receipt | Refused:
@@ -46,6 +49,11 @@ def decode_receipt(value: bytes | None, limits: Limits = Limits(), key: bytes | 
 
 
 def _beyond_limits(r: Receipt, limits: Limits) -> Refused | None:
+    for name, value in (("group_id", r.group_id), ("rollout_id", r.rollout_id)):
+        if len(value.encode()) > limits.max_id_bytes:
+            return Refused(
+                dl.LIMIT_EXCEEDED, f"receipt: {name} of {len(value.encode())} bytes > {limits.max_id_bytes} bytes"
+            )
     where = f"receipt {r.rollout_id} of group {r.group_id}"
     if r.group_size > limits.max_group_size:
         return Refused(

@@ -10,12 +10,13 @@ the committed state, so nothing here needs undoing.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 import msgspec
 
 from schemas import deadletter as dl
-from schemas.deadletter import DeadLetter, bounded_message, bounded_original
+from schemas.deadletter import DeadLetter, bounded_key, bounded_message, bounded_original
 from schemas.receipt import Receipt
 from schemas.state import CLOSED, DEAD_LETTERED, FINALIZED, OPEN, GroupState, PartitionProgress
 from streams.consumer import Record
@@ -70,6 +71,12 @@ class PartitionTask:
     ) -> PartitionTask:
         """A task for a restored partition, having cleared the staging its predecessor closed but left behind."""
         task = cls(restored, store, config, committed_offset=committed_offset)
+        # A first-seen time written by a worker whose clock ran ahead would hold its group open (and
+        # the committed offset back) until this clock caught up.
+        now_ms = int(time.time() * 1000)
+        opened = task.groups.restored_open_ms
+        for gid, first_seen in opened.items():
+            opened[gid] = min(first_seen, now_ms)
         for entry in task._leftovers:
             if config.clear_staging:
                 store.clear(config.actor.staging_partition, list(entry.staging_keys))
@@ -89,7 +96,7 @@ class PartitionTask:
         self.position = rec.offset + 1
         # Producer CreateTime is input: clamped to this worker's clock, so a far-future stamp can
         # neither cut every open group short nor keep its own group from ever falling due.
-        timestamp = min(max(rec.timestamp_ms, 0), now_ms)
+        timestamp = now_ms if rec.timestamp_ms < 0 else min(rec.timestamp_ms, now_ms)
         self.max_ts = max(self.max_ts, timestamp)
         self._dirty = True
         # A record at or below the recorded progress is read again after a restart: its dead
@@ -121,7 +128,7 @@ class PartitionTask:
             source_topic=rec.topic,
             source_partition=rec.partition,
             source_offset=rec.offset,
-            source_key=rec.key,
+            source_key=bounded_key(rec.key),
             **bounded_original(rec.value or b""),
             error_kind=kind,
             message=bounded_message(message),

@@ -55,6 +55,7 @@ class ReassemblerWorker:
         self.sensor = sensor if sensor is not None else ReassemblerSensor()
         self._tasks: dict[int, PartitionTask] = {}
         self._paused = False
+        self._warned: dict[int, float] = {}
         self._producer = self._new_producer()
         self._consumer = Consumer(
             kafka.consumer(
@@ -90,9 +91,11 @@ class ReassemblerWorker:
     def _on_assign(self, consumer, partitions) -> None:
         for tp in partitions:
             self._tasks[tp.partition] = self._restore_task(tp.partition)
-        # librdkafka keeps a partition's paused state across revoke and re-assign: resume everything
-        # and let the next step pause again if the open-group cap still holds.
-        consumer.resume(list(partitions) + list(consumer.assignment()))
+        # librdkafka keeps a partition's paused state across revoke and re-assign: assign (what the
+        # library would do after this callback) and resume, and let the next step pause again if
+        # the open-group cap still holds.
+        consumer.assign(partitions)
+        consumer.resume(partitions)
         self._paused = False
         log.info("%s assigned %s", self.config.worker_id, sorted(tp.partition for tp in partitions))
 
@@ -132,7 +135,7 @@ class ReassemblerWorker:
                 if m.error().fatal():
                     raise KafkaException(m.error())
                 if m.error().code() != KafkaError._PARTITION_EOF:
-                    log.warning("%s: consumer error (retried by the client): %s", self.config.worker_id, m.error())
+                    self._warn_once(m.error())
                 continue
             task = self._tasks.get(m.partition())
             if task is None:  # revoked during this poll
@@ -151,6 +154,13 @@ class ReassemblerWorker:
         self._apply_backpressure()
         self.sensor.on_lag(self.config.receipts_topic, self._lags())
         return consumed
+
+    def _warn_once(self, error: KafkaError) -> None:
+        # A missing topic or a broker down repeats on every poll: one line per error kind a minute.
+        now = time.monotonic()
+        if now - self._warned.get(error.code(), -1e9) >= 60:
+            self._warned[error.code()] = now
+            log.warning("%s: consumer error, retried by the client: %s", self.config.worker_id, error.str())
 
     def _commit_step(self, ready: list[OpenGroup], now_ms: int) -> None:
         t0 = time.perf_counter()

@@ -44,3 +44,8 @@ def test_bad_sizes_are_refused_by_name():
         pipeline_topics(TopicNames(), 0)
     with pytest.raises(InvalidArgument, match="replication factor"):
         pipeline_topics(TopicNames(), 1, replication_factor=0)
+
+
+def test_two_replicas_keep_writing_with_one_broker_down():
+    specs = pipeline_topics(TopicNames("p"), 4, replication_factor=2)
+    assert {s.config["min.insync.replicas"] for s in specs} == {"1"}

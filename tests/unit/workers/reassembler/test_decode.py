@@ -89,3 +89,9 @@ def test_a_receipt_keyed_other_than_by_its_group_id_or_unkeyed_is_refused():
         got = decode_receipt(value, key=key)
         assert isinstance(got, Refused) and got.kind == dl.KEY_MISMATCH
         assert "'g'" in got.message
+
+
+def test_ids_longer_than_the_bound_are_refused_before_they_key_any_record():
+    long_id = "g" * 300
+    got = decode_receipt(receipt(long_id, 0).to_bytes(), Limits(max_id_bytes=256))
+    assert isinstance(got, Refused) and got.kind == dl.LIMIT_EXCEEDED and "group_id of 300 bytes" in got.message

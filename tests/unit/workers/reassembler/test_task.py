@@ -259,9 +259,10 @@ def test_a_far_future_producer_timestamp_is_clamped_to_the_workers_clock():
 def test_a_negative_producer_timestamp_does_not_break_the_step():
     task = make_task(InMemoryStore())
     task.intake(record(0, receipt("g", 0).to_bytes(), ts=-5), 2_000)
-    assert task.max_ts == 0 and task.groups.open["g"].first_seen_ms == 0
+    # A missing (negative) CreateTime counts as now, not as the epoch: its group is not due at once.
+    assert task.max_ts == 2_000 and task.groups.open["g"].first_seen_ms == 2_000
     (entry,) = task.prepare([], 2_000).state  # a negative first_seen_ms would not validate here
-    assert entry.first_seen_ms == 0
+    assert entry.first_seen_ms == 2_000
 
 
 def test_a_near_megabyte_poison_receipt_becomes_a_dead_letter_that_fits_one_kafka_message():
@@ -272,4 +273,19 @@ def test_a_near_megabyte_poison_receipt_becomes_a_dead_letter_that_fits_one_kafk
     assert letter.error_kind == dl.DECODE_ERROR and letter.original_truncated
     assert letter.original_size == len(poison) and poison.startswith(letter.original)
     # librdkafka's default message.max.bytes is 1,000,000: the whole record copied would not fit.
-    assert len(letter.to_bytes()) < 100_000
+    assert len(letter.to_bytes()) < 600_000
+
+
+def test_a_restored_first_seen_time_from_a_clock_running_ahead_is_brought_back_to_now():
+    import time
+
+    future = int(time.time() * 1000) + 365 * 86_400_000
+    task = make_task(InMemoryStore(), [opened("g", 0, first_seen_ms=future)])
+    assert task.groups.restored_open_ms["g"] <= int(time.time() * 1000)
+
+
+def test_a_huge_record_key_is_cut_in_its_dead_letter():
+    task = make_task(InMemoryStore())
+    task.intake(record(0, b"\xc1junk", key=b"k" * 600_000), 1_000)
+    (letter,) = task.prepare([], 1_000).dead_letters
+    assert len(letter.source_key) == dl.MAX_KEY_BYTES and len(letter.to_bytes()) < 600_000
