@@ -25,9 +25,7 @@ from schemas.errors import RlstreamError
 from streams.config import CLIENT_LOGGER
 from streams.jars import ensure_kafka_jars
 from streams.java import JavaRuntime, find_java
-from streams.pids import die_with_parent, forget_pid, record_pid, runs_main_class
-from streams.pids import pid_alive as _pid_alive
-from streams.pids import reap as _reap
+from streams.pids import die_with_parent, forget_pid, pid_alive, reap, record_pid, runs_main_class
 
 KAFKA_MAIN = "kafka.Kafka"
 STORAGE_TOOL = "kafka.tools.StorageTool"
@@ -287,7 +285,7 @@ def read_handle(data_dir: Path) -> BrokerHandle | None:
         bootstrap = (data_dir / ADDRESS_FILE).read_text().strip()
     except (OSError, ValueError):
         return None
-    if not _pid_alive(pid) or not _runs_kafka(pid):
+    if not pid_alive(pid) or not _runs_kafka(pid):
         return None
     try:
         java = (data_dir / JAVA_FILE).read_text().strip()
@@ -322,15 +320,15 @@ def stop_broker(data_dir: Path, *, timeout_s: float = 20.0) -> bool:
         return False
     _signal(handle, signal.SIGTERM)
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and _pid_alive(handle.pid):
-        _reap(handle.pid)
+    while time.monotonic() < deadline and pid_alive(handle.pid):
+        reap(handle.pid)
         time.sleep(0.1)
-    if _pid_alive(handle.pid):
+    if pid_alive(handle.pid):
         _signal(handle, signal.SIGKILL)
-        while _pid_alive(handle.pid):
-            _reap(handle.pid)
+        while pid_alive(handle.pid):
+            reap(handle.pid)
             time.sleep(0.05)
-    _reap(handle.pid)
+    reap(handle.pid)
     _forget(data_dir, handle.pid)
     return True
 

@@ -219,10 +219,3 @@ def cluster_nodes(data_dir: Path) -> list[Node]:
     except (OSError, ValueError):
         return []
     return [Node(r["node_id"], r["port"], r["controller_port"], Path(r["data_dir"])) for r in rows]
-
-
-def stop_cluster(data_dir: Path, *, timeout_s: float = 20.0) -> int:
-    """Stop every node of the cluster in `data_dir` and forget it; returns how many were running."""
-    stopped = sum(stop_broker(n.data_dir, timeout_s=timeout_s) for n in cluster_nodes(data_dir))
-    (Path(data_dir) / CLUSTER_FILE).unlink(missing_ok=True)
-    return stopped

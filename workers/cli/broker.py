@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import click
 
+from workers.cli.options import say
+
 DEFAULT_DATA_DIR = Path(".rlstream/broker")
-
-
-def _err(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 @click.group()
@@ -56,10 +53,10 @@ def broker_start(data_dir: Path, port: int | None, brokers: int, java: str | Non
     (data_dir / CLUSTER_FILE).unlink(missing_ok=True)
 
     cfg = BrokerConfig(data_dir=data_dir, port=port, detached=True, java=java)
-    _err(f"starting Kafka broker (KRaft, single node) in {cfg.data_dir.resolve()}")
-    handle = start_broker(cfg, log=_err)
+    say(f"starting Kafka broker (KRaft, single node) in {cfg.data_dir.resolve()}")
+    handle = start_broker(cfg, log=say)
     print(f"bootstrap.servers={handle.bootstrap_servers}")
-    _err(f"pid {handle.pid}, log {handle.log_path}, {handle.java}")
+    say(f"pid {handle.pid}, log {handle.log_path}, {handle.java}")
     return 0
 
 
@@ -68,12 +65,12 @@ def _start_cluster(data_dir: Path, port: int | None, brokers: int, java: str | N
 
     if port is not None:
         raise click.BadParameter("a cluster picks free ports; leave --port out", param_hint="--port")
-    _err(f"starting a KRaft cluster of {brokers} brokers in {data_dir.resolve()}")
-    cluster = LocalCluster(ClusterConfig(data_dir=data_dir, brokers=brokers, detached=True, java=java), log=_err)
+    say(f"starting a KRaft cluster of {brokers} brokers in {data_dir.resolve()}")
+    cluster = LocalCluster(ClusterConfig(data_dir=data_dir, brokers=brokers, detached=True, java=java), log=say)
     cluster.start()
     print(f"bootstrap.servers={cluster.bootstrap_servers}")
     for node in cluster.nodes:
-        _err(f"broker {node.node_id}: {node.address}, data and log in {node.data_dir}")
+        say(f"broker {node.node_id}: {node.address}, data and log in {node.data_dir}")
     return 0
 
 
@@ -126,7 +123,7 @@ def broker_fetch() -> int:
     from streams.broker import default_cache_dir
     from streams.jars import ensure_kafka_jars
 
-    path = ensure_kafka_jars(default_cache_dir(), log=_err)
+    path = ensure_kafka_jars(default_cache_dir(), log=say)
     print(f"Kafka jars in {path}")
     return 0
 
@@ -141,7 +138,7 @@ def broker_lock(check: bool) -> int:
 
     from streams.jars import LOCK_RESOURCE, format_lock, read_lock, resolve_lock
 
-    lock = resolve_lock(log=_err)
+    lock = resolve_lock(log=say)
     if check:
         same = lock == read_lock()
         print("the jar lock matches the pom" if same else "the jar lock differs from the pom: run rlstream broker lock")

@@ -15,7 +15,7 @@ import click
 
 from workers.cli.broker import broker
 from workers.cli.failures import STDERR, Funnel, PipeSafeGroup, debug_from_env, keep_log_file
-from workers.cli.options import KafkaTarget, KeyValue, kafka_options
+from workers.cli.options import KafkaTarget, KeyValue, kafka_options, say
 
 # name -> (module:attribute, one-line help shown by `rlstream --help` without importing the module)
 LAZY_VERBS = {
@@ -54,10 +54,6 @@ class LazyGroup(PipeSafeGroup):
                 rows.append((name, LAZY_VERBS[name][1]))
         with formatter.section("Commands"):
             formatter.write_dl(rows)
-
-
-def _err(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -100,7 +96,7 @@ def topics_create(target: KafkaTarget, partitions: int, replication_factor: int 
     prefix = target.prefix or ""
     rf = replication_factor or default_replication(broker_count(target.kafka))
     specs = pipeline_topics(TopicNames(prefix), partitions, rf, dict(topic_config))
-    _err(f"creating pipeline topics on {target.servers} (prefix {prefix!r}, {partitions} partitions, RF {rf})")
+    say(f"creating pipeline topics on {target.servers} (prefix {prefix!r}, {partitions} partitions, RF {rf})")
     for name, outcome in create_topics(target.kafka, specs).items():
         print(f"{name}: {outcome}")
     return 0

@@ -7,19 +7,14 @@ library function. `--group-id` always names a prompt group; `--consumer-group` a
 from __future__ import annotations
 
 import json
-import sys
 
 import click
 
-from workers.cli.options import KafkaTarget, kafka_options
+from workers.cli.options import KafkaTarget, kafka_options, say
 from workers.topics import TopicNames
 
 # Open-ended ends of the --since-ms/--until-ms and --min-wv/--max-wv ranges.
 _FAR = 2**62
-
-
-def _err(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 def _print_json(obj) -> None:
@@ -71,7 +66,7 @@ def replay(
 
     times = _span(since_ms, until_ms)
     wv = _span(min_wv, max_wv)
-    _err(
+    say(
         f"replay: copying {source} to {_names(target).replay(dest)} on {target.servers}"
         + (f", offsets {partition_offsets}" if partition_offsets else "")
         + (f", time {times}" if times else "")
@@ -103,7 +98,7 @@ def tail(target: KafkaTarget, topic: str, from_beginning: bool, group_id, max_re
     """Print TOPIC's records decoded by its role, one JSON object per line, following new ones."""
     from workers.ops.tail import tail as follow
 
-    _err(
+    say(
         f"tail: {topic} on {target.servers} from the {'beginning' if from_beginning else 'end'}"
         + (f", prompt group {group_id}" if group_id else "")
         + " (Ctrl-C to stop)"
@@ -117,7 +112,7 @@ def tail(target: KafkaTarget, topic: str, from_beginning: bool, group_id, max_re
         max_records=max_records,
         idle_exit_s=idle_exit,
     )
-    _err(f"tail: {n} record(s)")
+    say(f"tail: {n} record(s)")
     return 0
 
 
@@ -144,7 +139,7 @@ def inspect_group(target: KafkaTarget, group_id: str, ray_address: str, no_tq: b
         init_tq(TQConfig(address=ray_address))
         store = TQStore()
         where = f"TQ on ray {ray_address}"
-    _err(
+    say(
         f"inspect: prompt group {group_id} in {names.receipts}, {names.state}, {names.finalized}, "
         f"{names.deadletter} on {target.servers}, {where}"
     )
@@ -184,7 +179,7 @@ def redrive(target: KafkaTarget, reason, to_source: bool, to_topic, max_redrives
         raise click.UsageError("pass --to-source or --to TOPIC, not both")
     names = _names(target)
     where = "their source topics" if to_source else (to_topic or "nowhere (dry run)")
-    _err(
+    say(
         f"deadletter redrive: {names.deadletter} on {target.servers}, kind {reason or 'any'}, to {where}, "
         f"max redrives {max_redrives}, tracked by consumer groups {consumer_group}.<kind>"
     )
@@ -211,7 +206,7 @@ def lag(target: KafkaTarget, consumer_group: str, trainer_consumer_group: str, i
     from workers.ops.lag import lag as measure
 
     names = _names(target)
-    _err(
+    say(
         f"lag: consumer group {consumer_group!r} on {input_topic or names.receipts}, consumer group "
         f"{trainer_consumer_group!r} on {names.finalized}, broker {target.servers}"
     )
@@ -256,7 +251,7 @@ def refinalize(target: KafkaTarget, source: str, tq_checkpoint: str, num_cpus: i
 
     names = _names(target)
     topic = f"{names.prefix}.{source}" if source.startswith("replay.") and names.prefix else source
-    _err(
+    say(
         f"refinalize: receipts of {topic}, records of {names.finalized} on {target.servers}, tensors "
         f"from TQ checkpoint {tq_checkpoint} in a fresh local Ray/TQ"
     )
@@ -279,5 +274,5 @@ def refinalize(target: KafkaTarget, source: str, tq_checkpoint: str, num_cpus: i
             ray.shutdown()
     for d in diffs:
         print(d)
-    _err(f"refinalize: {len(diffs)} difference(s)")
+    say(f"refinalize: {len(diffs)} difference(s)")
     return 1 if diffs else 0

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
@@ -19,6 +20,11 @@ import msgspec
 
 from streams.config import KafkaConfig, malformed_setting
 from streams.settings import FieldDoc, Settings, env_name, fields_of, load, read_file
+
+
+def say(msg: str) -> None:
+    """A line on stderr for the operator: what a verb does and where (stdout is for its results)."""
+    print(msg, file=sys.stderr, flush=True)
 
 
 class KafkaTarget:

@@ -16,13 +16,9 @@ import msgspec
 
 from streams.settings import load
 from workers.cli.failures import STDERR, keep_log_file
-from workers.cli.options import KafkaTarget, given_flags, kafka_options, settings_options
+from workers.cli.options import KafkaTarget, given_flags, kafka_options, say, settings_options
 from workers.demo.config import DemoConfig
 from workers.reassembler.config import ReassemblerConfig
-
-
-def _err(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 def _only_bootstrap(verb: str, target: KafkaTarget) -> str | None:
@@ -38,7 +34,7 @@ def smoke(target: KafkaTarget) -> int:
     """Start broker and TQ, round-trip one message and one tensor batch, stop (a one-minute machine check)."""
     from workers.demo.smoke import run_smoke
 
-    res = run_smoke(_only_bootstrap("smoke", target), log=_err)
+    res = run_smoke(_only_bootstrap("smoke", target), log=say)
     print(f"smoke ok in {res.seconds:.1f}s: bootstrap.servers={res.bootstrap_servers}")
     return 0
 
@@ -104,7 +100,7 @@ def _configure_logging(log_json: bool, debug: bool) -> Callable[[str], None]:
 
     configure_logging(json_lines=log_json, level=logging.DEBUG if debug else logging.INFO, stream=STDERR)
     keep_log_file()
-    return logging.getLogger("rlstream.reassemble").info if log_json else _err
+    return logging.getLogger("rlstream.reassemble").info if log_json else say
 
 
 def _run_child(ctx: click.Context) -> int:
@@ -147,12 +143,12 @@ def demo(target: KafkaTarget, settings: dict, json_path: Path | None) -> int:
     kafka = target.kafka
     overrides = {**settings, "prefix": target.prefix, "bootstrap_servers": kafka.bootstrap_servers if kafka else None}
     cfg = load(DemoConfig, file=target.config_file, overrides=overrides)
-    report = run_demo(cfg, log=_err, client_settings=kafka.client_settings if kafka else None)
+    report = run_demo(cfg, log=say, client_settings=kafka.client_settings if kafka else None)
     print(summary_table(report), flush=True)
     if json_path is not None:
         write_json(report, json_path)
-        _err(f"figures written to {json_path}")
+        say(f"figures written to {json_path}")
     if not report.accounted:
-        _err(f"rlstream demo: not every group was accounted for exactly once: {'; '.join(report.problems)}")
+        say(f"rlstream demo: not every group was accounted for exactly once: {'; '.join(report.problems)}")
         return 1
     return 0
