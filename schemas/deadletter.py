@@ -58,6 +58,8 @@ class DeadLetter(Message, frozen=True, tag="dead_letter"):
     original_truncated: bool = False
     original_size: int = 0
     original_sha256: str = ""
+    # The source record's timestamp (ms): a redrive carries it on, so a late receipt stays late.
+    source_timestamp_ms: int = 0
 
     def _validate(self) -> None:
         non_empty("dead_letter.source_topic", self.source_topic)
@@ -69,6 +71,7 @@ class DeadLetter(Message, frozen=True, tag="dead_letter"):
         non_empty("dead_letter.worker_id", self.worker_id)
         at_least("dead_letter.time_ms", self.time_ms, 0)
         at_least("dead_letter.redrive_count", self.redrive_count, 0)
+        at_least("dead_letter.source_timestamp_ms", self.source_timestamp_ms, 0)
         if self.original_truncated:
             at_least("dead_letter.original_size", self.original_size, len(self.original) + 1)
             if len(self.original_sha256) != 64:

@@ -74,16 +74,27 @@ class PartitionProgress(Message, frozen=True, tag="partition_progress"):
     Receipts at or below `emitted_through` had their dead letters and state entries committed; a
     successor that re-reads them (from the safe offset, which may lie further back) must not emit
     those again. Only the latest entry per partition survives compaction, so it never goes back.
+    Every step that writes state for a partition writes this entry too, so the latest one is always
+    near the end of the state partition, where a restore looks for it first.
     """
 
     partition: int
     emitted_through: int
     time_ms: int
+    # Event time (receipt timestamps) below which a receipt of a group not remembered is late: the
+    # newest first-seen time of any closed group forgotten so far. 0: nothing forgotten yet.
+    horizon_ms: int = 0
+    # State-partition offset from which a successor must read to restore this partition: no entry
+    # it needs lies before it. 0 (as written before this field existed) reads the whole partition.
+    restore_from: int = 0
 
     def _validate(self) -> None:
         at_least("partition_progress.partition", self.partition, 0)
-        at_least("partition_progress.emitted_through", self.emitted_through, 0)
+        # -1: a step committed state for the partition before reading any receipt of it.
+        at_least("partition_progress.emitted_through", self.emitted_through, -1)
         at_least("partition_progress.time_ms", self.time_ms, 0)
+        at_least("partition_progress.horizon_ms", self.horizon_ms, 0)
+        at_least("partition_progress.restore_from", self.restore_from, 0)
 
 
 StateEntry = GroupState | PartitionProgress

@@ -6,7 +6,7 @@ outcome explicit (an exception, never a silently dropped message).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -113,8 +113,9 @@ class TransactionalProducer:
         self._producer.begin_transaction()
         self._in_txn = True
 
-    def produce(self, rec: Outgoing) -> None:
-        _produce(self._producer, rec)
+    def produce(self, rec: Outgoing, on_delivery: Callable[[KafkaError | None, object], None] | None = None) -> None:
+        """Queue a record in the open transaction; `on_delivery(err, msg)` runs once the broker answered."""
+        _produce(self._producer, rec, on_delivery)
 
     def send_offsets(self, offsets: Sequence[TopicPartition], group_metadata, *, timeout_s: float = 30.0) -> None:
         """Add consumer offsets (the next offset to read, per partition) to the open transaction."""

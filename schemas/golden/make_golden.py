@@ -76,6 +76,7 @@ EXAMPLES = {
         worker_id="reassembler-0",
         time_ms=1_764_000_000_123,
         redrive_count=1,
+        source_timestamp_ms=1_763_999_999_500,
     ),
     "group_state": GroupState(
         group_id="group-000042",
@@ -88,7 +89,9 @@ EXAMPLES = {
         finalized_at_ms=1_764_000_000_000,
         staging_keys=("rollout-7f3a/call-0", "rollout-7f3a/call-1"),
     ),
-    "partition_progress": PartitionProgress(partition=3, emitted_through=1201, time_ms=1_764_000_000_000),
+    "partition_progress": PartitionProgress(
+        partition=3, emitted_through=1201, time_ms=1_764_000_000_000, horizon_ms=1_763_990_000_000, restore_from=5120
+    ),
     "reassembly_request": ReassemblyRequest(
         group_id="group-000042",
         rollout_ids=("rollout-11aa", "rollout-7f3a"),

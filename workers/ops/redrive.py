@@ -21,7 +21,7 @@ from schemas.errors import InvalidArgument, SchemaError
 from streams.config import KafkaConfig
 from streams.consumer import committed_offsets, end_offsets, read_topic
 from streams.producer import Outgoing, TransactionalProducer
-from workers.reassembler.decode import REDRIVE_HEADER
+from workers.reassembler.decode import REDRIVE_HEADER, SOURCE_TIMESTAMP_HEADER
 from workers.topics import TopicNames
 
 
@@ -122,8 +122,11 @@ def _republished(letter: DeadLetter, to_topic: str | None, report: RedriveReport
     dest = to_topic or letter.source_topic
     report.redriven.append((letter.error_kind, letter.source_topic, letter.source_partition, letter.source_offset))
     report.destinations[dest] = report.destinations.get(dest, 0) + 1
-    header = (REDRIVE_HEADER, str(letter.redrive_count + 1).encode())
-    return Outgoing(dest, letter.source_key, letter.original, headers=[header])
+    headers = [(REDRIVE_HEADER, str(letter.redrive_count + 1).encode())]
+    if letter.source_timestamp_ms:
+        # A late receipt redriven after its group was forgotten must still be recognised as late.
+        headers.append((SOURCE_TIMESTAMP_HEADER, str(letter.source_timestamp_ms).encode()))
+    return Outgoing(dest, letter.source_key, letter.original, headers=headers)
 
 
 def _commit(kafka, producer, out, topic, ends, kinds, consumer_group) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from confluent_kafka import TopicPartition
 
@@ -34,12 +34,38 @@ class PartitionCommit:
     commit_offset: int | None = None
     # This step's closed entries that name staging keys: cleared after the commit, recorded next step.
     closed: tuple[GroupState, ...] = ()
+    # Closed groups the partition forgot this step (past its horizon): tombstoned in the state topic.
+    forgotten: tuple[str, ...] = ()
 
     @property
     def empty(self) -> bool:
         return not (
-            self.finalized or self.dead_letters or self.state or self.progress or self.commit_offset is not None
+            self.finalized
+            or self.dead_letters
+            or self.state
+            or self.forgotten
+            or self.progress
+            or self.commit_offset is not None
         )
+
+
+@dataclass
+class StateWrites:
+    """Where a committed step's state records of one partition landed in the state topic."""
+
+    # group id -> offset of its first entry in the step.
+    first_offsets: dict[str, int] = field(default_factory=dict)
+    # One past the highest offset written: the step's entries all lie below it.
+    end_offset: int = -1
+
+    def on_delivery(self, group_id: str | None):
+        def record(err, msg) -> None:
+            if err is None:
+                if group_id is not None:
+                    self.first_offsets.setdefault(group_id, msg.offset())
+                self.end_offset = max(self.end_offset, msg.offset() + 1)
+
+        return record
 
 
 def commit_transaction(
@@ -50,25 +76,40 @@ def commit_transaction(
     receipts_topic: str,
     consumer_group_metadata,
     before_commit: Callable[[], None] = lambda: None,
-) -> None:
-    """Produce every partition's outputs and offsets in one transaction and commit it (KafkaException if not)."""
+) -> dict[int, StateWrites]:
+    """Produce every partition's outputs and offsets in one transaction and commit it (KafkaException if not).
+
+    Returns, per partition, where its state records landed, for the restore point of later steps.
+    """
     producer.begin()
     offsets = []
+    writes: dict[int, StateWrites] = {}
     for c in commits:
         for f in c.finalized:
             producer.produce(Outgoing(topics.finalized, f.group_id.encode(), f.to_bytes()))
         for d in c.dead_letters:
             producer.produce(Outgoing(topics.deadletter, d.source_key, d.to_bytes()))
+        written = writes[c.partition] = StateWrites()
         for s in c.state:
-            producer.produce(Outgoing(topics.state, s.group_id.encode(), s.to_bytes(), partition=c.partition))
+            out = Outgoing(topics.state, s.group_id.encode(), s.to_bytes(), partition=c.partition)
+            producer.produce(out, written.on_delivery(s.group_id))
+        # After the entries they follow: a tombstone must be the last word on its group.
+        for gid in c.forgotten:
+            producer.produce(
+                Outgoing(topics.state, gid.encode(), None, partition=c.partition), written.on_delivery(None)
+            )
         if c.progress is not None:
-            producer.produce(Outgoing(topics.state, PROGRESS_KEY, c.progress.to_bytes(), partition=c.partition))
+            out = Outgoing(topics.state, PROGRESS_KEY, c.progress.to_bytes(), partition=c.partition)
+            producer.produce(out, written.on_delivery(None))
         if c.commit_offset is not None:
             offsets.append(TopicPartition(receipts_topic, c.partition, c.commit_offset))
     if offsets:
         producer.send_offsets(offsets, consumer_group_metadata)
     before_commit()
     producer.commit()
+    # The commit flushed every record; their delivery reports are served here.
+    producer.poll(0)
+    return writes
 
 
 def dead_letter_counts(commits: Sequence[PartitionCommit]) -> dict[str, int]:

@@ -71,6 +71,26 @@ class ReassemblerConfig(Settings, frozen=True):
     max_tokens_per_call: Annotated[
         int, Meta(ge=1, le=1 << 31, description="most tokens one call's delta may declare")
     ] = 1 << 20
+    # A receipt of a forgotten group is late only if its event time lies below the horizon: set the
+    # retention above the longest delay between a group's first receipt and a retried or straggling one.
+    closed_retention_s: Annotated[
+        float,
+        Meta(
+            gt=0,
+            le=30 * 86_400,
+            description="seconds of event time a closed prompt group is remembered, so its late receipts are "
+            "refused; older ones are refused by the horizon",
+        ),
+    ] = 3600.0
+    max_closed_groups: Annotated[
+        int,
+        Meta(
+            ge=1,
+            le=10_000_000,
+            description="closed prompt groups remembered per partition at most; past it the oldest are forgotten "
+            "early and the horizon moves up",
+        ),
+    ] = 200_000
     max_poll_records: Annotated[int, Meta(ge=1, le=100_000, description="receipts read per step at most")] = 1000
     poll_timeout_s: Annotated[float, Meta(ge=0, le=10, description="longest wait for receipts in one step")] = 0.05
     session_timeout_ms: Annotated[

@@ -14,6 +14,9 @@ from schemas.receipt import Receipt
 
 # Header `rlstream deadletter redrive` puts on a re-published record: how many times it was redriven.
 REDRIVE_HEADER = "rlstream.redrive_count"
+# Header a redriven record carries: its original record's timestamp (ms). The redriven group's
+# deadline starts when the redrive arrives, but its age against the horizon is the original one.
+SOURCE_TIMESTAMP_HEADER = "rlstream.source_timestamp_ms"
 
 
 @dataclass(frozen=True)
@@ -107,8 +110,17 @@ def _decode(value: bytes | None) -> Receipt | Refused:
 
 def redrive_count(headers: Iterable[tuple[str, bytes | None]] | None) -> int:
     """The redrive count a record carries in its headers (0 when it was never redriven or the header is bad)."""
+    return _int_header(headers, REDRIVE_HEADER)
+
+
+def source_timestamp(headers: Iterable[tuple[str, bytes | None]] | None) -> int:
+    """The original timestamp a redriven record carries (0 when none, or the header is bad)."""
+    return _int_header(headers, SOURCE_TIMESTAMP_HEADER)
+
+
+def _int_header(headers: Iterable[tuple[str, bytes | None]] | None, name: str) -> int:
     for key, value in headers or ():
-        if key == REDRIVE_HEADER:
+        if key == name:
             try:
                 return max(0, int(bytes(value or b"0").decode()))
             except ValueError:

@@ -35,6 +35,8 @@ class OpenGroup:
     receipts: dict[int, Receipt] = field(default_factory=dict)
     offsets: dict[int, int] = field(default_factory=dict)
     raw: dict[int, tuple[bytes | None, bytes]] = field(default_factory=dict)
+    # Event time (ms) of each receipt, which its dead letter keeps for a redrive.
+    event_ms: dict[int, int] = field(default_factory=dict)
 
     @property
     def complete(self) -> bool:
@@ -47,52 +49,103 @@ class OpenGroup:
         return [c.staging_key for r in self.receipts.values() for c in r.manifest]
 
 
+@dataclass(frozen=True)
+class ClosedGroup:
+    """What is remembered of a closed group: enough to recognise its late receipts, and where its entry lies."""
+
+    last_offset: int
+    first_seen_ms: int
+    # State-partition offset of its latest entry; -1 until the step that wrote it has committed.
+    entry_offset: int = -1
+
+
 class PartitionGroups:
-    """The prompt groups of one receipts partition (a "group" here is always a prompt group)."""
+    """The prompt groups of one receipts partition (a "group" here is always a prompt group).
+
+    Closed groups are remembered for a retention period of event time, at most `closed_capacity` of
+    them; forgetting one raises the partition's `horizon_ms` to its first-seen time. A receipt of
+    a group neither open nor remembered whose event time is at or below the horizon is late: its
+    group may have closed and been forgotten, and reopening it would finalize it twice.
+    """
 
     def __init__(self, partition: int, *, closed_capacity: int = 200_000):
         self.partition = partition
         self.open: dict[str, OpenGroup] = {}
-        # group_id -> last receipt offset, so a re-read or late receipt of a closed group is recognised.
-        # Bounded, oldest forgotten first, so a long run's memory stays flat.
-        self.closed: OrderedDict[str, int] = OrderedDict()
+        # In close order, oldest first: forgetting takes from the front.
+        self.closed: OrderedDict[str, ClosedGroup] = OrderedDict()
         # First-seen times of groups that were open before a restart, so their deadline does not
         # restart when their receipts are read again.
         self.restored_open_ms: dict[str, int] = {}
+        # State-partition offsets of open groups' OPEN entries (a restore must read from there).
+        self.open_entries: dict[str, int] = {}
         # Closed groups that ended dead-lettered (a subset of `closed`): a redriven receipt may reopen them.
         self.dead_lettered: set[str] = set()
         # Receipts at or below this offset had their outputs committed before a restart.
         self.emitted_through = -1
+        # None until a closed group is forgotten.
+        self.horizon_ms: int | None = None
         self._closed_capacity = closed_capacity
 
-    def restore_open(self, group_id: str, first_seen_ms: int) -> None:
+    def restore_open(self, group_id: str, first_seen_ms: int, entry_offset: int = -1) -> None:
         """A group the state topic last saw open."""
         self.restored_open_ms[group_id] = first_seen_ms
+        if entry_offset >= 0:
+            self.open_entries[group_id] = entry_offset
         # OPEN after CLOSED happens only when redriven receipts reopened a dead-lettered group.
         self.reopen_dead_lettered(group_id)
 
-    def restore_closed(self, group_id: str, last_offset: int, *, dead_lettered: bool) -> None:
+    def restore_closed(
+        self, group_id: str, last_offset: int, *, dead_lettered: bool, first_seen_ms: int = 0, entry_offset: int = -1
+    ) -> None:
         """A group the state topic last saw closed, with its last receipt's offset."""
         self.restored_open_ms.pop(group_id, None)
-        self._remember_closed(group_id, last_offset)
+        self.open_entries.pop(group_id, None)
+        earlier = self.closed.get(group_id)
+        if earlier is not None and earlier.entry_offset >= 0:
+            # A later entry of the same closing (its staging cleared): the group keeps its place
+            # and the offset of its closing entry, from which a restore reads both.
+            self.closed[group_id] = ClosedGroup(last_offset, first_seen_ms, earlier.entry_offset)
+        else:
+            self._remember_closed(group_id, ClosedGroup(last_offset, first_seen_ms, entry_offset))
         if dead_lettered:
             self.dead_lettered.add(group_id)
         else:
             self.dead_lettered.discard(group_id)
+        self._enforce_capacity()
+
+    def restore_forgotten(self, group_id: str) -> None:
+        """A tombstone: a predecessor forgot this closed group (the horizon covers it)."""
+        self.closed.pop(group_id, None)
+        self.dead_lettered.discard(group_id)
 
     def replaying(self, offset: int) -> bool:
         """True when this receipt's dead letters and state entries were already committed."""
         return offset <= self.emitted_through
 
     def add(
-        self, receipt: Receipt, offset: int, timestamp_ms: int, raw: tuple[bytes | None, bytes] = (None, b"")
+        self,
+        receipt: Receipt,
+        offset: int,
+        timestamp_ms: int,
+        raw: tuple[bytes | None, bytes] = (None, b""),
+        *,
+        event_ms: int | None = None,
     ) -> tuple[Added, OpenGroup | None]:
-        """Add a decoded receipt; `raw` (key, value) is kept so a failed group can be dead-lettered intact."""
+        """Add a decoded receipt; `raw` (key, value) is kept so a failed group can be dead-lettered intact.
+
+        `timestamp_ms` starts a new group's deadline; `event_ms` (default the same) is compared with
+        the horizon: a redriven receipt starts its deadline now but keeps its original event time.
+        """
         gid = receipt.group_id
         if gid in self.closed:
-            return (Added.REPLAYED_CLOSED if offset <= self.closed[gid] else Added.LATE), None
+            return (Added.REPLAYED_CLOSED if offset <= self.closed[gid].last_offset else Added.LATE), None
         group = self.open.get(gid)
         if group is None:
+            known = gid in self.restored_open_ms
+            # At the horizon too: a forgotten group's own first receipt carries exactly that time.
+            horizon = self.horizon_ms
+            if not known and horizon is not None and (timestamp_ms if event_ms is None else event_ms) <= horizon:
+                return Added.LATE, None
             group = OpenGroup(
                 gid,
                 self.partition,
@@ -112,13 +165,15 @@ class PartitionGroups:
         group.receipts[receipt.rollout_index] = receipt
         group.offsets[receipt.rollout_index] = offset
         group.raw[receipt.rollout_index] = raw
+        group.event_ms[receipt.rollout_index] = timestamp_ms if event_ms is None else event_ms
         group.last_offset = max(group.last_offset, offset)
         return (Added.COMPLETED if group.complete else Added.ADDED), group
 
     def close(self, group_id: str, *, dead_lettered: bool = False) -> OpenGroup:
         group = self.open.pop(group_id)
         self.restored_open_ms.pop(group_id, None)
-        self._remember_closed(group_id, group.last_offset)
+        self.open_entries.pop(group_id, None)
+        self._remember_closed(group_id, ClosedGroup(group.last_offset, group.first_seen_ms))
         if dead_lettered:
             self.dead_lettered.add(group_id)
         return group
@@ -134,12 +189,61 @@ class PartitionGroups:
         self.closed.pop(group_id, None)
         return True
 
-    def _remember_closed(self, group_id: str, last_offset: int) -> None:
-        self.closed[group_id] = last_offset
+    def _remember_closed(self, group_id: str, entry: ClosedGroup) -> None:
+        self.closed[group_id] = entry
         self.closed.move_to_end(group_id)
+
+    def _enforce_capacity(self) -> list[str]:
+        forgotten = []
         while len(self.closed) > self._closed_capacity:
-            forgotten, _ = self.closed.popitem(last=False)
-            self.dead_lettered.discard(forgotten)
+            forgotten.append(self._forget_oldest())
+        return forgotten
+
+    def _forget_oldest(self) -> str:
+        gid, entry = self.closed.popitem(last=False)
+        self.dead_lettered.discard(gid)
+        self.raise_horizon(entry.first_seen_ms)
+        return gid
+
+    def raise_horizon(self, horizon_ms: int) -> None:
+        self.horizon_ms = horizon_ms if self.horizon_ms is None else max(self.horizon_ms, horizon_ms)
+
+    def forget(self, clock_ms: int, retention_ms: int, *, keep: frozenset[str] = frozenset()) -> list[str]:
+        """Forget closed groups first seen more than `retention_ms` before `clock_ms`, or past the capacity.
+
+        Groups in `keep` (closed in the step being prepared) are never forgotten yet: their entries
+        and staging clears must land first. Returns the forgotten ids, for tombstones.
+        """
+        forgotten = []
+        while self.closed:
+            gid, entry = next(iter(self.closed.items()))
+            if gid in keep:
+                break
+            over = len(self.closed) > self._closed_capacity
+            if not over and entry.first_seen_ms >= clock_ms - retention_ms:
+                break
+            forgotten.append(self._forget_oldest())
+        return forgotten
+
+    def entries_written(self, offsets: dict[str, int], opened: set[str]) -> None:
+        """The state-partition offsets a committed step wrote its entries at (first per group)."""
+        for gid, offset in offsets.items():
+            if gid in opened and gid in self.open:
+                self.open_entries[gid] = offset
+            elif gid in self.closed and self.closed[gid].entry_offset < 0:
+                # The closing entry's offset; a later cleared entry of the group lies after it.
+                self.closed[gid] = ClosedGroup(self.closed[gid].last_offset, self.closed[gid].first_seen_ms, offset)
+
+    def restore_from(self, next_offset: int) -> int:
+        """The state offset a successor must read from: the oldest entry still needed, else `next_offset`."""
+        candidates = [next_offset, *self.open_entries.values()]
+        for entry in self.closed.values():
+            # Remembered groups are in the log order of their closing entries, so the first holds the
+            # oldest; one whose entry is not committed yet lies past next_offset anyway.
+            if entry.entry_offset >= 0:
+                candidates.append(entry.entry_offset)
+            break
+        return max(0, min(candidates))
 
     def due(self, clock_ms: int, timeout_ms: int) -> list[OpenGroup]:
         """Open groups whose first receipt is at least `timeout_ms` older than `clock_ms`."""

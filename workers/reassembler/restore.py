@@ -3,7 +3,9 @@
 Pure: the caller reads the state partition (after any predecessor's transaction settled) and passes
 its entries in log order; the latest entry per prompt group wins, as compaction would keep it.
 Open groups are not rebuilt here: their receipts lie at or after the committed offset and are read
-again, and only their first-seen time comes from the changelog.
+again, and only their first-seen time comes from the changelog. A tombstone means a predecessor
+forgot that closed group (the partition's horizon covers it). Which part of the partition to read
+is `workers.reassembler.changelog`'s business.
 """
 
 from __future__ import annotations
@@ -20,6 +22,15 @@ LEGACY_PROGRESS_ID = "__progress__"
 
 
 @dataclass(frozen=True)
+class LogEntry:
+    """One record of a state partition: its offset, key, and entry (None for a tombstone)."""
+
+    offset: int
+    key: bytes | None
+    entry: StateEntry | None
+
+
+@dataclass(frozen=True)
 class Restored:
     """A partition's restored prompt groups, and the closed entries whose staging was never cleared."""
 
@@ -28,24 +39,46 @@ class Restored:
     pending_clears: tuple[GroupState, ...]
 
 
-def restore_partition(partition: int, entries: Iterable[StateEntry], *, closed_capacity: int = 200_000) -> Restored:
-    """Apply a state partition's entries in log order."""
+def restore_partition(
+    partition: int, entries: Iterable[LogEntry | StateEntry], *, closed_capacity: int = 200_000
+) -> Restored:
+    """Apply a state partition's entries in log order (bare entries: offset unknown)."""
     groups = PartitionGroups(partition, closed_capacity=closed_capacity)
     pending: dict[str, GroupState] = {}
-    for entry in entries:
-        if isinstance(entry, PartitionProgress):
+    for item in entries:
+        record = item if isinstance(item, LogEntry) else LogEntry(-1, None, item)
+        entry = record.entry
+        if entry is None:
+            if record.key is not None:
+                gid = record.key.decode(errors="replace")
+                groups.restore_forgotten(gid)
+                pending.pop(gid, None)
+        elif isinstance(entry, PartitionProgress):
             # The highest rather than the last: the same while writers keep it monotonic, and a
             # step back would re-emit outputs that are already committed.
             groups.emitted_through = max(groups.emitted_through, entry.emitted_through)
+            if entry.horizon_ms > 0:
+                groups.raise_horizon(entry.horizon_ms)
         elif entry.group_id == LEGACY_PROGRESS_ID:
             groups.emitted_through = max(groups.emitted_through, entry.last_offset)
-        elif entry.status == OPEN:
-            groups.restore_open(entry.group_id, entry.first_seen_ms)
-            # A reopened (redriven) group re-staged its tensors: they are not the closed group's leftovers.
-            pending.pop(entry.group_id, None)
         else:
-            groups.restore_closed(entry.group_id, entry.last_offset, dead_lettered=entry.outcome == DEAD_LETTERED)
-            pending.pop(entry.group_id, None)
-            if entry.staging_to_clear:
-                pending[entry.group_id] = entry
+            _apply_group(groups, pending, entry, record.offset)
     return Restored(groups, tuple(pending.values()))
+
+
+def _apply_group(groups: PartitionGroups, pending: dict[str, GroupState], entry: GroupState, offset: int) -> None:
+    if entry.status == OPEN:
+        groups.restore_open(entry.group_id, entry.first_seen_ms, offset)
+        # A reopened (redriven) group re-staged its tensors: they are not the closed group's leftovers.
+        pending.pop(entry.group_id, None)
+        return
+    groups.restore_closed(
+        entry.group_id,
+        entry.last_offset,
+        dead_lettered=entry.outcome == DEAD_LETTERED,
+        first_seen_ms=entry.first_seen_ms,
+        entry_offset=offset,
+    )
+    pending.pop(entry.group_id, None)
+    if entry.staging_to_clear:
+        pending[entry.group_id] = entry

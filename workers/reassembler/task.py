@@ -21,9 +21,9 @@ from schemas.receipt import Receipt
 from schemas.state import CLOSED, DEAD_LETTERED, FINALIZED, OPEN, GroupState, PartitionProgress
 from streams.consumer import Record
 from streams.tq import KVStore
-from workers.reassembler.commit import PartitionCommit
+from workers.reassembler.commit import PartitionCommit, StateWrites
 from workers.reassembler.config import ReassemblerConfig
-from workers.reassembler.decode import Limits, Refused, decode_receipt, redrive_count
+from workers.reassembler.decode import Limits, Refused, decode_receipt, redrive_count, source_timestamp
 from workers.reassembler.finalize import GroupOutcome
 from workers.reassembler.groups import Added, OpenGroup, PartitionGroups
 from workers.reassembler.restore import Restored
@@ -39,7 +39,13 @@ class PartitionTask:
     """The prompt groups and commit bookkeeping of one receipts partition."""
 
     def __init__(
-        self, restored: Restored, store: KVStore, config: ReassemblerConfig, *, committed_offset: int | None = None
+        self,
+        restored: Restored,
+        store: KVStore,
+        config: ReassemblerConfig,
+        *,
+        committed_offset: int | None = None,
+        state_end: int = 0,
     ):
         self.groups: PartitionGroups = restored.groups
         self.partition = restored.groups.partition
@@ -52,6 +58,10 @@ class PartitionTask:
         self.committed_offset = committed_offset
         # Newest receipt timestamp read: the deadline clock while the partition is behind.
         self.max_ts = 0
+        # The deadline clock of the current step, which also ages remembered closed groups.
+        self._clock_ms = 0
+        # Every state record of this partition written from here on lies at or after this offset.
+        self.state_end = state_end
         # offset -> redrive count of buffered receipts that arrived redriven, for their dead letters.
         self._redriven: dict[int, int] = {}
         # Records were read or groups fell due since the last commit: progress and offset must move.
@@ -67,10 +77,16 @@ class PartitionTask:
 
     @classmethod
     def resume(
-        cls, restored: Restored, store: KVStore, config: ReassemblerConfig, *, committed_offset: int | None = None
+        cls,
+        restored: Restored,
+        store: KVStore,
+        config: ReassemblerConfig,
+        *,
+        committed_offset: int | None = None,
+        state_end: int = 0,
     ) -> PartitionTask:
         """A task for a restored partition, having cleared the staging its predecessor closed but left behind."""
-        task = cls(restored, store, config, committed_offset=committed_offset)
+        task = cls(restored, store, config, committed_offset=committed_offset, state_end=state_end)
         # A first-seen time written by a worker whose clock ran ahead would hold its group open (and
         # the committed offset back) until this clock caught up.
         now_ms = int(time.time() * 1000)
@@ -108,11 +124,13 @@ class PartitionTask:
                 self._dead.append(self._refused(rec, decoded.kind, decoded.message, now_ms))
             return
         redriven = redrive_count(rec.headers)
+        # A redriven receipt's age is its original record's: redriving never makes a late one new.
+        event_ms = min(source_timestamp(rec.headers) or timestamp, timestamp)
         if redriven and not replay:
             # The operator fixed the cause of a dead-lettered group and redrove its receipts:
             # nothing of it reached the trainer, so it may open afresh.
             self.groups.reopen_dead_lettered(decoded.group_id)
-        outcome, group = self.groups.add(decoded, rec.offset, timestamp, (rec.key, rec.value or b""))
+        outcome, group = self.groups.add(decoded, rec.offset, timestamp, (rec.key, rec.value or b""), event_ms=event_ms)
         if outcome in (Added.ADDED, Added.COMPLETED):
             if redriven:
                 self._redriven[rec.offset] = redriven
@@ -121,7 +139,8 @@ class PartitionTask:
             if outcome is Added.COMPLETED:
                 self._completed[group.group_id] = group
         elif outcome is not Added.REPLAYED_CLOSED and not replay:
-            self._dead.append(self._refused(rec, _REFUSED[outcome], _refusal(decoded, outcome), now_ms))
+            letter = self._refused(rec, _REFUSED[outcome], _refusal(decoded, outcome), now_ms)
+            self._dead.append(msgspec.structs.replace(letter, source_timestamp_ms=event_ms))
 
     def _refused(self, rec: Record, kind: str, message: str, now_ms: int) -> DeadLetter:
         return DeadLetter(
@@ -135,6 +154,7 @@ class PartitionTask:
             worker_id=self.config.worker_id,
             time_ms=now_ms,
             redrive_count=redrive_count(rec.headers),
+            source_timestamp_ms=max(0, min(rec.timestamp_ms, now_ms)),
         )
 
     # ----- deadlines -------------------------------------------------------------------------
@@ -154,6 +174,7 @@ class PartitionTask:
 
     def ready(self, clock_ms: int, timeout_ms: int) -> list[OpenGroup]:
         """Groups to finalize this step: those completed by this step's intake and those past their deadline."""
+        self._clock_ms = max(self._clock_ms, clock_ms)
         ready = dict(self._completed)
         due = self.groups.due(clock_ms, timeout_ms)
         for g in due:
@@ -166,6 +187,9 @@ class PartitionTask:
 
     def prepare(self, outcomes: Sequence[GroupOutcome], now_ms: int) -> PartitionCommit:
         """Close the finalized groups and hand over everything this partition owes the step's transaction."""
+        forgotten = self.groups.forget(self._clock_ms, int(self.config.closed_retention_s * 1000))
+        # Before this step's closings: every entry still needed lies at or after it.
+        restore_from = self.groups.restore_from(self.state_end)
         finalized, dead, closed = [], list(self._dead), []
         for o in outcomes:
             entry, letters = self._close(o, now_ms)
@@ -173,15 +197,22 @@ class PartitionTask:
             dead.extend(letters)
             if o.finalized is not None:
                 finalized.append(o.finalized)
-        progress, offset = None, None
-        if self._dirty and self.position is not None:
-            # Never below what was already recorded: compaction keeps only the latest entry.
-            through = max(self.position - 1, self.groups.emitted_through, 0)
-            progress = PartitionProgress(partition=self.partition, emitted_through=through, time_ms=now_ms)
-            offset = self.groups.safe_offset(self.position)
+        offset = self.groups.safe_offset(self.position) if self._dirty and self.position is not None else None
         # Cleared-closed entries first: a redriven receipt may reopen the same group in this step,
         # and its OPEN entry must be the one compaction keeps.
         state = (*self._owed, *self._opened, *closed)
+        progress = None
+        if self._dirty or state or dead or finalized or forgotten:
+            # With every state write, so a restore finds the latest near the partition's end.
+            # Never below what was already recorded: compaction keeps only the latest entry.
+            read = self.position - 1 if self.position is not None else -1
+            progress = PartitionProgress(
+                partition=self.partition,
+                emitted_through=max(read, self.groups.emitted_through),
+                time_ms=now_ms,
+                horizon_ms=self.groups.horizon_ms or 0,
+                restore_from=restore_from,
+            )
         if offset is None and (state or dead or finalized):
             offset = self.committed_offset
         self._dead, self._opened, self._completed = [], [], {}
@@ -193,6 +224,7 @@ class PartitionTask:
             progress=progress,
             commit_offset=offset,
             closed=tuple(e for e in closed if e.staging_keys),
+            forgotten=tuple(forgotten),
         )
 
     def _close(self, o: GroupOutcome, now_ms: int) -> tuple[GroupState, list[DeadLetter]]:
@@ -213,6 +245,7 @@ class PartitionTask:
                     worker_id=self.config.worker_id,
                     time_ms=now_ms,
                     redrive_count=self._redriven.get(g.offsets[idx], 0),
+                    source_timestamp_ms=g.event_ms.get(idx, 0),
                 )
                 for idx, (key, value) in sorted(g.raw.items())
             ]
@@ -231,8 +264,12 @@ class PartitionTask:
         )
         return entry, letters
 
-    def post_commit(self, commit: PartitionCommit) -> None:
-        """After the transaction committed: clear the closed groups' staging, owe their cleared entries."""
+    def post_commit(self, commit: PartitionCommit, written: StateWrites | None = None) -> None:
+        """After the transaction committed: clear the closed groups' staging, owe their cleared entries.
+
+        `written` says where the step's state records landed; a group whose delivery report is
+        missing is placed at the partition's previous end, which is never after its entry.
+        """
         # Only now: a crash before the commit re-finalizes these groups from the same staged tensors.
         keys = [k for entry in commit.closed for k in entry.staging_keys]
         if keys:
@@ -243,6 +280,10 @@ class PartitionTask:
         self._dirty = False
         if commit.progress is not None:
             self.groups.emitted_through = commit.progress.emitted_through
+        written = written or StateWrites()
+        offsets = {e.group_id: written.first_offsets.get(e.group_id, self.state_end) for e in commit.state}
+        self.groups.entries_written(offsets, {e.group_id for e in commit.state if e.status == OPEN})
+        self.state_end = max(self.state_end, written.end_offset)
 
 
 def _cleared(entry: GroupState) -> GroupState:

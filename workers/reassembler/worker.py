@@ -13,16 +13,16 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from schemas.errors import InvalidArgument, RlstreamError
-from schemas.state import StateEntry
 from streams.config import KafkaConfig
-from streams.consumer import Record, read_topic
+from streams.consumer import Record
 from streams.producer import TransactionalProducer, is_fatal, is_fenced
 from streams.tq import KVStore
+from workers.reassembler.changelog import read_changelog
 from workers.reassembler.commit import PartitionCommit, commit_transaction, dead_letter_counts
 from workers.reassembler.config import ReassemblerConfig
 from workers.reassembler.drills import crash_here
@@ -31,7 +31,6 @@ from workers.reassembler.groups import OpenGroup
 from workers.reassembler.restore import restore_partition
 from workers.reassembler.task import PartitionTask
 from workers.telemetry.sensors import ReassemblerSensor
-from workers.topics import STATE_ROLE, decode_value
 
 log = logging.getLogger("rlstream.reassembler")
 
@@ -112,14 +111,20 @@ class ReassemblerWorker:
             [TopicPartition(self.config.receipts_topic, partition)],
             timeout=self.config.transaction_timeout_ms / 1000 + 30,
         )
-        restored = restore_partition(partition, self._state_entries(partition))
+        changelog = read_changelog(self.kafka, self.config.topics.state, partition)
+        restored = restore_partition(partition, changelog.entries, closed_capacity=self.config.max_closed_groups)
+        log.debug(
+            "%s: partition %d restored from %d state records (offsets %d..%d)",
+            self.config.worker_id,
+            partition,
+            len(changelog.entries),
+            changelog.read_from,
+            changelog.end_offset,
+        )
         committed = tp.offset if tp.offset >= 0 else None
-        return PartitionTask.resume(restored, self.store, self.config, committed_offset=committed)
-
-    def _state_entries(self, partition: int) -> Iterator[StateEntry]:
-        for rec in read_topic(self.kafka, self.config.topics.state, partitions=[partition]):
-            if rec.value is not None:
-                yield decode_value(rec.value, STATE_ROLE)
+        return PartitionTask.resume(
+            restored, self.store, self.config, committed_offset=committed, state_end=changelog.end_offset
+        )
 
     # ----- the step --------------------------------------------------------------------------
 
@@ -178,7 +183,7 @@ class ReassemblerWorker:
             for o in outcomes:
                 by_partition.setdefault(o.group.partition, []).append(o)
             commits = [task.prepare(by_partition.get(task.partition, ()), now_ms) for task in tasks]
-            commit_transaction(
+            writes = commit_transaction(
                 self._producer,
                 [c for c in commits if not c.empty],
                 topics=self.config.topics,
@@ -192,7 +197,7 @@ class ReassemblerWorker:
         crash_here(self.config.crash_point, "after_commit")
         self._report_commit(commits, time.perf_counter() - t0)
         for task, commit in zip(tasks, commits):
-            task.post_commit(commit)
+            task.post_commit(commit, writes.get(task.partition))
 
     def _report_commit(self, commits: list[PartitionCommit], seconds: float) -> None:
         self.sensor.on_commit(

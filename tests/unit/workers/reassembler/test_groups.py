@@ -93,12 +93,63 @@ def test_only_a_dead_lettered_group_reopens():
 def test_closed_groups_are_forgotten_oldest_first_beyond_the_capacity():
     groups = PartitionGroups(0, closed_capacity=2)
     for i, gid in enumerate(("a", "b", "c")):
-        groups.add(receipt(gid, 0), i, 0)
+        groups.add(receipt(gid, 0), i, 100 + i)
         groups.close(gid, dead_lettered=True)
+    # Retention alone would keep them all: the capacity forgets the oldest.
+    assert groups.forget(clock_ms=200, retention_ms=10_000) == ["a"]
     assert list(groups.closed) == ["b", "c"]
     assert groups.dead_lettered == {"b", "c"}
+    assert groups.horizon_ms == 100
 
 
+def test_closed_groups_are_forgotten_once_older_than_the_retention():
+    groups = PartitionGroups(0)
+    for i, (gid, seen) in enumerate((("old", 1_000), ("new", 5_000))):
+        groups.add(receipt(gid, 0), i, seen)
+        groups.close(gid)
+    assert groups.forget(clock_ms=5_999, retention_ms=5_000) == []
+    assert groups.forget(clock_ms=6_001, retention_ms=5_000) == ["old"]
+    assert list(groups.closed) == ["new"] and groups.horizon_ms == 1_000
+
+
+def test_a_receipt_of_a_forgotten_group_is_late_below_the_horizon_and_a_new_one_above_it_opens():
+    groups = PartitionGroups(0, closed_capacity=1)
+    for i, gid in enumerate(("a", "b")):
+        groups.add(receipt(gid, 0), i, 1_000 + i)
+        groups.close(gid)
+    groups.forget(clock_ms=2_000, retention_ms=60_000)
+    assert "a" not in groups.closed and groups.horizon_ms == 1_000
+    # The straggler of "a" carries its original event time: late, not a second copy of "a".
+    assert groups.add(receipt("a", 1), 10, 999)[0] is Added.LATE
+    # A redriven straggler starts its deadline now, but its age is the original one.
+    assert groups.add(receipt("a", 1), 11, 50_000, event_ms=999)[0] is Added.LATE
+    assert "a" not in groups.open
+    assert groups.add(receipt("a", 1), 12, 1_000)[0] is Added.LATE  # exactly at the horizon
+    assert groups.add(receipt("fresh", 0), 13, 1_001)[0] is Added.ADDED
+
+
+def test_a_group_open_before_a_restart_is_not_late_whatever_the_horizon():
+    groups = PartitionGroups(0)
+    groups.horizon_ms = 10_000
+    groups.restore_open("g", 500)
+    outcome, group = groups.add(receipt("g", 0), 3, 600)
+    assert outcome is Added.ADDED and group.first_seen_ms == 500
+
+
+def test_restore_from_is_the_oldest_needed_entry():
+    groups = PartitionGroups(0)
+    assert groups.restore_from(40) == 40
+    groups.add(receipt("c", 0), 0, 0)
+    groups.close("c")
+    groups.entries_written({"c": 12}, set())
+    groups.entries_written({"c": 30}, set())  # its cleared entry: the closing one is where to read from
+    assert groups.restore_from(40) == 12
+    groups.add(receipt("o", 0), 1, 0)
+    groups.entries_written({"o": 7}, {"o"})
+    assert groups.restore_from(40) == 7
+    groups.close("o")
+    groups.forget(clock_ms=10**9, retention_ms=1)
+    assert groups.restore_from(40) == 40
 def test_replaying_is_true_up_to_the_emitted_offset():
     groups = PartitionGroups(0)
     assert not groups.replaying(0)

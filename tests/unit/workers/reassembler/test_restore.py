@@ -2,7 +2,7 @@
 
 from schemas.state import DEAD_LETTERED, OPEN, GroupState, PartitionProgress
 from workers.reassembler.groups import Added
-from workers.reassembler.restore import LEGACY_PROGRESS_ID, restore_partition
+from workers.reassembler.restore import LEGACY_PROGRESS_ID, LogEntry, restore_partition
 
 from .fixtures import closed, opened, receipt
 
@@ -10,7 +10,7 @@ from .fixtures import closed, opened, receipt
 def test_the_latest_entry_of_a_group_wins():
     restored = restore_partition(0, [opened("g", 4), closed("g", 4, 6)])
     groups = restored.groups
-    assert dict(groups.closed) == {"g": 6}
+    assert {gid: c.last_offset for gid, c in groups.closed.items()} == {"g": 6}
     assert groups.restored_open_ms == {}
     assert groups.add(receipt("g", 0), 4, 0)[0] is Added.REPLAYED_CLOSED
     assert groups.add(receipt("g", 0, rollout_id="late"), 7, 0)[0] is Added.LATE
@@ -76,3 +76,39 @@ def test_a_progress_entry_of_the_previous_version_still_counts():
     groups = restore_partition(0, [legacy]).groups
     assert groups.emitted_through == 17
     assert LEGACY_PROGRESS_ID not in groups.restored_open_ms
+
+
+def test_a_tombstone_forgets_a_closed_group_and_its_pending_clear():
+    entries = [
+        LogEntry(0, b"g", closed("g", 0, 1, keys=("g/0",))),
+        LogEntry(1, b"h", closed("h", 2, 3)),
+        LogEntry(2, b"g", None),
+    ]
+    restored = restore_partition(0, entries)
+    assert list(restored.groups.closed) == ["h"]
+    assert restored.pending_clears == ()
+
+
+def test_the_horizon_is_the_highest_recorded_and_makes_unknown_old_receipts_late():
+    progress = [
+        LogEntry(i, b"p", PartitionProgress(partition=0, emitted_through=1, time_ms=0, horizon_ms=h))
+        for i, h in enumerate((5_000, 9_000, 7_000))
+    ]
+    groups = restore_partition(0, progress).groups
+    assert groups.horizon_ms == 9_000
+    assert groups.add(receipt("gone", 0), 5, 9_000)[0] is Added.LATE
+    assert groups.add(receipt("new", 0), 6, 9_001)[0] is Added.ADDED
+
+
+def test_restored_entries_keep_their_offsets_for_the_next_restore_point():
+    entries = [
+        LogEntry(10, b"a", closed("a", 0, 1)),
+        LogEntry(11, b"b", closed("b", 2, 3, keys=("b/0",))),
+        LogEntry(14, b"b", closed("b", 2, 3, keys=("b/0",), cleared=True)),
+        LogEntry(15, b"o", opened("o", 4)),
+    ]
+    groups = restore_partition(0, entries).groups
+    assert groups.restore_from(20) == 10
+    groups.forget(clock_ms=0, retention_ms=1)  # nothing is old yet
+    groups.closed.popitem(last=False)  # were "a" forgotten, "b"'s closing entry is the oldest needed
+    assert groups.restore_from(20) == 11

@@ -27,7 +27,9 @@ def test_progress_round_trips():
     "fields,path",
     [
         ({"partition": -1, "emitted_through": 0, "time_ms": 0}, "partition_progress.partition"),
-        ({"partition": 0, "emitted_through": -1, "time_ms": 0}, "partition_progress.emitted_through"),
+        ({"partition": 0, "emitted_through": -2, "time_ms": 0}, "partition_progress.emitted_through"),
+        ({"partition": 0, "emitted_through": 0, "time_ms": 0, "horizon_ms": -1}, "partition_progress.horizon_ms"),
+        ({"partition": 0, "emitted_through": 0, "time_ms": 0, "restore_from": -1}, "partition_progress.restore_from"),
         ({"partition": 0, "emitted_through": 0, "time_ms": -1}, "partition_progress.time_ms"),
     ],
 )

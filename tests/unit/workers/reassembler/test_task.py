@@ -63,8 +63,10 @@ def test_a_complete_group_commits_its_record_state_progress_and_offset_then_clea
     assert [(s.group_id, s.status, s.staging_cleared) for s in follow_up.state] == [("g", CLOSED, True)]
     # Cleared: the entry no longer lists the keys, so compaction keeps a small record per group.
     assert follow_up.state[0].staging_keys == ()
-    # No new receipt: progress stays; the offset is sent again unchanged, to fence a zombie.
-    assert follow_up.progress is None and follow_up.commit_offset == commit.commit_offset
+    # No new receipt: progress stays where it was (written again with the state, for the restore
+    # point); the offset is sent again unchanged, to fence a zombie.
+    assert follow_up.progress.emitted_through == commit.progress.emitted_through
+    assert follow_up.commit_offset == commit.commit_offset
     task.post_commit(follow_up)
     assert not task.has_work and task.prepare([], 7_000).empty
 
@@ -184,8 +186,8 @@ def test_a_predecessors_uncleared_staging_is_cleared_on_resume_and_recorded_at_t
     assert task.has_work
     commit = task.prepare([], 0)
     assert [(s.group_id, s.staging_cleared, s.staging_keys) for s in commit.state] == [("g", True, ())]
-    # Nothing was read yet: the committed offset and progress stay where they are.
-    assert commit.progress is None and commit.commit_offset is None
+    # Nothing was read yet: the committed offset and emitted progress stay where they are.
+    assert commit.progress.emitted_through == -1 and commit.commit_offset is None
 
 
 @pytest.mark.parametrize(
@@ -227,7 +229,7 @@ def test_a_step_that_only_writes_state_resends_the_committed_offset_so_a_zombie_
     )  # fmt: skip
     task = PartitionTask.resume(restore_partition(0, [closed]), store, CONFIG, committed_offset=5)
     commit = task.prepare((), now_ms=10)
-    assert commit.state and commit.progress is None
+    assert commit.state and commit.progress.emitted_through == -1
     assert commit.commit_offset == 5
     untracked = PartitionTask.resume(restore_partition(0, [closed]), store, CONFIG)
     assert untracked.prepare((), now_ms=10).commit_offset is None

@@ -1,0 +1,67 @@
+"""Reading a receipts partition's state changelog for a restore: from its restore point, not its beginning.
+
+Every step that writes state for a partition also writes its `PartitionProgress`, which names the
+state offset (`restore_from`) before which nothing a successor needs lies: closed groups older than
+the horizon are forgotten (and tombstoned), and open groups and remembered closed ones have their
+entries after it. So a restore reads the partition's tail to find the latest progress entry, then
+from its `restore_from` on: its cost follows the horizon, not the partition's whole history.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from confluent_kafka import Consumer, TopicPartition
+
+from schemas.state import PartitionProgress
+from streams.config import KafkaConfig
+from streams.consumer import read_topic
+from workers.reassembler.restore import LogEntry
+from workers.topics import STATE_ROLE, decode_value
+
+# Records read back from the end to find the latest progress entry. One step writes one per
+# partition with any state, so it lies within the last step's entries unless steps were huge.
+TAIL_RECORDS = 10_000
+
+
+@dataclass(frozen=True)
+class Changelog:
+    """The part of a state partition a restore needs, in log order."""
+
+    entries: list[LogEntry]
+    read_from: int
+    # The next offset of the state partition when it was read: where this worker's entries follow.
+    end_offset: int
+
+
+def read_changelog(kafka: KafkaConfig, topic: str, partition: int, *, tail_records: int = TAIL_RECORDS) -> Changelog:
+    """Read a state partition from the restore point its latest progress entry names (all of it if none does)."""
+    low, high = _bounds(kafka, topic, partition)
+    tail_start = max(low, high - tail_records)
+    tail = _read(kafka, topic, partition, tail_start, high)
+    restore_from = low
+    for record in reversed(tail):
+        if isinstance(record.entry, PartitionProgress):
+            restore_from = max(low, record.entry.restore_from)
+            break
+    if restore_from >= tail_start:
+        return Changelog([r for r in tail if r.offset >= restore_from], restore_from, high)
+    return Changelog(_read(kafka, topic, partition, restore_from, tail_start) + tail, restore_from, high)
+
+
+def _bounds(kafka: KafkaConfig, topic: str, partition: int) -> tuple[int, int]:
+    # read_committed: the high mark is the last stable offset, below any still-open transaction.
+    c = Consumer(kafka.consumer(f"rlstream-changelog-{partition}", read_committed=True))
+    try:
+        return c.get_watermark_offsets(TopicPartition(topic, partition), timeout=30, cached=False)
+    finally:
+        c.close()
+
+
+def _read(kafka: KafkaConfig, topic: str, partition: int, start: int, stop: int) -> list[LogEntry]:
+    if stop <= start:
+        return []
+    return [
+        LogEntry(rec.offset, rec.key, decode_value(rec.value, STATE_ROLE) if rec.value is not None else None)
+        for rec in read_topic(kafka, topic, partitions=[partition], start={partition: start}, stop={partition: stop})
+    ]
