@@ -150,6 +150,8 @@ def test_restore_from_is_the_oldest_needed_entry():
     groups.close("o")
     groups.forget(clock_ms=10**9, retention_ms=1)
     assert groups.restore_from(40) == 40
+
+
 def test_replaying_is_true_up_to_the_emitted_offset():
     groups = PartitionGroups(0)
     assert not groups.replaying(0)
