@@ -6,7 +6,9 @@ by their `kind`, never by their key.
 
 from __future__ import annotations
 
-from schemas.codec import Message
+import msgspec
+
+from schemas.codec import Message, decode
 from schemas.errors import SchemaError
 from schemas.validate import at_least, non_empty
 
@@ -98,3 +100,29 @@ class PartitionProgress(Message, frozen=True, tag="partition_progress"):
 
 
 StateEntry = GroupState | PartitionProgress
+
+
+class _Kind(msgspec.Struct):
+    kind: str = ""
+
+
+_ENTRY = msgspec.msgpack.Decoder(GroupState | PartitionProgress)
+_KIND = msgspec.msgpack.Decoder(_Kind)
+
+
+def decode_state_entry(data: bytes) -> StateEntry:
+    """A state-topic value as whichever kind it is, validated; raises SchemaError only.
+
+    One pass for both kinds: a restore decodes every entry since its restore point, and this is
+    several times cheaper than sniffing the kind first. A failure is decoded again by its kind's
+    own decoder, whose error names the field.
+    """
+    try:
+        return _ENTRY.decode(data)
+    except Exception:  # noqa: BLE001 - re-decoded below for a precise SchemaError
+        pass
+    try:
+        kind = _KIND.decode(data).kind
+    except Exception:  # noqa: BLE001
+        kind = ""
+    return decode(data, PartitionProgress if kind == PartitionProgress.kind() else GroupState)

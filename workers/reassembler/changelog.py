@@ -13,11 +13,10 @@ from dataclasses import dataclass
 
 from confluent_kafka import Consumer, TopicPartition
 
-from schemas.state import PartitionProgress
+from schemas.state import PartitionProgress, decode_state_entry
 from streams.config import KafkaConfig
 from streams.consumer import read_topic
 from workers.reassembler.restore import LogEntry
-from workers.topics import STATE_ROLE, decode_value
 
 # Records read back from the end to find the latest progress entry. One step writes one per
 # partition with any state, so it lies within the last step's entries unless steps were huge.
@@ -62,6 +61,6 @@ def _read(kafka: KafkaConfig, topic: str, partition: int, start: int, stop: int)
     if stop <= start:
         return []
     return [
-        LogEntry(rec.offset, rec.key, decode_value(rec.value, STATE_ROLE) if rec.value is not None else None)
+        LogEntry(rec.offset, rec.key, decode_state_entry(rec.value) if rec.value is not None else None)
         for rec in read_topic(kafka, topic, partitions=[partition], start={partition: start}, stop={partition: stop})
     ]

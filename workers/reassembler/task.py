@@ -199,8 +199,10 @@ class PartitionTask:
                 finalized.append(o.finalized)
         offset = self.groups.safe_offset(self.position) if self._dirty and self.position is not None else None
         # Cleared-closed entries first: a redriven receipt may reopen the same group in this step,
-        # and its OPEN entry must be the one compaction keeps.
-        state = (*self._owed, *self._opened, *closed)
+        # and its OPEN entry must be the one compaction keeps. A group opened and closed in the same
+        # step needs no OPEN entry: its closing entry supersedes it in the same transaction.
+        closing = {e.group_id for e in closed}
+        state = (*self._owed, *(e for e in self._opened if e.group_id not in closing), *closed)
         progress = None
         if self._dirty or state or dead or finalized or forgotten:
             # With every state write, so a restore finds the latest near the partition's end.

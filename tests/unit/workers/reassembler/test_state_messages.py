@@ -1,9 +1,10 @@
 """The state topic's two message kinds, and how the state role decodes them."""
 
+import msgspec
 import pytest
 
 from schemas.errors import SchemaError
-from schemas.state import CLOSED, OPEN, PROGRESS_KEY, GroupState, PartitionProgress
+from schemas.state import CLOSED, OPEN, PROGRESS_KEY, GroupState, PartitionProgress, decode_state_entry
 from workers.topics import STATE_ROLE, decode_value
 
 from .fixtures import closed
@@ -70,3 +71,16 @@ def test_the_state_role_decodes_either_kind_by_its_kind():
 def test_no_prompt_group_key_can_collide_with_the_progress_key():
     with pytest.raises(UnicodeDecodeError):
         PROGRESS_KEY.decode("utf-8")
+
+
+def test_decode_state_entry_takes_either_kind_and_names_the_bad_field():
+    entry = GroupState("g", OPEN, 0, 1, 1, 5)
+    progress = PartitionProgress(partition=0, emitted_through=3, time_ms=0, restore_from=9)
+    assert decode_state_entry(entry.to_bytes()) == entry
+    assert decode_state_entry(progress.to_bytes()) == progress
+    bad = msgspec.msgpack.encode({**msgspec.to_builtins(progress), "restore_from": -5})
+    with pytest.raises(SchemaError) as info:
+        decode_state_entry(bad)
+    assert info.value.path == "partition_progress.restore_from"
+    with pytest.raises(SchemaError):
+        decode_state_entry(b"\xc1garbage")

@@ -7,8 +7,10 @@ from schemas import deadletter as dl
 from schemas.state import CLOSED, DEAD_LETTERED, FINALIZED, OPEN, GroupState, PartitionProgress
 from streams.tq import STAGING, TRAIN
 from tests.unit.memory_store import InMemoryStore
+from workers.reassembler.commit import StateWrites
 from workers.reassembler.config import ReassemblerConfig
 from workers.reassembler.finalize import GroupOutcome, finalize_groups
+from workers.reassembler.groups import Added
 from workers.reassembler.restore import restore_partition
 from workers.reassembler.task import PartitionTask
 from workers.rollout.publisher import stage_rollouts
@@ -48,8 +50,9 @@ def test_a_complete_group_commits_its_record_state_progress_and_offset_then_clea
         task.intake(record(offset, r.to_bytes()), 5_000)
     commit = step(task, store)
     assert [f.group_id for f in commit.finalized] == ["g"] and commit.dead_letters == ()
-    assert [(s.status, s.outcome) for s in commit.state] == [(OPEN, None), (CLOSED, FINALIZED)]
-    assert set(commit.state[1].staging_keys) == set(keys) and not commit.state[1].staging_cleared
+    # Opened and closed in one step: the closing entry alone (an OPEN one would be superseded at once).
+    assert [(s.status, s.outcome) for s in commit.state] == [(CLOSED, FINALIZED)]
+    assert set(commit.state[0].staging_keys) == set(keys) and not commit.state[0].staging_cleared
     assert commit.progress == PartitionProgress(partition=0, emitted_through=11, time_ms=5_000)
     assert commit.commit_offset == 12
     assert store.present(TRAIN, list(commit.finalized[0].sample_ids)) == set(commit.finalized[0].sample_ids)
@@ -291,3 +294,21 @@ def test_a_huge_record_key_is_cut_in_its_dead_letter():
     task.intake(record(0, b"\xc1junk", key=b"k" * 600_000), 1_000)
     (letter,) = task.prepare([], 1_000).dead_letters
     assert len(letter.source_key) == dl.MAX_KEY_BYTES and len(letter.to_bytes()) < 600_000
+
+
+def test_forgotten_groups_are_tombstoned_after_their_entries_and_the_progress_carries_horizon_and_restore_point():
+    store = InMemoryStore()
+    config = msgspec.structs.replace(CONFIG, max_closed_groups=1)
+    task = PartitionTask.resume(restore_partition(0, [], closed_capacity=1), store, config, state_end=100)
+    for offset, gid in enumerate(("a", "b")):
+        for r in staged(store, gid):
+            task.intake(record(offset * 10 + r.rollout_index, r.to_bytes(), ts=1_000 + offset), 5_000)
+    first = step(task, store)
+    assert first.forgotten == () and first.progress.restore_from == 100
+    task.post_commit(first, StateWrites({"a": 101, "b": 102}, end_offset=104))
+    second = task.prepare([], 6_000)
+    # Over the capacity: "a" is forgotten; "b"'s closing entry is now the oldest a restore needs.
+    assert second.forgotten == ("a",)
+    assert [s.group_id for s in second.state] == ["a", "b"]  # their cleared entries, before the tombstone
+    assert second.progress.horizon_ms == 1_000 and second.progress.restore_from == 102
+    assert task.groups.add(receipt("a", 0), 50, 999)[0] is Added.LATE
