@@ -24,6 +24,8 @@ from streams.admin import TopicSpec
 RECEIPTS = "rollout.receipts"
 FINALIZED = "experience.finalized"
 DEADLETTER = "experience.deadletter"
+# Finalized records the trainer cannot use (undecodable, rows missing from TQ), with the reason.
+TRAINER_DEADLETTER = "trainer.deadletter"
 STATE = "reassembler.state"
 REPLAY_PREFIX = "replay."
 
@@ -50,6 +52,10 @@ class TopicNames:
         return self._p(DEADLETTER)
 
     @property
+    def trainer_deadletter(self) -> str:
+        return self._p(TRAINER_DEADLETTER)
+
+    @property
     def state(self) -> str:
         return self._p(STATE)
 
@@ -68,7 +74,8 @@ def pipeline_topics(
     replication_factor: int = 1,
     config: Mapping[str, str] | None = None,
 ) -> list[TopicSpec]:
-    """Receipts, finalized, dead-letter and the state changelog (compacted, co-partitioned with receipts).
+    """Receipts, finalized, the two dead-letter topics and the state changelog (compacted, co-partitioned
+    with receipts); the changelog comes last.
 
     `config` applies to every topic. With 3 or more replicas, `min.insync.replicas` defaults to 2, so
     an acknowledged write (acks=all) survives the loss of any one broker; with 2 replicas it is 1.
@@ -85,12 +92,19 @@ def pipeline_topics(
         TopicSpec(names.receipts, partitions, dict(common), replication_factor=replication_factor),
         TopicSpec(names.finalized, partitions, dict(common), replication_factor=replication_factor),
         TopicSpec(names.deadletter, 1, dict(common), replication_factor=replication_factor),
+        TopicSpec(names.trainer_deadletter, 1, dict(common), replication_factor=replication_factor),
         TopicSpec(names.state, partitions, compacted, replication_factor=replication_factor),
     ]
 
 
 RECEIPTS_ROLE, FINALIZED_ROLE, DEADLETTER_ROLE, STATE_ROLE = "receipts", "finalized", "deadletter", "state"
-_SUFFIXES = {RECEIPTS: RECEIPTS_ROLE, FINALIZED: FINALIZED_ROLE, DEADLETTER: DEADLETTER_ROLE, STATE: STATE_ROLE}
+_SUFFIXES = {
+    RECEIPTS: RECEIPTS_ROLE,
+    FINALIZED: FINALIZED_ROLE,
+    DEADLETTER: DEADLETTER_ROLE,
+    TRAINER_DEADLETTER: DEADLETTER_ROLE,
+    STATE: STATE_ROLE,
+}
 # The state topic holds two kinds (a prompt group's entry and its partition's progress); the first
 # kind of a role is what an unrecognised value is decoded as, so its error names the usual message.
 _BY_ROLE: dict[str, tuple[type[Message], ...]] = {

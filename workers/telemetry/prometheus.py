@@ -100,6 +100,16 @@ class _TrainerFamilies:
             "Finalized records dropped because their group id was already yielded",
             registry=r,
         )
+        self.undecodable = Counter(
+            "rlstream_trainer_undecodable_records_total",
+            "Finalized records that did not decode, sent to the trainer's dead-letter topic",
+            registry=r,
+        )
+        self.missing_rows = Counter(
+            "rlstream_trainer_missing_rows_total",
+            "Groups never consumed whose rows were missing from TQ (dropped and dead-lettered): an alarm",
+            registry=r,
+        )
 
 
 class PrometheusReassemblerSensor(ReassemblerSensor):
@@ -143,7 +153,8 @@ class PrometheusReassemblerSensor(ReassemblerSensor):
 
 
 class PrometheusTrainerSensor(TrainerSensor):
-    """The trainer consumer's readings: staleness of yielded groups, yields, evictions and duplicates."""
+    """The trainer consumer's readings: staleness of yielded groups, yields, evictions, duplicates,
+    undecodable records and groups whose rows were missing."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else process_registry()
@@ -158,6 +169,12 @@ class PrometheusTrainerSensor(TrainerSensor):
 
     def on_duplicate(self, n: int = 1) -> None:
         self._m.duplicates.inc(n)
+
+    def on_undecodable(self, n: int = 1) -> None:
+        self._m.undecodable.inc(n)
+
+    def on_missing_rows(self, n: int = 1) -> None:
+        self._m.missing_rows.inc(n)
 
 
 def start_metrics_server(port: int = 0, *, addr: str = "0.0.0.0", registry: CollectorRegistry | None = None) -> int:

@@ -42,6 +42,12 @@ class TrainerSensor:
     def on_duplicate(self, n: int = 1) -> None:
         """Finalized records dropped because their prompt group was already taken in."""
 
+    def on_undecodable(self, n: int = 1) -> None:
+        """Finalized records that did not decode, sent to the trainer's dead-letter topic."""
+
+    def on_missing_rows(self, n: int = 1) -> None:
+        """Groups never consumed whose rows were missing from TQ: dropped and dead-lettered (an alarm)."""
+
 
 class ReassemblerStats(ReassemblerSensor):
     """Running totals of one worker: what the rate line prints and the actor returns."""

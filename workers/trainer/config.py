@@ -7,7 +7,7 @@ from typing import Annotated
 import msgspec
 from msgspec import Meta
 
-from streams.settings import Settings
+from streams.settings import ConfigError, Settings
 from streams.tq import TRAIN
 from workers.topics import TopicNames
 
@@ -59,6 +59,22 @@ class ConsumerConfig(Settings, frozen=True):
             ge=1000, le=300_000, description="consumer-group session timeout: how soon a dead trainer's partitions move"
         ),
     ] = 10_000
+    max_poll_interval_ms: Annotated[
+        int,
+        Meta(
+            ge=1000,
+            le=86_400_000,
+            description="longest trainer step between polls before the consumer leaves its group and rejoins"
+            " (at least session_timeout_ms)",
+        ),
+    ] = 300_000
+
+    def __post_init__(self) -> None:
+        if self.max_poll_interval_ms < self.session_timeout_ms:
+            raise ConfigError(
+                f"max_poll_interval_ms ({self.max_poll_interval_ms}) must be at least"
+                f" session_timeout_ms ({self.session_timeout_ms})"
+            )
 
     @property
     def topics(self) -> TopicNames:

@@ -2,14 +2,15 @@
 
 Groups are held, yielded or evicted by a consumption policy; a yielded batch carries the padded
 tensors fetched from TQ train, and `release` clears those rows and commits the consumed offsets.
-A partition's committed offset never passes a group that is still held or yielded but unreleased.
+A partition's committed offset never passes a record not yet resolved (`ledger.py`): a group held,
+ready, or yielded and not released, a duplicate waiting for its original, a dead letter not yet
+acknowledged. Records the trainer cannot use go to its dead-letter topic (`deadletters.py`).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -23,13 +24,17 @@ from streams.config import KafkaConfig
 from streams.producer import AckedProducer, Outgoing
 from streams.tq import KVStore, MissingKeysError
 from workers.telemetry.sensors import TrainerSensor
+from workers.trainer.book import DUPLICATE, NEW, REREAD, GroupBook, Pending
 from workers.trainer.config import ConsumerConfig
+from workers.trainer.deadletters import MISSING_ROWS, UNDECODABLE_FINALIZED, Outbox, make_letter
+from workers.trainer.errors import PollErrors
 from workers.trainer.policies import Decision, Policy
 
 __all__ = ["ConsumerConfig", "ConsumerCounts", "ExperienceConsumer", "TrainBatch"]
 
 log = logging.getLogger("rlstream.trainer")
 
+# Commit failures that lose a race with a rebalance (or follow a max.poll.interval.ms leave).
 _RETRY_COMMIT = (
     KafkaError._NO_OFFSET,
     KafkaError.REBALANCE_IN_PROGRESS,
@@ -46,9 +51,13 @@ class ConsumerCounts:
 
     yielded: int = 0
     evicted_stale: int = 0
+    # Records of a group id already taken in, at another position (a replay, a re-finalization).
     duplicates: int = 0
+    # Groups never consumed whose rows were missing from TQ: dropped and dead-lettered (an alarm).
     missing_rows: int = 0
     undecodable: int = 0
+    # Records read again that were resolved already: after a rebalance, or before a restart (commit metadata).
+    reread: int = 0
     waiting: int = 0
     # Held groups more than the in_order lookahead ahead of the trainer (held, not dropped).
     ahead: int = 0
@@ -70,19 +79,11 @@ class TrainBatch:
         return [self.version - g.group_min_wv for g in self.groups]
 
 
-@dataclass
-class _Pending:
-    group: FinalizedGroup
-    partition: int
-    offset: int
-    state: str  # "held" | "ready" | "yielded"
-
-
 class ExperienceConsumer:
     """Read finalized groups read_committed and hand them to the trainer by weight version.
 
-    `sensor` gets every yield (with its staleness), eviction and dropped duplicate, e.g. a
-    `PrometheusTrainerSensor`; `on_yield` / `on_evict` get the group itself.
+    `sensor` gets every yield (with its staleness), eviction, duplicate, undecodable record and group
+    with missing rows, e.g. a `PrometheusTrainerSensor`; `on_yield` / `on_evict` get the group itself.
     """
 
     def __init__(
@@ -105,19 +106,20 @@ class ExperienceConsumer:
         self._on_yield = on_yield
         self._on_evict = on_evict
         self.sensor = sensor if sensor is not None else TrainerSensor()
-        self._committed: dict[int, int] = {}
-        self._consumer = Consumer(
-            kafka.consumer(config.consumer_group, **{"session.timeout.ms": config.session_timeout_ms})
-        )
+        self._book = GroupBook(store, config.train_partition, config.max_seen_groups)
+        self._paused: set[int] = set()
+        self._errors = PollErrors(config.finalized_topic, config.consumer_group, config.max_poll_interval_ms)
+        self._replay = AckedProducer(kafka) if config.stale_replay else None
+        self._letters = Outbox(kafka, config.topics.trainer_deadletter, f"trainer:{config.consumer_group}")
+        settings = {
+            "session.timeout.ms": config.session_timeout_ms,
+            "heartbeat.interval.ms": max(100, config.session_timeout_ms // 3),
+            "max.poll.interval.ms": config.max_poll_interval_ms,
+        }
+        self._consumer = Consumer(kafka.consumer(config.consumer_group, **settings))
         self._consumer.subscribe(
             [config.finalized_topic], on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_revoke
         )
-        self._pending: dict[int, dict[int, _Pending]] = {}  # partition -> offset -> pending
-        self._positions: dict[int, int] = {}
-        # Group ids already taken in, oldest forgotten first past max_seen_groups.
-        self._seen: OrderedDict[str, None] = OrderedDict()
-        self._paused: set[int] = set()
-        self._replay = AckedProducer(kafka) if config.stale_replay else None
 
     # ----- version and intake -----------------------------------------------------------------
 
@@ -126,55 +128,99 @@ class ExperienceConsumer:
         if version < self.version:
             raise InvalidArgument(f"weight version went backwards: {self.version} -> {version}")
         self.version = version
-        for part in list(self._pending):
-            for p in list(self._pending[part].values()):
-                if p.state == "held":
-                    self._decide(p)
+        for p in self._book.all_pending():
+            if p.state == "held":
+                self._decide(p)
         self._apply_backpressure()
 
     def _on_assign(self, consumer, partitions) -> None:
         # librdkafka keeps a partition's paused state across revoke and re-assign.
         consumer.resume(partitions)
+        topic = self.config.finalized_topic
+        try:
+            committed = consumer.committed(partitions, timeout=30)
+        except KafkaException as exc:
+            log.warning("%s: committed offsets unreadable (%s); consumed groups may be reported missing", topic, exc)
+            return
+        for tp in committed:
+            try:
+                self._book.assign(tp.partition, tp.offset, tp.metadata)
+            except ValueError as exc:
+                log.warning("%s[%d]: %s; consumed groups may be reported missing", topic, tp.partition, exc)
 
     def _on_revoke(self, consumer, partitions) -> None:
         for tp in partitions:
-            for p in self._pending.pop(tp.partition, {}).values():
-                # A yielded group stays "seen": if its record is read again it must not be yielded twice.
-                if p.state != "yielded":
-                    self._seen.pop(p.group.group_id, None)
-            self._positions.pop(tp.partition, None)
-            self._committed.pop(tp.partition, None)
+            self._book.revoke(tp.partition)
+            self._letters.drop(tp.partition)
             self._paused.discard(tp.partition)
 
     def poll(self, timeout_s: float = 0.1) -> int:
         """Fetch new finalized records and decide each; returns how many were read."""
-        msgs = self._consumer.consume(self.config.max_poll_records, timeout_s)
-        for m in msgs:
+        read = 0
+        for m in self._consumer.consume(self.config.max_poll_records, timeout_s):
             if m.error() is not None:
-                if m.error().code() == KafkaError._PARTITION_EOF:
-                    continue
-                raise KafkaException(m.error())
-            self._positions[m.partition()] = m.offset() + 1
-            try:
-                group = FinalizedGroup.from_bytes(m.value())
-            except SchemaError as exc:
-                # The reassembler only writes valid records; count and skip anything else.
-                self.counts.undecodable += 1
-                log.warning("skipped an undecodable record at %s[%d]@%d: %s", m.topic(), m.partition(), m.offset(), exc)
+                self._errors.handle(m.error())
                 continue
-            if group.group_id in self._seen:
-                self.counts.duplicates += 1
-                self.sensor.on_duplicate()
-                continue
-            self._seen[group.group_id] = None
-            if len(self._seen) > self.config.max_seen_groups:
-                self._seen.popitem(last=False)
-            pending = _Pending(group, m.partition(), m.offset(), "held")
-            self._pending.setdefault(m.partition(), {})[m.offset()] = pending
-            self._decide(pending)
-        self._commit_resolved()
+            read += 1
+            self._take(m)
+        self._resolve_letters()
         self._apply_backpressure()
-        return len(msgs)
+        return read
+
+    def _take(self, m) -> None:
+        part, offset = m.partition(), m.offset()
+        resolved_before = self._book.read(part, offset)
+        try:
+            group = FinalizedGroup.from_bytes(m.value())
+        except SchemaError as exc:
+            if not resolved_before:  # else dead-lettered already, before a restart
+                self._undecodable(m, exc)
+            return
+        outcome, pending = self._book.take(group, part, offset, resolved_before=resolved_before)
+        if outcome == NEW and pending is not None:
+            self._decide(pending)
+        elif outcome == REREAD:
+            self.counts.reread += 1
+        elif outcome == DUPLICATE:
+            self.counts.duplicates += 1
+            self.sensor.on_duplicate()
+            log.warning(
+                "duplicate finalized record of group %s at %s[%d]@%d: not yielded again",
+                group.group_id,
+                self.config.finalized_topic,
+                part,
+                offset,
+            )
+
+    def _undecodable(self, m, exc: SchemaError) -> None:
+        part, offset, key = m.partition(), m.offset(), m.key()
+        where = f"{m.topic()}[{part}]@{offset}"
+        log.error(
+            "undecodable finalized record at %s (key %r): %s; sent to %s",
+            where,
+            key and key[:80],
+            exc,
+            self._letters.topic,
+        )
+        self.counts.undecodable += 1
+        self.sensor.on_undecodable()
+        letter = make_letter(
+            m.topic(),
+            part,
+            offset,
+            key,
+            m.value(),
+            UNDECODABLE_FINALIZED,
+            f"{where}: {exc}",
+            worker_id=self._letters.worker_id,
+        )
+        self._letters.add(part, offset, letter)
+
+    def _resolve_letters(self) -> None:
+        """Resolve the records whose dead letters were acknowledged, and commit what is now resolved."""
+        for part, offset in self._letters.flush():
+            self._book.resolve_offset(part, offset)
+        self._commit_resolved()
 
     def _apply_backpressure(self) -> None:
         """Stop fetching while too many groups wait (held or ready); a group that could be used is never
@@ -189,28 +235,29 @@ class ExperienceConsumer:
             self._consumer.resume(assignment)
             self._paused = set()
 
-    def _decide(self, p: _Pending) -> None:
+    def _decide(self, p: Pending) -> None:
         decision = self.policy.decide(p.group, self.version)
         if decision is Decision.YIELD:
             p.state = "ready"
         elif decision is Decision.EVICT:
             self._evict(p)
 
-    def _evict(self, p: _Pending) -> None:
+    def _evict(self, p: Pending) -> None:
         self._store.clear(self.config.train_partition, list(p.group.sample_ids))
         if self._replay is not None:
             topic = self.config.topics.replay(self.config.stale_replay)
             self._replay.send([Outgoing(topic, p.group.group_id.encode(), p.group.to_bytes())])
         self.counts.evicted_stale += 1
         self.sensor.on_evict()
-        del self._pending[p.partition][p.offset]
+        self._book.resolved(p)
+        self._book.group_resolved(p.group)
         if self._on_evict is not None:
             self._on_evict(p.group, self.version)
 
     # ----- batches ------------------------------------------------------------------------------
 
-    def _ready(self) -> list[_Pending]:
-        ready = [p for part in self._pending.values() for p in part.values() if p.state == "ready"]
+    def _ready(self) -> list[Pending]:
+        ready = [p for p in self._book.all_pending() if p.state == "ready"]
         by_id = {p.group.group_id: p for p in ready}
         return [by_id[g.group_id] for g in self.policy.order([p.group for p in ready])]
 
@@ -231,21 +278,12 @@ class ExperienceConsumer:
                 return None
             self.poll(min(0.1, max(0.0, deadline - time.monotonic())))
 
-    def _fetch(self, chosen: list[_Pending]) -> TrainBatch | None:
+    def _fetch(self, chosen: list[Pending]) -> TrainBatch | None:
         ids = [s for p in chosen for s in p.group.sample_ids]
         try:
             fields = self._store.get(self.config.train_partition, ids)
         except MissingKeysError as exc:
-            # Rows already cleared: the group was released before a restart whose offsets had not
-            # yet passed it. It was consumed once; drop it rather than train on it twice.
-            missing = set(exc.missing)
-            for p in chosen:
-                if any(s in missing for s in p.group.sample_ids):
-                    log.info("group %s: rows already cleared (released before a restart); dropped", p.group.group_id)
-                    self.counts.missing_rows += 1
-                    self._store.clear(self.config.train_partition, list(p.group.sample_ids))
-                    del self._pending[p.partition][p.offset]
-            self._commit_resolved()
+            self._missing_rows(chosen, set(exc.missing))
             return None
         tags = [t for p in chosen for t in p.group.tags]
         tensors = unpack_payload(fields, tags, pad_value_dict=self.config.pad_value_dict)
@@ -265,37 +303,82 @@ class ExperienceConsumer:
             tuple((p.partition, p.offset) for p in chosen),
         )
 
+    def _missing_rows(self, chosen: list[Pending], missing: set[str]) -> None:
+        """Groups whose rows are missing from TQ and were never consumed: an alarm; dropped and dead-lettered.
+
+        A group consumed already never gets here: one resolved by this consumer is "seen" as resolved
+        (its record read again is a duplicate), one resolved before a restart is named by the commit
+        metadata. So rows missing here were lost (TQ restarted, cleared by someone else).
+        """
+        topic, train = self.config.finalized_topic, self.config.train_partition
+        for p in chosen:
+            lost = [s for s in p.group.sample_ids if s in missing]
+            if not lost:
+                continue
+            where = f"{topic}[{p.partition}]@{p.offset}"
+            message = (
+                f"group {p.group.group_id} at {where}: {len(lost)} of {len(p.group.sample_ids)} rows missing"
+                f" from TQ partition {train!r} (e.g. {', '.join(lost[:3])}), and it was never consumed"
+            )
+            log.error("%s; dropped and sent to %s", message, self._letters.topic)
+            self.counts.missing_rows += 1
+            self.sensor.on_missing_rows()
+            self._store.clear(train, list(p.group.sample_ids))
+            # Unresolved until its letter is acknowledged: the outbox holds the commit back instead.
+            self._book.set_aside(p)
+            letter = make_letter(
+                topic,
+                p.partition,
+                p.offset,
+                p.group.group_id.encode(),
+                p.group.to_bytes(),
+                MISSING_ROWS,
+                message,
+                worker_id=self._letters.worker_id,
+            )
+            self._letters.add(p.partition, p.offset, letter)
+            self._book.group_resolved(p.group)
+        self._resolve_letters()
+
     def release(self, batch: TrainBatch) -> None:
         """The trainer is done with the batch: clear its rows from TQ and commit what is now resolved."""
         self._store.clear(self.config.train_partition, list(batch.sample_ids))
-        for part, offset in batch.positions:
-            self._pending.get(part, {}).pop(offset, None)
+        for group, (part, offset) in zip(batch.groups, batch.positions, strict=True):
+            self._book.release(group, part, offset)
         self._commit_resolved()
 
     def _commit_resolved(self) -> None:
-        offsets = []
-        for part, position in self._positions.items():
-            pending = self._pending.get(part)
-            safe = min(pending) if pending else position
-            if self._committed.get(part) != safe:
-                offsets.append(TopicPartition(self.config.finalized_topic, part, safe))
-        if offsets:
-            try:
-                self._consumer.commit(offsets=offsets, asynchronous=False)
-                self._committed.update((tp.partition, tp.offset) for tp in offsets)
-            except KafkaException as exc:
-                # A commit that loses a race with a rebalance is retried by the next call.
-                if exc.args[0].code() not in _RETRY_COMMIT:
-                    raise
+        topic = self.config.finalized_topic
+        points = self._book.commit_points(topic, self._letters.offsets)
+        if not points:
+            return
+        offsets = [TopicPartition(topic, part, offset, metadata=metadata) for part, offset, metadata in points]
+        try:
+            self._consumer.commit(offsets=offsets, asynchronous=False)
+        except KafkaException as exc:
+            err = exc.args[0]
+            if err.fatal():
+                raise
+            # Retried by the next call; a record read again meanwhile is known to be resolved.
+            level = logging.DEBUG if err.code() in _RETRY_COMMIT else logging.WARNING
+            log.log(level, "commit of %s offsets failed, retrying later: %s", topic, err.str())
+            return
+        for part, offset, metadata in points:
+            self._book.committed(part, offset, metadata)
 
     def _update_waiting(self) -> None:
-        waiting = [p for part in self._pending.values() for p in part.values() if p.state in ("held", "ready")]
+        waiting = [p for p in self._book.all_pending() if p.state in ("held", "ready")]
         self.counts.waiting = len(waiting)
         self.counts.ahead = sum(
             1 for p in waiting if p.state == "held" and self.policy.too_far_ahead(p.group, self.version)
         )
 
     def close(self) -> None:
+        # Letters sent but not yet acknowledged get a moment, so their records are committed past.
+        for part, offset in self._letters.flush(timeout_s=5.0):
+            self._book.resolve_offset(part, offset)
+        self._commit_resolved()
         self._consumer.close()
+        self._letters.close()
         if self._replay is not None:
             self._replay.close()

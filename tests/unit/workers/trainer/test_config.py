@@ -28,6 +28,12 @@ def test_out_of_bounds_settings_are_refused(overrides):
         load(ConsumerConfig, env={}, overrides=overrides)
 
 
+def test_max_poll_interval_cannot_be_below_the_session_timeout():
+    with pytest.raises(ConfigError, match="max_poll_interval_ms .2000. must be at least session_timeout_ms .5000."):
+        load(ConsumerConfig, env={}, overrides={"max_poll_interval_ms": 2000, "session_timeout_ms": 5000})
+    assert ConsumerConfig().max_poll_interval_ms == 300_000
+
+
 def test_file_then_environment_then_flags():
     file = {"trainer": {"prefix": "f", "max_poll_records": 7, "consumer_group": "from-file"}}
     env = {"RLSTREAM_TRAINER_MAX_POLL_RECORDS": "9"}

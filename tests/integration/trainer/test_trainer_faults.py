@@ -1,0 +1,261 @@
+"""The trainer's consumer when things go wrong, against the real broker and TQ (issue 11, items 10 and 11).
+
+Undecodable records go to the trainer's dead-letter topic; duplicates never orphan rows nor destroy
+rows not yet trained; rows missing from TQ raise an alarm unless the group was consumed before a
+restart; a topic that does not exist yet and a trainer step longer than max.poll.interval.ms are
+waited out instead of ending the process.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import msgspec
+from prometheus_client import CollectorRegistry
+
+from schemas.deadletter import MAX_ORIGINAL_BYTES, DeadLetter
+from schemas.finalized import FinalizedGroup
+from streams.consumer import committed_offsets, read_topic, wait_until
+from streams.producer import AckedProducer, Outgoing
+from streams.tq import TRAIN
+from tests.integration.trainer.staging import committed_at_end, finalize_groups
+from workers.telemetry.prometheus import PrometheusTrainerSensor
+from workers.topics import TopicNames
+from workers.trainer.config import ConsumerConfig
+from workers.trainer.consumer import ExperienceConsumer
+from workers.trainer.deadletters import MISSING_ROWS, UNDECODABLE_FINALIZED
+from workers.trainer.policies import in_order, policy_by_name
+
+
+def _consumer(kafka, tq_store, names, group, policy=None, version=10, **config):
+    yielded: list[str] = []
+    registry = CollectorRegistry()
+    consumer = ExperienceConsumer(
+        kafka,
+        tq_store,
+        ConsumerConfig(prefix=names.prefix, consumer_group=group, **config),
+        policy or policy_by_name("ready_first"),
+        version=version,
+        on_yield=lambda g, v: yielded.append(g.group_id),
+        sensor=PrometheusTrainerSensor(registry),
+    )
+    return consumer, yielded, registry
+
+
+def _drain(consumer, num_groups=4, timeout_s=3.0):
+    while (batch := consumer.next_batch(num_groups, timeout_s=timeout_s)) is not None:
+        consumer.release(batch)
+
+
+def _settle(consumer, kafka, group, topic, timeout_s=60.0):
+    """Poll until the consumer's committed offsets reach the end of every partition."""
+    deadline = time.monotonic() + timeout_s
+    while not committed_at_end(kafka, group, topic):
+        assert time.monotonic() < deadline, f"{group}: committed {committed_offsets(kafka, group, topic)}"
+        consumer.poll(0.2)
+
+
+def _letters(kafka, names: TopicNames) -> list[DeadLetter]:
+    return [DeadLetter.from_bytes(r.value) for r in read_topic(kafka, names.trainer_deadletter)]
+
+
+def test_undecodable_records_are_dead_lettered_with_their_reason_and_offsets_move_past(kafka, tq_store, unique, caplog):
+    names, finalized = finalize_groups(kafka, tq_store, f"tf-u-{unique}")
+    some = next(iter(finalized.values()))
+    newer = msgspec.msgpack.encode({**msgspec.to_builtins(some), "schema_version": [2, 0]})
+    huge = b"\xc1" * (MAX_ORIGINAL_BYTES + 100)
+    producer = AckedProducer(kafka)
+    bad = [(b"poison", b"\xc1garbage"), (some.group_id.encode(), newer), (b"k" * 5000, huge)]
+    producer.send([Outgoing(names.finalized, k, v, partition=1) for k, v in bad])
+    producer.close()
+    group = f"tf-u-{unique}"
+    consumer, yielded, registry = _consumer(kafka, tq_store, names, group)
+    try:
+        with caplog.at_level(logging.ERROR, logger="rlstream.trainer"):
+            _drain(consumer)
+            _settle(consumer, kafka, group, names.finalized)
+    finally:
+        consumer.close()
+    assert sorted(yielded) == sorted(finalized)
+    letters = sorted(_letters(kafka, names), key=lambda d: d.source_offset)
+    assert [d.error_kind for d in letters] == [UNDECODABLE_FINALIZED] * 3
+    assert {(d.source_topic, d.source_partition) for d in letters} == {(names.finalized, 1)}
+    assert letters[0].original == b"\xc1garbage" and letters[0].source_key == b"poison"
+    assert "unsupported major version 2" in letters[1].message and letters[1].original == newer
+    assert letters[2].original_truncated and letters[2].original_size == len(huge)
+    assert len(letters[2].original) == MAX_ORIGINAL_BYTES and len(letters[2].source_key) == 1024
+    assert consumer.counts.undecodable == 3
+    assert registry.get_sample_value("rlstream_trainer_undecodable_records_total") == 3
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert sum(f"{names.finalized}[1]@{d.source_offset}" in e for d in letters for e in errors) == 3
+
+
+def _republish(kafka, names, record: FinalizedGroup) -> None:
+    producer = AckedProducer(kafka)
+    producer.send([Outgoing(names.finalized, record.group_id.encode(), record.to_bytes())])
+    producer.close()
+
+
+def test_a_duplicate_of_a_released_group_has_its_rows_cleared(kafka, tq_store, unique):
+    """The duplicate's rows are the original's keys; once the original is released nothing needs them."""
+    names, finalized = finalize_groups(kafka, tq_store, f"tf-d-{unique}")
+    group = f"tf-d-{unique}"
+    consumer, yielded, registry = _consumer(kafka, tq_store, names, group)
+    try:
+        first = consumer.next_batch(1, timeout_s=20.0)
+        assert first is not None
+        record = first.groups[0]
+        rows = tq_store.get(TRAIN, list(record.sample_ids))
+        consumer.release(first)
+        _drain(consumer)
+        # Whoever published the duplicate put its rows again under the same sample ids first.
+        tq_store.put(TRAIN, list(record.sample_ids), rows, list(record.tags))
+        _republish(kafka, names, record)
+        _settle(consumer, kafka, group, names.finalized)
+    finally:
+        consumer.close()
+    assert sorted(yielded) == sorted(finalized)
+    assert consumer.counts.duplicates == 1
+    assert registry.get_sample_value("rlstream_trainer_duplicate_groups_total") == 1
+    assert not tq_store.present(TRAIN, list(record.sample_ids))
+
+
+def test_a_duplicate_of_a_group_not_yet_trained_leaves_its_rows_until_the_original_is_released(kafka, tq_store, unique):
+    """Clearing a duplicate's rows while its original waits would destroy rows not yet trained."""
+    names, finalized = finalize_groups(kafka, tq_store, f"tf-h-{unique}", versions=range(3), per_version=1)
+    group = f"tf-h-{unique}"
+    held = finalized["v2-g0"]
+    extra = f"{held.group_id}_g99"  # a re-finalization with one more row than the original
+    rows = tq_store.get(TRAIN, [held.sample_ids[0]])
+    tq_store.put(TRAIN, [extra], rows, [held.tags[0]])
+    bigger = msgspec.structs.replace(
+        held,
+        sample_ids=(*held.sample_ids, extra),
+        tags=(*held.tags, held.tags[0]),
+        valid_row_count=held.valid_row_count + 1,
+        total_row_count=held.total_row_count + 1,
+        rejection_reasons=(*held.rejection_reasons, None),
+    )
+    _republish(kafka, names, bigger)
+    consumer, yielded, _ = _consumer(kafka, tq_store, names, group, policy=in_order(5), version=0)
+    try:
+        _drain(consumer, timeout_s=5.0)
+        consumer.set_version(1)
+        _drain(consumer, timeout_s=3.0)
+        assert consumer.counts.duplicates == 1 and "v2-g0" not in yielded
+        assert tq_store.present(TRAIN, list(held.sample_ids)) == set(held.sample_ids)
+        consumer.set_version(2)
+        batch = consumer.next_batch(1, timeout_s=10.0)
+        assert batch is not None and [g.group_id for g in batch.groups] == ["v2-g0"]
+        assert batch.tensors["input_ids"].shape[0] == len(held.sample_ids)
+        consumer.release(batch)
+        _settle(consumer, kafka, group, names.finalized)
+    finally:
+        consumer.close()
+    assert sorted(yielded) == sorted(finalized) and len(yielded) == len(set(yielded))
+    assert not tq_store.present(TRAIN, [*held.sample_ids, extra])
+
+
+def test_rows_missing_from_a_group_never_consumed_raise_an_alarm(kafka, tq_store, unique, caplog):
+    names, finalized = finalize_groups(kafka, tq_store, f"tf-m-{unique}")
+    lost = finalized["v1-g1"]
+    tq_store.clear(TRAIN, list(lost.sample_ids[:3]))  # TQ lost part of the group
+    group = f"tf-m-{unique}"
+    consumer, yielded, registry = _consumer(kafka, tq_store, names, group)
+    try:
+        with caplog.at_level(logging.ERROR, logger="rlstream.trainer"):
+            _drain(consumer)
+            _settle(consumer, kafka, group, names.finalized)
+    finally:
+        consumer.close()
+    assert sorted(yielded) == sorted(g for g in finalized if g != lost.group_id)
+    assert consumer.counts.missing_rows == 1
+    assert registry.get_sample_value("rlstream_trainer_missing_rows_total") == 1
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert any(lost.group_id in e and "3 of" in e and TRAIN in e for e in errors)
+    letters = _letters(kafka, names)
+    assert [(d.error_kind, d.source_key) for d in letters] == [(MISSING_ROWS, lost.group_id.encode())]
+    assert FinalizedGroup.from_bytes(letters[0].original) == lost
+    assert not tq_store.present(TRAIN, list(lost.sample_ids))
+
+
+def _released_behind_held(kafka, names) -> int:
+    """v0 groups after the first v1 group of their partition: released, but behind the committed offset."""
+    records = [(r.partition, r.offset, FinalizedGroup.from_bytes(r.value)) for r in read_topic(kafka, names.finalized)]
+    first_held = {}
+    for part, offset, g in records:
+        if g.group_min_wv == 1:
+            first_held[part] = min(offset, first_held.get(part, offset))
+    return sum(1 for part, offset, g in records if g.group_min_wv == 0 and offset > first_held.get(part, offset))
+
+
+def test_groups_consumed_before_a_restart_are_not_reported_missing(kafka, tq_store, unique, caplog):
+    """in_order holds the v1 groups, so the committed offsets stay behind v0 groups already released."""
+    names, finalized = finalize_groups(kafka, tq_store, f"tf-r-{unique}", per_version=6, partitions=2)
+    group = f"tf-r-{unique}"
+    first, yielded, _ = _consumer(kafka, tq_store, names, group, policy=in_order(1), version=0)
+    try:
+        _drain(first, timeout_s=5.0)
+    finally:
+        first.close()
+    assert sorted(yielded) == sorted(g for g in finalized if g.startswith("v0-"))
+    second, again, registry = _consumer(kafka, tq_store, names, group, policy=in_order(1), version=1)
+    try:
+        with caplog.at_level(logging.WARNING, logger="rlstream.trainer"):
+            _drain(second, timeout_s=5.0)
+            _settle(second, kafka, group, names.finalized)
+    finally:
+        second.close()
+    assert sorted(again) == sorted(g for g in finalized if g.startswith("v1-"))
+    assert second.counts.missing_rows == 0 and second.counts.reread == _released_behind_held(kafka, names) > 0
+    assert registry.get_sample_value("rlstream_trainer_missing_rows_total") == 0
+    assert not [r.getMessage() for r in caplog.records if r.name == "rlstream.trainer" and r.levelno >= logging.WARNING]
+    assert not _letters(kafka, names)
+
+
+def test_a_finalized_topic_that_does_not_exist_yet_is_waited_for(kafka, tq_store, unique, caplog):
+    prefix = f"tf-t-{unique}"
+    consumer, yielded, _ = _consumer(kafka, tq_store, TopicNames(prefix), prefix)
+    try:
+        with caplog.at_level(logging.WARNING, logger="rlstream.trainer"):
+            assert consumer.next_batch(1, timeout_s=4.0) is None
+        assert any(f"{prefix}.experience.finalized" in r.getMessage() for r in caplog.records)
+        names, finalized = finalize_groups(kafka, tq_store, prefix, per_version=1)
+        deadline = time.monotonic() + 60
+        while len(yielded) < len(finalized):
+            assert time.monotonic() < deadline, f"yielded {yielded} of {sorted(finalized)}"
+            _drain(consumer, timeout_s=1.0)
+    finally:
+        consumer.close()
+    assert sorted(yielded) == sorted(finalized)
+
+
+def test_a_trainer_step_longer_than_max_poll_interval_loses_and_repeats_nothing(kafka, tq_store, unique, caplog):
+    names, finalized = finalize_groups(kafka, tq_store, f"tf-p-{unique}", per_version=4)
+    group = f"tf-p-{unique}"
+    cfg = {"session_timeout_ms": 2000, "max_poll_interval_ms": 3000}
+    consumer, yielded, _ = _consumer(kafka, tq_store, names, group, **cfg)
+    try:
+        with caplog.at_level(logging.WARNING, logger="rlstream.trainer"):
+            first = consumer.next_batch(2, timeout_s=20.0)
+            assert first is not None
+            time.sleep(4.0)  # the trainer step: past max.poll.interval.ms, so the consumer leaves its group
+            second = consumer.next_batch(2, timeout_s=20.0)  # rejoins; re-reads what was assigned before
+            assert second is not None
+            # first is still with the trainer: the committed offsets must not pass its records.
+            committed = committed_offsets(kafka, group, names.finalized)
+            assert all(committed.get(p, -1001) <= o for p, o in first.positions)
+            consumer.release(first)
+            consumer.release(second)
+            deadline = time.monotonic() + 60
+            while len(yielded) < len(finalized):
+                assert time.monotonic() < deadline, f"yielded {yielded} of {sorted(finalized)}"
+                _drain(consumer, timeout_s=1.0)
+            _settle(consumer, kafka, group, names.finalized)
+    finally:
+        consumer.close()
+    assert sorted(yielded) == sorted(finalized)
+    assert any("max.poll.interval.ms" in r.getMessage() for r in caplog.records)
+    assert not tq_store.present(TRAIN, [s for g in finalized.values() for s in g.sample_ids])
+    wait_until(lambda: committed_at_end(kafka, group, names.finalized), timeout_s=10, what="final commit")

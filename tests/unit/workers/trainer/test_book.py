@@ -1,0 +1,109 @@
+"""The trainer's group book: duplicates never yielded twice, never orphaning rows, never destroying rows
+of a group not yet trained; records read again after a rebalance are no duplicates."""
+
+import torch
+from tensordict import TensorDict
+
+from schemas.finalized import FinalizedGroup
+from tests.unit.memory_store import InMemoryStore
+from workers.trainer.book import DUPLICATE, NEW, REREAD, GroupBook
+
+TRAIN = "train"
+
+
+def _group(group_id: str, rows: int = 2) -> FinalizedGroup:
+    return FinalizedGroup(
+        group_id=group_id,
+        prompt_idx=0,
+        partition_id="p",
+        sample_ids=tuple(f"{group_id}_g{i}" for i in range(rows)),
+        tags=tuple({} for _ in range(rows)),
+        group_min_wv=0,
+        group_max_wv=0,
+        canonical_output_tokens=1,
+        valid_row_count=rows,
+        total_row_count=rows,
+        rejection_reasons=(None,) * rows,
+        dropped=False,
+        drop_reason=None,
+        metrics={},
+        source=None,
+    )
+
+
+def _put(store, group):
+    ids = list(group.sample_ids)
+    store.put(TRAIN, ids, TensorDict({"x": torch.zeros(len(ids), 2)}, batch_size=[len(ids)]), [{}] * len(ids))
+
+
+def _book():
+    store = InMemoryStore()
+    return store, GroupBook(store, TRAIN, max_seen_groups=100)
+
+
+def _take(book, group, partition, offset):
+    return book.take(group, partition, offset, resolved_before=book.read(partition, offset))
+
+
+def test_a_duplicate_of_a_waiting_group_keeps_the_shared_rows_and_waits_for_it():
+    store, book = _book()
+    original, bigger = _group("a"), _group("a", rows=3)
+    _put(store, bigger)
+    outcome, pending = _take(book, original, 0, 0)
+    assert outcome == NEW and pending is not None
+    assert _take(book, bigger, 0, 1) == (DUPLICATE, None)
+    assert store.present(TRAIN, list(bigger.sample_ids)) == set(bigger.sample_ids)
+    # Neither record is resolved: the commit stays at the original.
+    assert book.commit_points("t", lambda p: [])[0][:2] == (0, 0)
+    pending.state = "yielded"
+    store.clear(TRAIN, list(original.sample_ids))  # what release does
+    book.release(original, 0, 0)
+    assert store.present(TRAIN, list(bigger.sample_ids)) == set()  # the duplicate's extra row too
+    assert book.commit_points("t", lambda p: [])[0][:2] == (0, 2)
+
+
+def test_a_duplicate_of_a_released_group_has_its_rows_cleared_at_once():
+    store, book = _book()
+    group = _group("b")
+    _, pending = _take(book, group, 1, 5)
+    book.release(group, 1, 5)
+    _put(store, group)  # put again by whoever published the duplicate
+    assert _take(book, group, 1, 9) == (DUPLICATE, None)
+    assert store.present(TRAIN, list(group.sample_ids)) == set()
+    assert book.commit_points("t", lambda p: [])[0][:2] == (1, 10)
+
+
+def test_a_yielded_group_read_again_after_a_rebalance_waits_for_its_release():
+    store, book = _book()
+    group = _group("c")
+    _put(store, group)
+    _, pending = _take(book, group, 2, 3)
+    pending.state = "yielded"
+    book.revoke(2)
+    book.assign(2, 3, None)
+    assert _take(book, group, 2, 3) == (REREAD, None)
+    assert book.commit_points("t", lambda p: []) == []  # still at 3: the trainer holds the group
+    assert store.present(TRAIN, list(group.sample_ids)) == set(group.sample_ids)
+    book.release(group, 2, 3)
+    assert book.commit_points("t", lambda p: [])[0][:2] == (2, 4)
+
+
+def test_a_held_group_of_a_revoked_partition_is_taken_in_again_as_new():
+    _, book = _book()
+    group = _group("d")
+    _take(book, group, 0, 0)
+    book.revoke(0)
+    assert _take(book, group, 0, 0)[0] == NEW
+
+
+def test_records_resolved_before_a_restart_are_rereads_and_their_rows_are_not_needed():
+    _, book = _book()
+    book.assign(0, 4, None)
+    book.read(0, 4)
+    book.ledgers[0].resolve(4)
+    book.read(0, 5)
+    ((part, offset, metadata),) = book.commit_points("t", lambda p: [5])
+    successor = GroupBook(InMemoryStore(), TRAIN, max_seen_groups=100)
+    successor.assign(part, offset, metadata)
+    assert _take(successor, _group("e"), 0, 5)[0] == NEW
+    assert successor.read(0, 6) is False

@@ -1,0 +1,187 @@
+"""`GroupBook`: what the trainer's consumer has read of each assigned partition, and what is resolved.
+
+No Kafka here: the consumer feeds it records and tells it what the trainer did; it answers which
+groups wait, what to commit (`ledger.py`), and clears the TQ rows of duplicates no one will read.
+
+A record is unresolved while its group is held, ready, or yielded and not released, or while it
+is a duplicate waiting for its original; the consumer's dead-letter outbox holds its own records.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from schemas.finalized import FinalizedGroup
+from streams.tq import KVStore
+from workers.trainer.ledger import PartitionLedger
+
+log = logging.getLogger("rlstream.trainer")
+
+NEW, DUPLICATE, REREAD = "new", "duplicate", "reread"
+
+
+@dataclass
+class Pending:
+    group: FinalizedGroup
+    partition: int
+    offset: int
+    state: str  # "held" | "ready" | "yielded" | "duplicate" (waits for its original)
+
+
+@dataclass
+class _Seen:
+    """Where a group id was first read, and whether that group is resolved (released, evicted, dropped)."""
+
+    partition: int
+    offset: int
+    resolved: bool = False
+
+
+class GroupBook:
+    def __init__(self, store: KVStore, train_partition: str, max_seen_groups: int):
+        self._store = store
+        self._train = train_partition
+        self._max_seen = max_seen_groups
+        self.pending: dict[int, dict[int, Pending]] = {}  # partition -> offset -> pending
+        self.ledgers: dict[int, PartitionLedger] = {}
+        # Group ids already taken in, oldest forgotten first past max_seen_groups.
+        self._seen: OrderedDict[str, _Seen] = OrderedDict()
+        self._duplicates: dict[str, list[Pending]] = {}  # group id -> duplicates waiting for it
+
+    # ----- partitions ---------------------------------------------------------------------------
+
+    def assign(self, partition: int, offset: int, metadata: str | None) -> None:
+        """From the partition's committed offset and metadata; ValueError (and a plain ledger) if malformed."""
+        try:
+            self.ledgers[partition] = PartitionLedger.from_commit(offset, metadata)
+        except ValueError:
+            self.ledgers[partition] = PartitionLedger.from_commit(offset, None)
+            raise
+
+    def revoke(self, partition: int) -> None:
+        for p in self.pending.pop(partition, {}).values():
+            if p.state == "duplicate":
+                self._duplicates[p.group.group_id].remove(p)
+                continue
+            # A yielded group stays "seen": if its record is read again it must not be yielded twice.
+            seen = self._seen.get(p.group.group_id)
+            if p.state != "yielded" and seen is not None and (seen.partition, seen.offset) == (p.partition, p.offset):
+                del self._seen[p.group.group_id]
+        self.ledgers.pop(partition, None)
+
+    # ----- intake -------------------------------------------------------------------------------
+
+    def read(self, partition: int, offset: int) -> bool:
+        """Note the record at `offset` as read; True when it was resolved before a restart or rebalance."""
+        return self.ledgers.setdefault(partition, PartitionLedger()).read(offset)
+
+    def take(
+        self, group: FinalizedGroup, partition: int, offset: int, *, resolved_before: bool
+    ) -> tuple[str, Pending | None]:
+        """Take in a decoded record: (NEW, its held Pending), (DUPLICATE, None) or (REREAD, None)."""
+        if resolved_before:
+            # Consumed before a restart or a rebalance, as the commit metadata says: its rows are gone on purpose.
+            if group.group_id not in self._seen:
+                self._remember(group.group_id, _Seen(partition, offset, resolved=True))
+            return REREAD, None
+        first = self._seen.get(group.group_id)
+        if first is not None:
+            self._duplicate(group, partition, offset, first)
+            # The same record again, after a rebalance, is no duplicate.
+            return (REREAD if (first.partition, first.offset) == (partition, offset) else DUPLICATE), None
+        self._remember(group.group_id, _Seen(partition, offset))
+        pending = Pending(group, partition, offset, "held")
+        self.pending.setdefault(partition, {})[offset] = pending
+        return NEW, pending
+
+    def _remember(self, group_id: str, seen: _Seen) -> None:
+        self._seen[group_id] = seen
+        if len(self._seen) > self._max_seen:
+            self._seen.popitem(last=False)
+
+    def _duplicate(self, group: FinalizedGroup, partition: int, offset: int, first: _Seen) -> None:
+        """A record of a group id already taken in: never yielded twice, and its rows never orphaned.
+
+        Its sample ids are the original's (the reassembler's deterministic `{group_id}_g{i}`), so
+        while the original waits (held, ready, or yielded and not released) clearing them would
+        destroy rows not yet trained: the duplicate waits and is resolved with its original, which
+        then clears whatever ids only the duplicate names. Once the original is released or evicted
+        its rows are gone, so rows under the duplicate's ids were put again by whoever published the
+        duplicate, and nothing will read them: they are cleared now.
+        """
+        if first.resolved:
+            self._store.clear(self._train, list(group.sample_ids))
+            self.ledgers[partition].resolve(offset)
+            return
+        pending = Pending(group, partition, offset, "duplicate")
+        self.pending.setdefault(partition, {})[offset] = pending
+        self._duplicates.setdefault(group.group_id, []).append(pending)
+
+    # ----- resolution ---------------------------------------------------------------------------
+
+    def resolved(self, p: Pending) -> None:
+        """The record of `p` needs nothing more: it no longer holds its partition's commit back."""
+        if self.pending.get(p.partition, {}).pop(p.offset, None) is not None:
+            self.ledgers[p.partition].resolve(p.offset)
+
+    def set_aside(self, p: Pending) -> None:
+        """Stop tracking `p` without resolving its record (a dead letter now holds the commit back)."""
+        self.pending.get(p.partition, {}).pop(p.offset, None)
+
+    def resolve_offset(self, partition: int, offset: int) -> None:
+        if partition in self.ledgers:
+            self.ledgers[partition].resolve(offset)
+
+    def group_resolved(self, group: FinalizedGroup) -> None:
+        """The group was released, evicted or dropped: its waiting duplicates are resolved with it."""
+        seen = self._seen.get(group.group_id)
+        if seen is not None:
+            seen.resolved = True
+        for dup in self._duplicates.pop(group.group_id, []):
+            extra = set(dup.group.sample_ids) - set(group.sample_ids)
+            if extra:
+                self._store.clear(self._train, sorted(extra))
+            self.resolved(dup)
+
+    def release(self, group: FinalizedGroup, partition: int, offset: int) -> None:
+        """The trainer is done with a yielded group (its rows are cleared by the caller)."""
+        pending = self.pending.get(partition, {}).get(offset)
+        if pending is not None:
+            self.resolved(pending)
+        self.group_resolved(group)
+
+    # ----- commits ------------------------------------------------------------------------------
+
+    def commit_points(self, topic: str, held_back: Callable[[int], list[int]]) -> list[tuple[int, int, str]]:
+        """(partition, offset, metadata) to commit where it changed; `held_back(p)`: offsets unresolved elsewhere."""
+        out = []
+        for part, ledger in self.ledgers.items():
+            point = ledger.commit_point([*self.pending.get(part, ()), *held_back(part)])
+            if point is None:
+                continue
+            offset, metadata, truncated = point
+            if truncated and not ledger.warned_truncated:
+                ledger.warned_truncated = True
+                log.warning(
+                    "%s[%d]: too many resolved records past offset %d to name in the commit metadata; "
+                    "after a restart some will be reported as missing rows",
+                    topic,
+                    part,
+                    offset,
+                )
+            if ledger.committed != (offset, metadata):
+                out.append((part, offset, metadata))
+        return out
+
+    def committed(self, partition: int, offset: int, metadata: str) -> None:
+        if partition in self.ledgers:
+            self.ledgers[partition].committed = (offset, metadata)
+
+    # ----- views --------------------------------------------------------------------------------
+
+    def all_pending(self) -> Iterator[Pending]:
+        for part in list(self.pending.values()):
+            yield from list(part.values())

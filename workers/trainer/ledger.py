@@ -1,0 +1,129 @@
+"""Where the trainer stands in one partition of the finalized topic, and what its offset commits say.
+
+A partition's committed offset is its first record not yet resolved: a group held, ready, or yielded
+and not released; a duplicate waiting for its original; a dead letter not yet acknowledged. Records
+past it that are resolved already (released, evicted, dead-lettered) are named in the commit's
+metadata as offset ranges, so a restarted trainer reading them again knows they were consumed: their
+rows are gone from TQ on purpose, which is no alarm. Any other group whose rows are missing is one.
+
+The metadata is `rlstream.trainer/1:` and comma-separated ranges `gap.length` (base 36), each gap
+counted from the end of the previous range (the first from the committed offset). Ranges run across
+offsets that never reach a consumer (transaction markers, aborted records), so their number is at
+most the number of unresolved records plus one. Past `MAX_METADATA_CHARS` (the broker refuses commit
+metadata over `offset.metadata.max.bytes`, 4096 by default) the last ranges are left out; their
+groups would be reported missing after a restart, so the truncation is logged where it happens.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass, field
+
+METADATA_PREFIX = "rlstream.trainer/1:"
+MAX_METADATA_CHARS = 3500
+
+Range = tuple[int, int]  # first and last offset, inclusive
+
+
+def _b36(n: int) -> str:
+    digits = "0123456789abcdefghijklmnopqrstuvwxyz"
+    out = ""
+    while True:
+        n, d = divmod(n, 36)
+        out = digits[d] + out
+        if n == 0:
+            return out
+
+
+def encode_ranges(base: int, ranges: Iterable[Range], limit: int = MAX_METADATA_CHARS) -> tuple[str, bool]:
+    """Commit metadata naming `ranges` (sorted, disjoint, all past `base`; none: ""); whether some were left out."""
+    parts: list[str] = []
+    size, prev = len(METADATA_PREFIX), base
+    for first, last in ranges:
+        item = f"{_b36(first - prev)}.{_b36(last - first)}"
+        if size + len(item) + 1 > limit:
+            return METADATA_PREFIX + ",".join(parts), True
+        parts.append(item)
+        size += len(item) + 1
+        prev = last
+    return (METADATA_PREFIX + ",".join(parts) if parts else ""), False
+
+
+def decode_ranges(base: int, metadata: str | None) -> list[Range]:
+    """The ranges a commit at `base` named; [] for no metadata or another writer's; ValueError if malformed."""
+    if not metadata or not metadata.startswith(METADATA_PREFIX):
+        return []
+    body = metadata[len(METADATA_PREFIX) :]
+    ranges: list[Range] = []
+    prev = base
+    for item in body.split(",") if body else []:
+        gap, sep, length = item.partition(".")
+        if not sep:
+            raise ValueError(f"commit metadata range {item!r} is not gap.length")
+        first = prev + int(gap, 36)
+        last = first + int(length, 36)
+        if first <= prev or last < first:
+            raise ValueError(f"commit metadata range {item!r} overlaps the one before or goes backwards")
+        ranges.append((first, last))
+        prev = last
+    return ranges
+
+
+def runs(resolved: Iterable[int], unresolved: Iterable[int]) -> list[Range]:
+    """Ranges covering the resolved offsets, broken only where an unresolved offset lies between them."""
+    events = sorted([(o, True) for o in resolved] + [(o, False) for o in unresolved])
+    out: list[Range] = []
+    current: list[int] | None = None
+    for offset, done in events:
+        if done:
+            current = [offset, offset] if current is None else [current[0], offset]
+        elif current is not None:
+            out.append((current[0], current[1]))
+            current = None
+    if current is not None:
+        out.append((current[0], current[1]))
+    return out
+
+
+@dataclass
+class PartitionLedger:
+    """One assigned partition: records read since the last commit, which are resolved, and what to commit."""
+
+    prior: list[Range] = field(default_factory=list)  # resolved by a predecessor, from the commit metadata
+    resolved: set[int] = field(default_factory=set)  # resolved by this consumer, past the committed offset
+    position: int | None = None  # the next offset to read
+    committed: tuple[int, str] | None = None
+    warned_truncated: bool = False
+
+    @classmethod
+    def from_commit(cls, offset: int, metadata: str | None) -> PartitionLedger:
+        """From the partition's committed offset and metadata (offset < 0: none); ValueError if malformed."""
+        if offset < 0:
+            return cls()
+        return cls(prior=decode_ranges(offset, metadata), committed=(offset, metadata or ""))
+
+    def read(self, offset: int) -> bool:
+        """Note the record at `offset` as read; True when a predecessor resolved it already (it is then resolved)."""
+        self.position = offset + 1
+        i = bisect.bisect_right(self.prior, (offset, float("inf"))) - 1
+        if i >= 0 and self.prior[i][0] <= offset <= self.prior[i][1]:
+            self.resolved.add(offset)
+            return True
+        return False
+
+    def resolve(self, offset: int) -> None:
+        self.resolved.add(offset)
+
+    def commit_point(
+        self, unresolved: Collection[int], limit: int = MAX_METADATA_CHARS
+    ) -> tuple[int, str, bool] | None:
+        """(offset, metadata, truncated) to commit given the unresolved offsets read; None before any record."""
+        if self.position is None:
+            return None
+        safe = min(unresolved) if unresolved else self.position
+        self.resolved = {o for o in self.resolved if o > safe}
+        ranges = runs(self.resolved, [o for o in unresolved if o > safe])
+        ranges += [(max(first, self.position), last) for first, last in self.prior if last >= self.position]
+        metadata, truncated = encode_ranges(safe, ranges, limit)
+        return safe, metadata, truncated
