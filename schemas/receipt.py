@@ -74,6 +74,7 @@ class Receipt(Message, frozen=True, tag="receipt"):
             and math.isfinite(self.loss_multiplier)
             and self.loss_multiplier >= 0
             and (self.manifest if self.failure_reason is None else self.failure_reason)
+            and self._owns_its_staging()
         ):
             return
         non_empty("receipt.rollout_id", self.rollout_id)
@@ -92,3 +93,18 @@ class Receipt(Message, frozen=True, tag="receipt"):
         optional_non_empty("receipt.failure_reason", self.failure_reason)
         if not self.manifest:
             raise SchemaError("receipt.manifest", "must be non-empty unless failure_reason is set")
+        for i, call in enumerate(self.manifest):
+            if call.staging_key != f"{self.rollout_id}/{call.call_id}":
+                raise SchemaError(
+                    f"receipt.manifest[{i}].staging_key",
+                    f"must be '{{rollout_id}}/{{call_id}}' ({self.rollout_id}/{call.call_id}), got {call.staging_key!r}: "
+                    "a receipt names only its own rollout's staged rows",
+                )
+
+    def _owns_its_staging(self) -> bool:
+        # Staging keys are `{rollout_id}/{call_id}`: a receipt naming another rollout's rows would
+        # take that rollout's tokens and have them cleared under their owner.
+        prefix = self.rollout_id + "/"
+        return all(
+            c.staging_key.startswith(prefix) and c.staging_key[len(prefix) :] == c.call_id for c in self.manifest
+        )

@@ -49,6 +49,10 @@ class KVStore(Protocol):
 
     def list(self, partition: str) -> dict[str, dict[str, Any]]: ...
 
+    def tags(self, partition: str, keys: Sequence[str]) -> dict[str, dict[str, Any]]:
+        """The tags each present key was put with; absent keys are left out."""
+        ...
+
     def clear(self, partition: str, keys: Sequence[str]) -> None: ...
 
 
@@ -191,6 +195,17 @@ class TQStore:
 
     def list(self, partition: str) -> dict[str, dict[str, Any]]:
         return dict(self._tq.kv_list(partition_id=partition).get(partition, {}))
+
+    def tags(self, partition: str, keys: Sequence[str]) -> dict[str, dict[str, Any]]:
+        keys = list(dict.fromkeys(keys))
+        if not keys:
+            return {}
+        # One metadata call when every key is present (the common case); the tags are its custom meta.
+        meta = self._tq.get_client().kv_retrieve_meta(keys=keys, partition_id=partition, create=False)
+        if meta.size == len(keys):
+            return {k: dict(t) for k, t in zip(keys, meta.get_all_custom_meta())}
+        listed = self.list(partition)
+        return {k: dict(listed[k]) for k in keys if k in listed}
 
     def clear(self, partition: str, keys: Sequence[str]) -> None:
         if keys:

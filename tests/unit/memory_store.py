@@ -46,6 +46,10 @@ class InMemoryStore:
     def list(self, partition: str) -> dict[str, dict[str, Any]]:
         return {k: dict(tag) for k, (_, tag) in self._rows.get(partition, {}).items()}
 
+    def tags(self, partition: str, keys: Sequence[str]) -> dict[str, dict[str, Any]]:
+        part = self._rows.get(partition, {})
+        return {k: dict(part[k][1]) for k in keys if k in part}
+
     def clear(self, partition: str, keys: Sequence[str]) -> None:
         part = self._rows.get(partition, {})
         for k in keys:

@@ -38,14 +38,19 @@ def fetch_segments(
     if not keys:
         return {}
     select = list(SEGMENT_FIELDS) + ([ROUTED_EXPERTS] if routed_experts else [])
-    try:
-        td = store.get(staging_partition, keys, select=select)
-    except MissingKeysError as exc:
-        missing = set(exc.missing)
-        keys = [k for k in keys if k not in missing]
-        if not keys:
-            return {}
-        td = store.get(staging_partition, keys, select=select)
+    # A key can vanish between tries (its owner cleared it after a rebalance): retry without the
+    # absent ones, a bounded number of times, and leave the rest missing (placeholders, not a crash).
+    for _ in range(3):
+        try:
+            td = store.get(staging_partition, keys, select=select)
+            break
+        except MissingKeysError as exc:
+            missing = set(exc.missing)
+            keys = [k for k in keys if k not in missing]
+            if not keys:
+                return {}
+    else:
+        return {}
     columns = {name: tensor_rows(td.get(name)) for name in select}
     out: Segments = {}
     for i, key in enumerate(keys):
@@ -54,6 +59,24 @@ def fetch_segments(
             seg[ROUTED_EXPERTS] = _unflatten_experts(columns[ROUTED_EXPERTS][i], seg["token_ids"].numel())
         out[key] = seg
     return out
+
+
+def owned_keys(store: KVStore, staging_partition: str, groups: Sequence[OpenGroup]) -> set[str]:
+    """The staging keys of these groups' receipts that were staged by that very group and rollout.
+
+    A receipt is input: it could name another rollout's staged rows, whose tokens would become this
+    group's rows and then be cleared under their owner. Staged rows carry the group and rollout they
+    belong to in their tags (`stage_rollouts`); a row whose tags say otherwise is treated as missing.
+    """
+    owners = {
+        c.staging_key: (g.group_id, r.rollout_id) for g in groups for r in g.receipts.values() for c in r.manifest
+    }
+    tags = store.tags(staging_partition, list(owners))
+    return {
+        key
+        for key, (gid, rid) in owners.items()
+        if key in tags and tags[key].get("group_id") == gid and tags[key].get("rollout_id") == rid
+    }
 
 
 def _unflatten_experts(flat: torch.Tensor, tokens: int) -> torch.Tensor:
@@ -126,14 +149,16 @@ def finalize_groups(
 ) -> list[GroupOutcome]:
     """Finalize ready groups; rows go to TQ train now, staging is cleared by the caller after commit."""
     t0 = time.perf_counter()
-    keys = [k for g in groups for k in g.staging_keys()]
+    owned = owned_keys(store, config.staging_partition, groups) if groups else set()
+    keys = [k for g in groups for k in g.staging_keys() if k in owned]
     segments = fetch_segments(store, config.staging_partition, keys, routed_experts=config.router_replay_enabled)
     fetch_ms = (time.perf_counter() - t0) * 1000.0
     outcomes = []
     for group in groups:
         t1 = time.perf_counter()
         build = build_one(group, segments, config)
-        staging = tuple(dict.fromkeys(group.staging_keys()))
+        # Only the group's own rows are cleared after the commit: a foreign key stays with its owner.
+        staging = tuple(k for k in dict.fromkeys(group.staging_keys()) if k in owned)
         if build.valid_row_count == 0:
             reasons = sorted({r for r in build.rejection_reasons if r})
             kind = ALL_ROLLOUTS_FAILED if reasons == ["rollout_failed"] else INCONSISTENT_GROUP

@@ -40,9 +40,12 @@ def call_records(draw):
 def receipts(draw):
     group_size = draw(st.integers(1, 64))
     failure = draw(st.none() | ids)
-    manifest = draw(st.lists(call_records(), min_size=0 if failure else 1, max_size=5))
+    rollout_id = draw(ids)
+    drawn = draw(st.lists(call_records(), min_size=0 if failure else 1, max_size=5))
+    # A receipt's staging keys are `{rollout_id}/{call_id}` (checked on decode).
+    manifest = [msgspec.structs.replace(c, staging_key=f"{rollout_id}/{c.call_id}") for c in drawn]
     return Receipt(
-        rollout_id=draw(ids),
+        rollout_id=rollout_id,
         group_id=draw(ids),
         prompt_idx=draw(naturals),
         rollout_index=draw(st.integers(0, group_size - 1)),

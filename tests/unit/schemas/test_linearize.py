@@ -60,7 +60,10 @@ def test_valid_chains_rebuild_the_message_log(calls, seed):
 
 CORRUPTIONS = {
     "rollout_failed": lambda r, s, i: (msgspec.structs.replace(r, failure_reason="env crashed"), s),
-    "duplicate_staging_key": lambda r, s, i: (replace_call(r, i, staging_key=r.manifest[i - 1].staging_key), s),
+    "duplicate_staging_key": lambda r, s, i: (
+        replace_call(r, i, staging_key=r.manifest[i - 1].staging_key, call_id=r.manifest[i - 1].call_id),
+        s,
+    ),
     "rebuild_failed": lambda r, s, i: (replace_call(r, i, parent_call_id="stranger"), s),
     "invalid_receipt": lambda r, s, i: (
         replace_call(r, i, prev_len=r.manifest[i].prev_len + 1, cum_len=r.manifest[i].cum_len + 1),

@@ -91,7 +91,7 @@ def test_a_broken_chain_still_decodes():
         manifest=(
             call(0, parent_call_id="nobody", prev_len=3, cum_len=99, digest="not-a-digest"),
             call(1, parent_call_id="c7", prev_len=0, delta_len=2, cum_len=1),
-            call(2, staging_key="r/c1"),
+            call(2, call_id="c1", staging_key="r/c1"),
         )
     )
     assert Receipt.from_bytes(broken.to_bytes()) == broken
@@ -123,3 +123,11 @@ def test_receipt_to_dict_is_plain_json_data():
             "malformed_thinking": False,
         }
     ]
+
+
+@pytest.mark.parametrize("key", ["other-rollout/c0", "r/c9", "r", "rx/c0"])
+def test_a_receipt_naming_another_rollouts_staging_is_refused_with_the_call_path(key):
+    with pytest.raises(SchemaError) as info:
+        receipt(manifest=(call(0), call(1, staging_key=key)))
+    assert info.value.path == "receipt.manifest[1].staging_key"
+    assert key in info.value.reason
