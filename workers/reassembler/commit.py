@@ -36,6 +36,8 @@ class PartitionCommit:
     closed: tuple[GroupState, ...] = ()
     # Closed groups the partition forgot this step (past its horizon): tombstoned in the state topic.
     forgotten: tuple[str, ...] = ()
+    # (staging key, group id, rollout id) of receipts refused this step: cleared after the commit.
+    strays: tuple[tuple[str, str, str], ...] = ()
 
     @property
     def empty(self) -> bool:

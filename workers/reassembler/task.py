@@ -74,6 +74,9 @@ class PartitionTask:
         self._dead: list[DeadLetter] = []
         self._opened: list[GroupState] = []
         self._completed: dict[str, OpenGroup] = {}
+        # Staging keys of refused receipts (late, duplicate, inconsistent): cleared once their dead
+        # letters are committed, or their tensors would stay in TQ forever. (key, group, rollout).
+        self._strays: list[tuple[str, str, str]] = []
 
     @classmethod
     def resume(
@@ -138,9 +141,12 @@ class PartitionTask:
                 self._opened.append(_open_entry(group))
             if outcome is Added.COMPLETED:
                 self._completed[group.group_id] = group
-        elif outcome is not Added.REPLAYED_CLOSED and not replay:
-            letter = self._refused(rec, _REFUSED[outcome], _refusal(decoded, outcome), now_ms)
-            self._dead.append(msgspec.structs.replace(letter, source_timestamp_ms=event_ms))
+        elif outcome is not Added.REPLAYED_CLOSED:
+            # Also when replayed: a crash after the commit may have left the clear undone.
+            self._strays.extend((c.staging_key, decoded.group_id, decoded.rollout_id) for c in decoded.manifest)
+            if not replay:
+                letter = self._refused(rec, _REFUSED[outcome], _refusal(decoded, outcome), now_ms)
+                self._dead.append(msgspec.structs.replace(letter, source_timestamp_ms=event_ms))
 
     def _refused(self, rec: Record, kind: str, message: str, now_ms: int) -> DeadLetter:
         return DeadLetter(
@@ -217,7 +223,8 @@ class PartitionTask:
             )
         if offset is None and (state or dead or finalized):
             offset = self.committed_offset
-        self._dead, self._opened, self._completed = [], [], {}
+        strays = tuple(self._strays)
+        self._dead, self._opened, self._completed, self._strays = [], [], {}, []
         return PartitionCommit(
             partition=self.partition,
             finalized=tuple(finalized),
@@ -227,6 +234,7 @@ class PartitionTask:
             commit_offset=offset,
             closed=tuple(e for e in closed if e.staging_keys),
             forgotten=tuple(forgotten),
+            strays=strays,
         )
 
     def _close(self, o: GroupOutcome, now_ms: int) -> tuple[GroupState, list[DeadLetter]]:
@@ -276,6 +284,8 @@ class PartitionTask:
         keys = [k for entry in commit.closed for k in entry.staging_keys]
         if keys:
             self.store.clear(self.config.actor.staging_partition, keys)
+        if commit.strays and self.config.clear_staging:
+            self._clear_strays(commit.strays)
         self._owed = [_cleared(entry) for entry in commit.closed]
         if commit.commit_offset is not None:
             self.committed_offset = commit.commit_offset
@@ -286,6 +296,22 @@ class PartitionTask:
         offsets = {e.group_id: written.first_offsets.get(e.group_id, self.state_end) for e in commit.state}
         self.groups.entries_written(offsets, {e.group_id for e in commit.state if e.status == OPEN})
         self.state_end = max(self.state_end, written.end_offset)
+
+    def _clear_strays(self, strays: Sequence[tuple[str, str, str]]) -> None:
+        """Clear refused receipts' staged rows: only rows they own, and none an open group still uses."""
+        in_use = {k for g in self.groups.open.values() for k in g.staging_keys()}
+        owners = {key: (gid, rid) for key, gid, rid in strays if key not in in_use}
+        if not owners:
+            return
+        partition = self.config.actor.staging_partition
+        tags = self.store.tags(partition, list(owners))
+        owned = [
+            k
+            for k, (gid, rid) in owners.items()
+            if k in tags and (tags[k].get("group_id"), tags[k].get("rollout_id")) == (gid, rid)
+        ]
+        if owned:
+            self.store.clear(partition, owned)
 
 
 def _cleared(entry: GroupState) -> GroupState:

@@ -312,3 +312,52 @@ def test_forgotten_groups_are_tombstoned_after_their_entries_and_the_progress_ca
     assert [s.group_id for s in second.state] == ["a", "b"]  # their cleared entries, before the tombstone
     assert second.progress.horizon_ms == 1_000 and second.progress.restore_from == 102
     assert task.groups.add(receipt("a", 0), 50, 999)[0] is Added.LATE
+
+
+def test_a_receipt_carrying_another_groups_staging_neither_takes_nor_clears_its_rows():
+    store = InMemoryStore()
+    task = make_task(store)
+    a = staged(store, "A")
+    # Group B (size 1) claims A's first rollout: same rollout id and keys, so the receipt is well formed.
+    hijack = msgspec.structs.replace(a[0], group_id="B", group_size=1, rollout_index=0)
+    task.intake(record(0, hijack.to_bytes()), 5_000)
+    first = step(task, store)
+    assert first.finalized == ()  # its only row is not B's: no valid row, dead-lettered
+    task.post_commit(first)
+    a_keys = [c.staging_key for r in a for c in r.manifest]
+    assert store.present(STAGING, a_keys) == set(a_keys)
+    for offset, r in enumerate(a, start=1):
+        task.intake(record(offset, r.to_bytes()), 5_000)
+    second = step(task, store)
+    assert [(f.group_id, f.valid_row_count) for f in second.finalized] == [("A", 2)]
+
+
+def test_a_late_receipts_staged_rows_are_cleared_after_its_dead_letter_commits():
+    store = InMemoryStore()
+    task = make_task(store)
+    receipts = staged(store, "g")
+    task.intake(record(0, receipts[0].to_bytes(), ts=1_000), 1_000)
+    timed_out = step(task, store, now_ms=1_000 + TIMEOUT_MS)
+    assert [f.valid_row_count for f in timed_out.finalized] == [1]
+    task.post_commit(timed_out)
+    late_keys = [c.staging_key for c in receipts[1].manifest]
+    task.intake(record(1, receipts[1].to_bytes()), 40_000)
+    commit = step(task, store, now_ms=40_000)
+    assert [d.error_kind for d in commit.dead_letters] == [dl.LATE_RECEIPT]
+    # Only after the commit: a crash before it re-reads the receipt and refuses it again.
+    assert store.present(STAGING, late_keys) == set(late_keys)
+    task.post_commit(commit)
+    assert store.present(STAGING, late_keys) == set()
+
+
+def test_a_duplicate_of_an_accepted_receipt_leaves_the_rows_its_group_uses():
+    store = InMemoryStore()
+    task = make_task(store)
+    receipts = staged(store, "g")
+    task.intake(record(0, receipts[0].to_bytes()), 5_000)
+    task.intake(record(1, receipts[0].to_bytes()), 5_000)
+    commit = step(task, store)
+    assert [d.error_kind for d in commit.dead_letters] == [dl.DUPLICATE_RECEIPT]
+    task.post_commit(commit)
+    keys = [c.staging_key for c in receipts[0].manifest]
+    assert store.present(STAGING, keys) == set(keys)
