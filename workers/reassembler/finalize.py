@@ -61,22 +61,24 @@ def fetch_segments(
     return out
 
 
-def owned_keys(store: KVStore, staging_partition: str, groups: Sequence[OpenGroup]) -> set[str]:
-    """The staging keys of these groups' receipts that were staged by that very group and rollout.
+def owned_keys(store: KVStore, staging_partition: str, groups: Sequence[OpenGroup]) -> dict[str, set[str]]:
+    """Per group, the staging keys of its receipts that were staged by that very group and rollout.
 
     A receipt is input: it could name another rollout's staged rows, whose tokens would become this
     group's rows and then be cleared under their owner. Staged rows carry the group and rollout they
     belong to in their tags (`stage_rollouts`); a row whose tags say otherwise is treated as missing.
+    Two groups of one step may name the same key: each is judged on its own claim.
     """
-    owners = {
-        c.staging_key: (g.group_id, r.rollout_id) for g in groups for r in g.receipts.values() for c in r.manifest
-    }
-    tags = store.tags(staging_partition, list(owners))
-    return {
-        key
-        for key, (gid, rid) in owners.items()
-        if key in tags and tags[key].get("group_id") == gid and tags[key].get("rollout_id") == rid
-    }
+    claims = [
+        (g.group_id, r.rollout_id, c.staging_key) for g in groups for r in g.receipts.values() for c in r.manifest
+    ]
+    tags = store.tags(staging_partition, list(dict.fromkeys(key for _, _, key in claims)))
+    owned: dict[str, set[str]] = {g.group_id: set() for g in groups}
+    for gid, rid, key in claims:
+        tag = tags.get(key)
+        if tag is not None and tag.get("group_id") == gid and tag.get("rollout_id") == rid:
+            owned[gid].add(key)
+    return owned
 
 
 def _unflatten_experts(flat: torch.Tensor, tokens: int) -> torch.Tensor:
@@ -149,16 +151,17 @@ def finalize_groups(
 ) -> list[GroupOutcome]:
     """Finalize ready groups; rows go to TQ train now, staging is cleared by the caller after commit."""
     t0 = time.perf_counter()
-    owned = owned_keys(store, config.staging_partition, groups) if groups else set()
-    keys = [k for g in groups for k in g.staging_keys() if k in owned]
-    segments = fetch_segments(store, config.staging_partition, keys, routed_experts=config.router_replay_enabled)
+    owned = owned_keys(store, config.staging_partition, groups) if groups else {}
+    keys = [k for keys in owned.values() for k in keys]
+    fetched = fetch_segments(store, config.staging_partition, keys, routed_experts=config.router_replay_enabled)
     fetch_ms = (time.perf_counter() - t0) * 1000.0
     outcomes = []
     for group in groups:
         t1 = time.perf_counter()
-        build = build_one(group, segments, config)
+        mine = owned[group.group_id]
+        build = build_one(group, {k: v for k, v in fetched.items() if k in mine}, config)
         # Only the group's own rows are cleared after the commit: a foreign key stays with its owner.
-        staging = tuple(k for k in dict.fromkeys(group.staging_keys()) if k in owned)
+        staging = tuple(k for k in dict.fromkeys(group.staging_keys()) if k in mine)
         if build.valid_row_count == 0:
             reasons = sorted({r for r in build.rejection_reasons if r})
             kind = ALL_ROLLOUTS_FAILED if reasons == ["rollout_failed"] else INCONSISTENT_GROUP

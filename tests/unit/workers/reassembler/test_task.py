@@ -361,3 +361,16 @@ def test_a_duplicate_of_an_accepted_receipt_leaves_the_rows_its_group_uses():
     task.post_commit(commit)
     keys = [c.staging_key for c in receipts[0].manifest]
     assert store.present(STAGING, keys) == set(keys)
+
+
+def test_a_hijacking_receipt_in_the_same_step_as_its_victim_takes_none_of_its_rows():
+    store = InMemoryStore()
+    task = make_task(store)
+    a = staged(store, "A")
+    hijack = msgspec.structs.replace(a[0], group_id="B", group_size=1, rollout_index=0)
+    for offset, r in enumerate([hijack, *a]):
+        task.intake(record(offset, r.to_bytes()), 5_000)
+    commit = step(task, store)
+    assert [(f.group_id, f.valid_row_count) for f in commit.finalized] == [("A", 2)]
+    (b_closed,) = [e for e in commit.state if e.group_id == "B"]
+    assert b_closed.staging_keys == ()  # nothing of A's is cleared on B's account
