@@ -97,8 +97,8 @@ class Receipt(Message, frozen=True, tag="receipt"):
             if call.staging_key != f"{self.rollout_id}/{call.call_id}":
                 raise SchemaError(
                     f"receipt.manifest[{i}].staging_key",
-                    f"must be '{{rollout_id}}/{{call_id}}' ({self.rollout_id}/{call.call_id}), got {call.staging_key!r}: "
-                    "a receipt names only its own rollout's staged rows",
+                    f"must be '{{rollout_id}}/{{call_id}}' ({self.rollout_id}/{call.call_id}), "
+                    f"got {call.staging_key!r}: a receipt names only its own rollout's staged rows",
                 )
 
     def _owns_its_staging(self) -> bool:

@@ -19,9 +19,7 @@ from .test_reassembler import SMALL
 
 
 def _worker(kafka, tq_store, names, sensor=None, **kw):
-    config = ReassemblerConfig(
-        prefix=names.prefix, worker_id="w0", consumer_group=f"reassemblers.{names.prefix}", **kw
-    )
+    config = ReassemblerConfig(prefix=names.prefix, worker_id="w0", consumer_group=f"reassemblers.{names.prefix}", **kw)
     return ReassemblerWorker(kafka, tq_store, config, sensor=sensor)
 
 
@@ -66,8 +64,10 @@ def test_a_late_receipts_staged_tensors_are_cleared_once_its_dead_letter_commits
         late = [c.staging_key for c in rollouts[7].receipt.manifest]
         drive(
             [worker],
-            lambda: [d.error_kind for d in dead_letters(kafka, names)] == [LATE_RECEIPT]
-            and not tq_store.present(STAGING, late),
+            lambda: (
+                [d.error_kind for d in dead_letters(kafka, names)] == [LATE_RECEIPT]
+                and not tq_store.present(STAGING, late)
+            ),
             timeout_s=60,
         )
     finally:
