@@ -34,5 +34,12 @@ bench: jars
 	$(BIN)/python bench/bench_schemas.py
 	$(BIN)/python bench/bench_pipeline.py
 
+# The chaos drill, outside `make test`: 2,000 groups through SIGKILLed reassemblers (every crash point
+# and random instants), a zombie, a broker kill -9 and a trainer kill; exits 1 if any group is lost,
+# duplicated or trained twice, or TQ keeps anything. Scale it with CHAOS_ARGS="--groups 100 --kills 4".
+.PHONY: chaos
+chaos: jars
+	$(BIN)/python bench/chaos.py $(CHAOS_ARGS)
+
 clean-venv:
 	rm -rf $(VENV)

@@ -3,7 +3,7 @@
 import time
 
 from streams.admin import TopicSpec, create_topics, partition_count
-from streams.consumer import committed_offsets, read_topic
+from streams.consumer import committed_offsets, end_offsets, read_topic
 from streams.producer import AckedProducer, Outgoing
 from streams.tq import STAGING
 from tests.integration.helpers import drive, finalized_records, publish_groups, setup_topics
@@ -16,6 +16,18 @@ from workers.topics import TopicNames
 
 def _records(kafka, topic):
     return list(read_topic(kafka, topic))
+
+
+def _assert_consumed_to_the_end(kafka, consumer_group, topic):
+    """The consumer group's committed offsets are past every record of the topic, and not past its end."""
+    last = {}
+    for r in read_topic(kafka, topic):
+        last[r.partition] = r.offset
+    committed = committed_offsets(kafka, consumer_group, topic)
+    ends = end_offsets(kafka, topic)
+    assert last, f"{topic} is empty"
+    for p, off in last.items():
+        assert off < committed[p] <= ends[p][1], (p, off, committed[p], ends[p])
 
 
 def test_replay_time_range_and_group_ids_copy_exactly_the_matching_records(kafka, unique):
@@ -75,6 +87,69 @@ def test_replay_time_range_and_group_ids_copy_exactly_the_matching_records(kafka
     assert report.scanned == {0: 3, 2: 1}
 
 
+# A replay process that copies `cut` records, gives the client a moment to send them, and dies.
+_DYING_REPLAY = """
+import os, signal, sys, time
+import workers.ops.replay as replay_module
+from streams.config import KafkaConfig
+
+bootstrap, source, prefix, cut = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+read_topic = replay_module.read_topic
+
+def dying(*args, **kwargs):
+    for i, rec in enumerate(read_topic(*args, **kwargs)):
+        if i == cut:
+            time.sleep(1.0)
+            os.kill(os.getpid(), signal.SIGKILL)
+        yield rec
+
+replay_module.read_topic = dying
+replay_module.replay(KafkaConfig(bootstrap), source, "cut", prefix=prefix)
+"""
+
+
+def test_a_replay_killed_mid_copy_shows_nothing_and_a_rerun_copies_the_slice_once(kafka, unique):
+    import signal
+    import subprocess
+    import sys
+
+    prefix = f"rk-{unique}"
+    src = f"{prefix}.rollout.receipts"
+    create_topics(kafka, [TopicSpec(src, 3)])
+    AckedProducer(kafka).send(
+        [Outgoing(src, f"g{i % 5}".encode(), f"v{i}".encode(), partition=i % 3) for i in range(30)]
+    )
+    dest = TopicNames(prefix).replay("cut")
+    proc = subprocess.run(
+        [sys.executable, "-c", _DYING_REPLAY, kafka.bootstrap_servers, src, prefix, "12"],
+        capture_output=True,
+        timeout=120,
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()[-2000:]
+    # The dead copy's records reached the log, but a read_committed reader sees none of them.
+    assert len(list(read_topic(kafka, dest, read_committed=False))) == 12
+    assert _records(kafka, dest) == []
+
+    # The rerun's transactional id is derived from the destination: it aborts the orphan at once
+    # (else read_committed readers would stall behind it until its timeout) and copies the slice once.
+    report = replay(kafka, src, "cut", prefix=prefix)
+    assert report.total == 30 and not report.created
+    got = _records(kafka, dest)
+    assert sorted((r.partition, r.key, r.value) for r in got) == sorted(
+        (r.partition, r.key, r.value) for r in _records(kafka, src)
+    )
+    assert len(list(read_topic(kafka, dest, read_committed=False))) == 30 + 12
+
+
+def _rows(store, partition, record):
+    return store.get(partition, list(record.sample_ids), select=["input_ids"])["input_ids"].unbind()
+
+
+def _outcome(r):
+    fields = ("sample_ids", "tags", "valid_row_count", "total_row_count", "rejection_reasons", "group_min_wv")
+    return tuple(getattr(r, f) for f in (*fields, "canonical_output_tokens"))
+
+
 def test_replay_run_reproduces_finalized_records_without_touching_production(kafka, tq_store, unique):
     prefix = f"rr-{unique}"
     names = setup_topics(kafka, prefix, partitions=3)
@@ -103,49 +178,34 @@ def test_replay_run_reproduces_finalized_records_without_touching_production(kaf
         drive([rw], lambda: len(finalized_records(kafka, run_names)) >= 5, timeout_s=120)
     finally:
         rw.close()
-    assert finalized_records(kafka, names) == []
-    assert committed_offsets(kafka, "reassemblers", names.receipts) == {p: -1001 for p in range(3)}
+    assert finalized_records(kafka, names) == [] and list(read_topic(kafka, names.state)) == []
+    # The replay run's own consumer group holds its place in the replay topic, to the end of the slice;
+    # production's consumer group has no place anywhere yet.
+    _assert_consumed_to_the_end(kafka, f"replay.{unique}", report.dest_topic)
+    production_group = f"reassemblers.{prefix}"
+    assert committed_offsets(kafka, production_group, names.receipts) == {p: -1001 for p in range(3)}
     keys = [c.staging_key for gid in chosen for r in groups[gid] for c in r.receipt.manifest]
     assert tq_store.present(STAGING, keys) == set(keys)
 
     prod = ReassemblerWorker(
-        kafka, tq_store, ReassemblerConfig(prefix=names.prefix, worker_id="p0", consumer_group=f"reassemblers.{prefix}")
+        kafka, tq_store, ReassemblerConfig(prefix=names.prefix, worker_id="p0", consumer_group=production_group)
     )
     try:
         drive([prod], lambda: len(finalized_records(kafka, names)) >= 10, timeout_s=120)
     finally:
         prod.close()
+    _assert_consumed_to_the_end(kafka, production_group, names.receipts)
     replayed = {r.group_id: r for r in finalized_records(kafka, run_names)}
     original = {r.group_id: r for r in finalized_records(kafka, names)}
     assert set(replayed) == chosen and set(original) == set(groups)
     for gid in chosen:
         a, b = replayed[gid], original[gid]
-        assert (
-            a.sample_ids,
-            a.tags,
-            a.valid_row_count,
-            a.total_row_count,
-            a.rejection_reasons,
-            a.group_min_wv,
-            a.canonical_output_tokens,
-        ) == (
-            b.sample_ids,
-            b.tags,
-            b.valid_row_count,
-            b.total_row_count,
-            b.rejection_reasons,
-            b.group_min_wv,
-            b.canonical_output_tokens,
-        )
+        assert _outcome(a) == _outcome(b)
         assert a.partition_id == replay_train_partition(run_names.prefix) and b.partition_id == "train"
         assert a.source.topic == report.dest_topic
-    rows = tq_store.get(
-        replay_train_partition(run_names.prefix), list(replayed[sorted(chosen)[0]].sample_ids), select=["input_ids"]
-    )["input_ids"].unbind()
-    prod_rows = tq_store.get("train", list(original[sorted(chosen)[0]].sample_ids), select=["input_ids"])[
-        "input_ids"
-    ].unbind()
-    assert all(x.equal(y) for x, y in zip(rows, prod_rows))
+    first = sorted(chosen)[0]
+    rows = _rows(tq_store, replay_train_partition(run_names.prefix), replayed[first])
+    assert all(x.equal(y) for x, y in zip(rows, _rows(tq_store, "train", original[first])))
     tq_store.clear("train", [s for r in original.values() for s in r.sample_ids])
     tq_store.clear(replay_train_partition(run_names.prefix), [s for r in replayed.values() for s in r.sample_ids])
 

@@ -1,0 +1,291 @@
+"""Chaos drill: the whole pipeline under SIGKILLs, a zombie, a broker crash and a trainer crash; then an audit.
+
+It starts its own KRaft cluster (`streams.cluster.LocalCluster`) and Ray/TQ (or attaches to one with
+`--ray-address`), a consumer group of reassembler processes (`rlstream reassemble`, one slot per
+worker id), a trainer process (`bench/chaos_trainer.py`) and a producer thread. While the producer
+publishes, the drill, at random times:
+
+- SIGKILLs reassemblers: some from outside at a random instant (the slot restarts with the same
+  worker id), some by starting an extra worker with a crash point (`after_tq_put`, `before_commit`,
+  `after_commit`) that kills itself there, mid-step;
+- SIGSTOPs one reassembler longer than its session timeout and its transaction timeout, then
+  SIGCONTs it (a zombie that must not get anything through);
+- kill -9s one broker and restarts it on its data;
+- SIGKILLs the trainer in the middle of a training step and starts a new one.
+
+Afterwards `bench.chaos_check` counts from the system's own outputs: lost and duplicated finalized
+records (a fresh read_committed consumer), groups trained more than once (the trainer's journal),
+and what is left in TQ staging and train. It prints the figures and exits 1 if an invariant fails.
+It stops only the processes it started, by their pid. An operator drill, not part of the runtime:
+it lives in bench/ with the benchmarks and is run by `make chaos`.
+
+    .venv/bin/python bench/chaos.py [--groups 2000] [--kills 20] [--rate 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import random
+import signal
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from chaos_check import DrillEvents, account, figures, read_journal, unfinished_batches
+from chaos_procs import Producer, Reassemblers, Trainer
+
+from streams.admin import create_topics
+from streams.cluster import ClusterConfig, LocalCluster
+from streams.config import KafkaConfig
+from streams.tq import TQConfig, TQStore, init_tq, ray_address
+from workers.reassembler.config import CRASH_POINTS
+from workers.telemetry.logs import configure_logging
+from workers.topics import TopicNames, pipeline_topics
+
+KILL_KINDS = (*CRASH_POINTS, "random")
+
+
+@dataclass(order=True)
+class Event:
+    at_s: float
+    kind: str  # a KILL_KINDS entry, zombie, zombie_end, broker, broker_end, trainer
+    arg: float = 0.0
+
+
+def schedule(args: argparse.Namespace, rng: random.Random) -> list[Event]:
+    """Every disruption at a random time while the producer runs (not in its first or last tenth)."""
+    span = args.groups / args.rate
+    at = lambda: rng.uniform(0.1 * span, 0.8 * span)
+    kinds = itertools.islice(itertools.cycle(KILL_KINDS), args.kills)
+    events = [Event(at(), k) for k in kinds]
+    if args.zombie_s > 0:
+        t = at()
+        events += [Event(t, "zombie"), Event(t + args.zombie_s, "zombie_end")]
+    if args.broker_down_s > 0:
+        t = at()
+        events += [Event(t, "broker", rng.randint(1, args.brokers)), Event(t + args.broker_down_s, "broker_end")]
+    if args.trainer_kill:
+        events.append(Event(at(), "trainer"))
+    return sorted(events)
+
+
+class Drill:
+    def __init__(self, args: argparse.Namespace, kafka: KafkaConfig, cluster: LocalCluster, workdir: Path):
+        self.args, self.kafka, self.cluster = args, kafka, cluster
+        self.rng = random.Random(args.seed)
+        self.names = TopicNames(f"chaos-{self.rng.getrandbits(32):08x}")
+        self.events = DrillEvents(kills_requested=args.kills)
+        self.journal = workdir / "trainer.journal"
+        self.workers = Reassemblers(
+            kafka, self.names, TQConfig(address=ray_address()), args.workers, workdir, self.events
+        )
+        self.trainer = Trainer(kafka, self.names, self.journal, workdir)
+        self.producer = Producer(kafka, self.names, args.groups, args.rate, args.seed, self.events)
+        self.ray = ray_address()
+        self.zombie_pid: int | None = None
+        self.broker_down: int | None = None
+        self._restarts: list[threading.Thread] = []
+        self._done = threading.Event()
+        self.trainer_kill_due = False
+
+    def run(self) -> int:
+        t0 = time.monotonic()
+        create_topics(self.kafka, pipeline_topics(self.names, self.args.partitions, min(3, self.args.brokers)))
+        say(f"topics under prefix {self.names.prefix}: {self.args.partitions} partitions")
+        try:
+            self.workers.start()
+            self.trainer.start(self.ray)
+            self.producer.start()
+            say(f"{self.args.workers} reassemblers, a trainer and a producer of {self.args.groups} groups started")
+            self._wait_until_up(t0)
+            self._loop(time.monotonic(), schedule(self.args, self.rng))
+        finally:
+            self._stop_all()
+        self.events.elapsed_s = time.monotonic() - t0
+        say("auditing with a fresh read_committed consumer, the trainer's journal and TQ ...")
+        acc = account(self.kafka, self.names, TQStore(), self.producer.staged, self.journal, self.events)
+        for line in figures(acc, self.events):
+            print(line, flush=True)
+        return 1 if acc.problems else 0
+
+    def _wait_until_up(self, t0: float) -> None:
+        """Until the first group went all the way to the trainer; the disruptions' clock starts then."""
+        while not read_journal(self.journal)[0]:
+            if time.monotonic() - t0 > self.args.timeout:
+                raise TimeoutError("the pipeline did not train its first group")
+            self._check_trainer()
+            time.sleep(0.5)
+        say(f"the first group reached the trainer after {time.monotonic() - t0:.0f}s; disruptions start now")
+        self.producer.go.set()
+
+    def _loop(self, t0: float, pending: list[Event]) -> None:
+        deadline = t0 + self.args.timeout
+        last_line = 0.0
+        while True:
+            now = time.monotonic() - t0
+            while pending and pending[0].at_s <= now:
+                self._fire(pending.pop(0))
+            self.workers.reap(respawn=True)
+            self._check_trainer()
+            if self.trainer_kill_due:
+                self._kill_trainer()
+            if time.monotonic() - last_line >= 5:
+                last_line = time.monotonic()
+                say(self._progress(now))
+            if not pending and self._finished():
+                return
+            if time.monotonic() > deadline:
+                self.events.timed_out = True
+                say(f"timed out after {self.args.timeout:.0f}s")
+                return
+            time.sleep(0.2)
+
+    def _finished(self) -> bool:
+        if self.producer.is_alive() or self.broker_down is not None or self.zombie_pid is not None:
+            return False
+        trained, _ = read_journal(self.journal)
+        done = len(set(trained) & set(self.producer.staged)) >= len(self.producer.staged)
+        if done and self.trainer_kill_due:  # nothing left to train: the kill can no longer land mid-step
+            self.events.crash_workers_never_died.append("trainer (never seen mid-step)")
+            self.trainer_kill_due = False
+        return done
+
+    def _progress(self, now: float) -> str:
+        trained, _ = read_journal(self.journal)
+        return (
+            f"[{now:5.0f}s] produced {len(self.producer.staged)}/{self.args.groups}, trained {len(trained)}, "
+            f"kills {sum(self.events.kills.values())}/{self.args.kills}, workers alive {self.workers.alive()}"
+            f"{', zombie stopped' if self.zombie_pid else ''}"
+            f"{f', broker {self.broker_down} down' if self.broker_down else ''}"
+        )
+
+    def _fire(self, ev: Event) -> None:
+        if ev.kind == "random":
+            pid = self.workers.kill_random(self.rng, spare=self.zombie_pid)
+            say(f"SIGKILL reassembler pid {pid} at a random instant")
+        elif ev.kind in CRASH_POINTS:
+            wid = self.workers.spawn_crasher(ev.kind)
+            say(f"started {wid}, which SIGKILLs itself at {ev.kind}")
+        elif ev.kind == "zombie":
+            self.zombie_pid = self.workers.stop_one(self.rng, self.args.zombie_s)
+            say(f"SIGSTOP reassembler pid {self.zombie_pid} for {self.args.zombie_s:.0f}s")
+        elif ev.kind == "zombie_end" and self.zombie_pid is not None:
+            self.workers.resume(self.zombie_pid)
+            say(f"SIGCONT reassembler pid {self.zombie_pid}")
+            self.zombie_pid = None
+        elif ev.kind == "broker":
+            self.broker_down = int(ev.arg)
+            self.cluster.kill(self.broker_down)
+            self.events.broker = f"broker {self.broker_down} killed (kill -9)"
+            say(f"kill -9 broker {self.broker_down}")
+        elif ev.kind == "broker_end" and self.broker_down is not None:
+            self._restart_broker(self.broker_down)
+        elif ev.kind == "trainer":
+            self.trainer_kill_due = True
+
+    def _restart_broker(self, node: int) -> None:
+        def restart() -> None:
+            t = time.monotonic()
+            self.cluster.restart(node)
+            ready = time.monotonic() - t
+            self.events.broker += f", restarted on its data {self.args.broker_down_s:.0f}s later, ready in {ready:.0f}s"
+            say(f"broker {node} restarted on its data ({ready:.1f}s to ready)")
+            self.broker_down = None
+            # The JVM gets SIGTERM when the thread that started it ends (PR_SET_PDEATHSIG follows the
+            # thread): this one lives until the drill stops.
+            self._done.wait()
+
+        thread = threading.Thread(target=restart, daemon=True)
+        thread.start()
+        self._restarts.append(thread)
+
+    def _kill_trainer(self) -> None:
+        # Due until the trainer is seen in the middle of a step (it may be waiting out a broker outage).
+        pid = self.trainer.kill_mid_step(timeout_s=0.5)
+        if pid is None:
+            return
+        self.trainer_kill_due = False
+        _, lines = read_journal(self.journal)
+        self.events.trainer_kills += 1
+        self.events.trainer_killed_mid_step += len(unfinished_batches(lines, pid))
+        say(f"SIGKILL trainer pid {pid} in the middle of a training step; starting a new one")
+        self.trainer.start(self.ray)
+
+    def _check_trainer(self) -> None:
+        code = self.trainer.exited()
+        if code is not None:
+            self.events.other_exits.append(f"trainer pid {self.trainer.proc.pid} exited {code}")
+            say(f"the trainer exited with {code}; starting a new one")
+            self.trainer.start(self.ray)
+
+    def _stop_all(self) -> None:
+        while self.broker_down is not None and any(t.is_alive() for t in self._restarts):
+            time.sleep(0.5)  # a restart under way: let it finish before the cluster stops
+        self.producer.stop()
+        if self.zombie_pid is not None:
+            self.workers.resume(self.zombie_pid)
+        # A last look before stopping: a crash worker still alive never reached its crash point.
+        self.workers.reap(respawn=False)
+        self.trainer.stop()
+        self.workers.stop()
+
+
+def say(line: str) -> None:
+    print(line, flush=True)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--groups", type=int, default=2000, help="prompt groups to produce")
+    p.add_argument("--rate", type=float, default=10.0, help="groups produced per second")
+    p.add_argument("--kills", type=int, default=20, help="reassembler SIGKILLs, cycling over crash points and random")
+    p.add_argument("--workers", type=int, default=3, help="reassembler processes (slots)")
+    p.add_argument("--partitions", type=int, default=6)
+    p.add_argument("--brokers", type=int, default=3, help="brokers in the local cluster")
+    p.add_argument("--broker-down-s", type=float, default=10.0, help="how long one broker stays dead (0: no kill)")
+    p.add_argument("--zombie-s", type=float, default=15.0, help="how long one reassembler stays stopped (0: none)")
+    p.add_argument("--no-trainer-kill", dest="trainer_kill", action="store_false")
+    p.add_argument("--seed", type=int, default=None, help="random seed (default: random, printed)")
+    p.add_argument("--ray-address", default=None, help="attach to this Ray instead of starting one")
+    p.add_argument("--timeout", type=float, default=1800.0, help="give up after this many seconds")
+    args = p.parse_args(argv)
+    if args.seed is None:
+        args.seed = random.SystemRandom().randrange(1 << 30)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    configure_logging()
+    say(f"chaos drill: {args.groups} groups, {args.kills} kills, seed {args.seed}")
+    with tempfile.TemporaryDirectory(prefix="rlstream-chaos-") as tmp:
+        workdir = Path(tmp)
+        say(f"starting a {args.brokers}-broker KRaft cluster ...")
+        with LocalCluster(ClusterConfig(data_dir=workdir / "cluster", brokers=args.brokers), log=say) as cluster:
+            say(f"bootstrap.servers={cluster.bootstrap_servers}")
+            session = init_tq(TQConfig(address=args.ray_address))
+            # After Ray's init, which installs its own SIGTERM handler: stop what we started, then exit.
+            signal.signal(signal.SIGTERM, _interrupt)
+            try:
+                code = Drill(args, KafkaConfig(cluster.bootstrap_servers), cluster, workdir).run()
+            finally:
+                session.close()
+        if code:
+            keep = Path(tempfile.mkdtemp(prefix="rlstream-chaos-logs-"))
+            for log in [*workdir.glob("*.log"), workdir / "trainer.journal"]:
+                log.rename(keep / log.name)
+            say(f"worker and trainer logs kept in {keep}")
+    return code
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, _interrupt)
+    sys.exit(main())

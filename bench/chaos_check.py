@@ -1,0 +1,149 @@
+"""The chaos drill's accounting: what a fresh read_committed consumer, the trainer's journal and TQ say at the end.
+
+Every figure is computed from the system's own outputs after everything stopped, never from what
+the drill believes it did: the finalized topic read again from the beginning, the dead-letter
+topic, the trainer's journal (`bench/chaos_trainer.py`) and the staging and train partitions of TQ.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from schemas.finalized import FinalizedGroup
+from streams.config import KafkaConfig
+from streams.consumer import read_topic
+from streams.tq import STAGING, TRAIN, KVStore
+from workers.topics import TopicNames
+
+
+@dataclass
+class DrillEvents:
+    """What the drill did to the system, as observed (exit codes, not intentions)."""
+
+    kills_requested: int = 0
+    kills: Counter = field(default_factory=Counter)  # SIGKILL deaths by kind: random or the crash point
+    crash_workers_never_died: list[str] = field(default_factory=list)
+    other_exits: list[str] = field(default_factory=list)  # worker exits that were no SIGKILL of ours
+    zombie: str = "none"
+    broker: str = "none"
+    trainer_kills: int = 0
+    trainer_killed_mid_step: int = 0  # groups in the killed trainer's unfinished batch
+    publish_retries: int = 0
+    producer_errors: list[str] = field(default_factory=list)
+    timed_out: bool = False
+    elapsed_s: float = 0.0
+
+
+def read_journal(path: Path) -> tuple[Counter, list[tuple[str, int, list[str]]]]:
+    """Trainings per group id (steps finished), and every journal line as (kind, pid, group ids)."""
+    lines = []
+    trained: Counter = Counter()
+    if path.exists():
+        for raw in path.read_text(encoding="utf-8").splitlines():
+            kind, pid, *ids = raw.split()
+            lines.append((kind, int(pid), ids))
+            if kind == "trained":
+                trained.update(ids)
+    return trained, lines
+
+
+def unfinished_batches(lines: list[tuple[str, int, list[str]]], pid: int) -> list[str]:
+    """Group ids of `pid`'s batches begun but never trained (it was killed in the middle of the step)."""
+    begun: list[str] = []
+    done: set[str] = set()
+    for kind, p, ids in lines:
+        if p == pid:
+            (begun.extend if kind == "begin" else done.update)(ids)
+    return [g for g in begun if g not in done]
+
+
+@dataclass
+class Accounting:
+    produced: int = 0
+    finalized_records: int = 0
+    finalized_groups: int = 0
+    lost: list[str] = field(default_factory=list)
+    duplicated: list[str] = field(default_factory=list)
+    unknown: list[str] = field(default_factory=list)
+    dead_letters: int = 0
+    trained_once: int = 0
+    trained_twice: list[str] = field(default_factory=list)
+    never_trained: list[str] = field(default_factory=list)
+    staging_left: int = 0
+    train_left: int = 0
+    problems: list[str] = field(default_factory=list)
+
+
+def account(
+    kafka: KafkaConfig,
+    names: TopicNames,
+    store: KVStore,
+    produced: dict[str, list[str]],
+    journal: Path,
+    events: DrillEvents,
+) -> Accounting:
+    """Count lost and duplicated groups, trainings per group and TQ leftovers; list every failed invariant."""
+    acc = Accounting(produced=len(produced))
+    records = [FinalizedGroup.from_bytes(r.value) for r in read_topic(kafka, names.finalized)]
+    counts = Counter(r.group_id for r in records)
+    acc.finalized_records, acc.finalized_groups = len(records), len(counts)
+    acc.lost = sorted(set(produced) - set(counts))
+    acc.duplicated = sorted(g for g, c in counts.items() if c > 1)
+    acc.unknown = sorted(set(counts) - set(produced))
+    acc.dead_letters = sum(1 for _ in read_topic(kafka, names.deadletter))
+    trained, _ = read_journal(journal)
+    acc.trained_once = sum(1 for g in counts if trained[g] == 1)
+    acc.trained_twice = sorted(g for g, c in trained.items() if c > 1)
+    acc.never_trained = sorted(g for g in counts if trained[g] == 0)
+    acc.staging_left = len(store.present(STAGING, [k for keys in produced.values() for k in keys]))
+    acc.train_left = len(store.present(TRAIN, [s for r in records for s in r.sample_ids]))
+    acc.problems = _problems(acc, events)
+    return acc
+
+
+def _problems(acc: Accounting, ev: DrillEvents) -> list[str]:
+    checks = [
+        (acc.lost, f"{len(acc.lost)} group(s) lost, e.g. {acc.lost[:3]}"),
+        (acc.duplicated, f"{len(acc.duplicated)} group(s) finalized more than once, e.g. {acc.duplicated[:3]}"),
+        (acc.unknown, f"{len(acc.unknown)} finalized group(s) never produced, e.g. {acc.unknown[:3]}"),
+        (acc.trained_twice, f"{len(acc.trained_twice)} group(s) trained twice, e.g. {acc.trained_twice[:3]}"),
+        (acc.never_trained, f"{len(acc.never_trained)} finalized group(s) never trained, e.g. {acc.never_trained[:3]}"),
+        (acc.staging_left, f"{acc.staging_left} staging key(s) left in TQ"),
+        (acc.train_left, f"{acc.train_left} train row(s) left in TQ"),
+        (sum(ev.kills.values()) < ev.kills_requested, f"only {sum(ev.kills.values())} of {ev.kills_requested} kills"),
+        (ev.crash_workers_never_died, f"crash workers that never reached their point: {ev.crash_workers_never_died}"),
+        (ev.producer_errors, f"producer failed: {ev.producer_errors[:2]}"),
+        (ev.timed_out, "timed out before every group was trained"),
+    ]
+    return [text for failed, text in checks if failed]
+
+
+def figures(acc: Accounting, ev: DrillEvents) -> list[str]:
+    kills = ", ".join(f"{k} {n}" for k, n in sorted(ev.kills.items())) or "none"
+    rows = [
+        ("groups produced", acc.produced),
+        ("finalized records (read_committed)", acc.finalized_records),
+        ("distinct finalized groups", acc.finalized_groups),
+        ("lost", len(acc.lost)),
+        ("duplicated", len(acc.duplicated)),
+        ("dead letters", acc.dead_letters),
+        ("trained exactly once", acc.trained_once),
+        ("trained more than once", len(acc.trained_twice)),
+        ("finalized but never trained", len(acc.never_trained)),
+        ("TQ staging keys left", acc.staging_left),
+        ("TQ train rows left", acc.train_left),
+        ("reassembler SIGKILLs", f"{sum(ev.kills.values())} ({kills})"),
+        ("other worker exits", "; ".join(ev.other_exits) or "none"),
+        ("zombie", ev.zombie),
+        ("broker", ev.broker),
+        ("trainer kills", f"{ev.trainer_kills} ({ev.trainer_killed_mid_step} group(s) in its unfinished batch)"),
+        ("publish retries", ev.publish_retries),
+        ("elapsed", f"{ev.elapsed_s:.0f}s"),
+    ]
+    width = max(len(name) for name, _ in rows)
+    out = [f"  {name:<{width}}  {value}" for name, value in rows]
+    out.append("invariants: " + ("all hold" if not acc.problems else "FAILED"))
+    out.extend(f"  - {p}" for p in acc.problems)
+    return out

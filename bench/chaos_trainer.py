@@ -1,0 +1,77 @@
+"""The chaos drill's trainer, a child process the drill can SIGKILL: an `ExperienceConsumer` loop with a journal.
+
+It appends one line per batch to the journal before its "training step" (`begin PID GROUP...`) and
+one when the step is over, before `release` (`trained PID GROUP...`), each flushed at once, so the
+drill can kill it in the middle of a step and count afterwards how often each group was trained. A
+trainer killed mid-step never finished that step: its successor must train those groups (their rows
+are still in TQ). One killed inside `release`, after its rows were cleared but before its offsets
+were committed (a broker outage stretches that window), did train them: its successor drops them.
+SIGTERM stops it gracefully.
+
+    python bench/chaos_trainer.py --bootstrap-servers B --prefix P --ray-address A --journal FILE
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import threading
+
+from streams.config import KafkaConfig
+from streams.tq import TQConfig, TQStore, init_tq
+from workers.trainer.config import ConsumerConfig
+from workers.trainer.consumer import ExperienceConsumer
+from workers.trainer.policies import ready_first
+
+
+def trainer_group(prefix: str) -> str:
+    return f"trainer.{prefix}"
+
+
+def _line(journal, kind: str, group_ids) -> None:
+    journal.write(f"{kind} {os.getpid()} {' '.join(group_ids)}\n")
+    journal.flush()
+
+
+def run(args: argparse.Namespace) -> None:
+    stop = threading.Event()
+    session = init_tq(TQConfig(address=args.ray_address))
+    # After Ray's init, which installs its own SIGTERM handler.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    consumer = ExperienceConsumer(
+        KafkaConfig(args.bootstrap_servers),
+        TQStore(),
+        ConsumerConfig(prefix=args.prefix, consumer_group=trainer_group(args.prefix)),
+        ready_first(),
+    )
+    try:
+        with open(args.journal, "a", encoding="utf-8") as journal:
+            while not stop.is_set():
+                batch = consumer.next_batch(args.batch_groups, timeout_s=0.5)
+                if batch is None:
+                    continue
+                ids = [g.group_id for g in batch.groups]
+                _line(journal, "begin", ids)
+                stop.wait(args.train_step_s)  # the "training step"
+                _line(journal, "trained", ids)
+                consumer.release(batch)
+    finally:
+        consumer.close()
+        session.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--bootstrap-servers", required=True)
+    parser.add_argument("--prefix", required=True)
+    parser.add_argument("--ray-address", required=True)
+    parser.add_argument("--journal", required=True)
+    parser.add_argument("--batch-groups", type=int, default=8)
+    parser.add_argument("--train-step-s", type=float, default=0.2)
+    run(parser.parse_args())
+
+
+if __name__ == "__main__":
+    main()

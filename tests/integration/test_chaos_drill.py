@@ -1,0 +1,54 @@
+"""The chaos drill (`make chaos`) at a small scale: it must pass, and its audit must really have counted.
+
+It runs `bench/chaos.py` as a program, as `make chaos` does, attached to the session's Ray, with its
+own one-broker cluster (the broker is killed and restarted on its data, a full outage; `make chaos`
+kills one of three): 80 groups, four reassembler kills (one at each crash point and one at a random
+instant), a zombie, and a trainer killed mid-step.
+"""
+
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from streams.tq import ray_address
+
+DRILL = Path(__file__).resolve().parents[2] / "bench" / "chaos.py"
+
+
+def _figure(out: str, name: str) -> str:
+    match = re.search(rf"^  {re.escape(name)}\s+(.*)$", out, re.M)
+    assert match, f"no figure {name!r} in:\n{out}"
+    return match.group(1)
+
+
+def test_a_short_chaos_drill_loses_nothing_duplicates_nothing_and_leaves_tq_empty(tq_session):
+    args = ["--groups", "80", "--rate", "8", "--kills", "4", "--workers", "2", "--partitions", "4"]
+    args += ["--brokers", "1", "--broker-down-s", "5", "--zombie-s", "10", "--seed", "11", "--timeout", "240"]
+    proc = subprocess.Popen(
+        [sys.executable, str(DRILL), *args, "--ray-address", ray_address()],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=480)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGTERM)  # the drill stops its cluster and processes on SIGTERM
+        out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out[-4000:] + err[-3000:]
+    assert "invariants: all hold" in out
+    assert re.search(r"^\[\s*\d+s\] produced \d+/80", out, re.M), "no progress line"
+    assert _figure(out, "groups produced") == "80"
+    assert _figure(out, "distinct finalized groups") == "80"
+    assert _figure(out, "finalized records (read_committed)") == "80"
+    assert (_figure(out, "lost"), _figure(out, "duplicated")) == ("0", "0")
+    assert _figure(out, "trained exactly once") == "80"
+    assert (_figure(out, "TQ staging keys left"), _figure(out, "TQ train rows left")) == ("0", "0")
+    kills = _figure(out, "reassembler SIGKILLs")
+    assert all(kind in kills for kind in ("after_tq_put", "before_commit", "after_commit", "random")), kills
+    assert int(kills.split()[0]) >= 4
+    assert "resumed" in _figure(out, "zombie")
+    assert "restarted on its data" in _figure(out, "broker")
+    assert _figure(out, "trainer kills").startswith("1 ")
