@@ -159,9 +159,17 @@ def finalize_groups(
     for group in groups:
         t1 = time.perf_counter()
         mine = owned[group.group_id]
-        build = build_one(group, {k: v for k, v in fetched.items() if k in mine}, config)
         # Only the group's own rows are cleared after the commit: a foreign key stays with its owner.
         staging = tuple(k for k in dict.fromkeys(group.staging_keys()) if k in mine)
+        try:
+            build = build_one(group, {k: v for k, v in fetched.items() if k in mine}, config)
+        except Exception as exc:  # noqa: BLE001 - input the checks missed must not crash-loop the worker
+            # The build is pure: whatever it raises comes from this group's receipts and tensors (a
+            # routed-experts width that differs between calls, say). The group is dead-lettered
+            # whole, with the error, and the partition keeps flowing.
+            message = f"group {group.group_id}: building its rows failed ({type(exc).__name__}: {exc})"
+            outcomes.append(GroupOutcome(group, None, INCONSISTENT_GROUP, message, staging))
+            continue
         if build.valid_row_count == 0:
             reasons = sorted({r for r in build.rejection_reasons if r})
             kind = ALL_ROLLOUTS_FAILED if reasons == ["rollout_failed"] else INCONSISTENT_GROUP

@@ -10,16 +10,18 @@ entirely or not at all.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import TypeVar
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from schemas.errors import InvalidArgument, RlstreamError
 from streams.config import KafkaConfig
-from streams.consumer import Record
+from streams.consumer import ReadTimeout, Record
 from streams.producer import TransactionalProducer, is_fatal, is_fenced
 from streams.tq import KVStore
 from workers.reassembler.changelog import read_changelog
@@ -33,6 +35,14 @@ from workers.reassembler.task import PartitionTask
 from workers.telemetry.sensors import ReassemblerSensor
 
 log = logging.getLogger("rlstream.reassembler")
+T = TypeVar("T")
+# Longest wait between retries of a Kafka call the worker cannot go on without.
+MAX_RETRY_DELAY_S = 30.0
+
+
+def retry_delay(attempt: int) -> float:
+    """Seconds before retry `attempt` (0-based): 1, 2, 4 ... capped at MAX_RETRY_DELAY_S."""
+    return min(MAX_RETRY_DELAY_S, 2.0 ** min(attempt, 16))
 
 
 class WorkerFenced(RlstreamError, RuntimeError):
@@ -81,9 +91,31 @@ class ReassemblerWorker:
         return sum(len(task.groups.open) for task in self._tasks.values())
 
     def _new_producer(self) -> TransactionalProducer:
-        return TransactionalProducer(
-            self.kafka, self.config.transactional_id, transaction_timeout_ms=self.config.transaction_timeout_ms
+        return self._retrying(
+            "producer",
+            lambda: TransactionalProducer(
+                self.kafka, self.config.transactional_id, transaction_timeout_ms=self.config.transaction_timeout_ms
+            ),
         )
+
+    def _retrying(self, what: str, call: Callable[[], T]) -> T:
+        """`call()`, retried with backoff while Kafka fails it for a reason that can pass (a broker down).
+
+        Restoring a partition and creating a producer need the brokers; a long outage must not end
+        the worker (its supervisor would only start it into the same outage, again and again).
+        """
+        for attempt in itertools.count():
+            try:
+                return call()
+            except (KafkaException, ReadTimeout) as exc:
+                if isinstance(exc, KafkaException) and (exc.args[0].fatal() or is_fenced(exc)):
+                    raise
+                delay = retry_delay(attempt)
+                self.sensor.on_retry(what)
+                reason = exc.args[0].str() if isinstance(exc, KafkaException) and exc.args else exc
+                log.warning("%s: %s failed (%s); retrying in %.0fs", self.config.worker_id, what, reason, delay)
+                time.sleep(delay)
+        raise AssertionError("unreachable")
 
     # ----- rebalance -------------------------------------------------------------------------
 
@@ -105,6 +137,9 @@ class ReassemblerWorker:
 
     def _restore_task(self, partition: int) -> PartitionTask:
         """A task rebuilt from the partition's state changelog, its predecessor's leftovers cleared."""
+        return self._retrying(f"restore of partition {partition}", lambda: self._read_task(partition))
+
+    def _read_task(self, partition: int) -> PartitionTask:
         # A fetch of committed offsets waits until a predecessor's open transaction (holding offsets
         # for this partition) commits or aborts, so the state read below includes its outcome.
         (tp,) = self._consumer.committed(
@@ -224,12 +259,17 @@ class ReassemblerWorker:
         elif self._producer.in_transaction:
             try:
                 self._producer.abort()
-            except KafkaException:
+            except KafkaException as abort_exc:
+                if is_fenced(abort_exc):
+                    raise WorkerFenced(f"{self.config.worker_id}: fenced while aborting; stopping") from abort_exc
                 self._producer = self._new_producer()
         assigned = [tp.partition for tp in self._consumer.assignment()]
         self._tasks = {part: self._restore_task(part) for part in assigned}
-        committed = self._consumer.committed(
-            [TopicPartition(self.config.receipts_topic, p) for p in assigned], timeout=30
+        committed = self._retrying(
+            "committed offsets",
+            lambda: self._consumer.committed(
+                [TopicPartition(self.config.receipts_topic, p) for p in assigned], timeout=30
+            ),
         )
         for tp in committed:
             tp.offset = tp.offset if tp.offset >= 0 else 0

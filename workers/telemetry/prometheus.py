@@ -75,6 +75,12 @@ class _ReassemblerFamilies:
             "Steps whose transaction failed and was rebuilt from committed state",
             registry=r,
         )
+        self.retries = Counter(
+            "rlstream_reassembler_retries_total",
+            "Kafka calls a worker needs (restoring a partition, a new producer) that failed and were retried",
+            ["what"],
+            registry=r,
+        )
         self.consumer_lag = Gauge(
             "rlstream_consumer_lag_records",
             "Input records between the worker's position and the partition end",
@@ -134,6 +140,9 @@ class PrometheusReassemblerSensor(ReassemblerSensor):
 
     def on_abort(self) -> None:
         self._m.transaction_aborts.inc()
+
+    def on_retry(self, what: str) -> None:
+        self._m.retries.labels(what=what).inc()
 
     def on_open_groups(self, n: int, *, paused: bool) -> None:
         self._m.open_groups.set(n)

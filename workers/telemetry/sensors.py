@@ -23,6 +23,9 @@ class ReassemblerSensor:
     def on_abort(self) -> None:
         """A step's transaction failed; the worker rebuilt from committed state."""
 
+    def on_retry(self, what: str) -> None:
+        """A Kafka call the worker needs (restoring a partition, a new producer) failed and is retried."""
+
     def on_open_groups(self, n: int, *, paused: bool) -> None:
         """Open prompt groups after a step, and whether fetching is paused for backpressure."""
 
@@ -58,6 +61,7 @@ class ReassemblerStats(ReassemblerSensor):
         self.dead_letters: dict[str, int] = {}
         self.transactions = 0
         self.aborts = 0
+        self.retries = 0
         self.open_groups = 0
         self.paused = False
         self.commit_seconds_total = 0.0
@@ -75,6 +79,9 @@ class ReassemblerStats(ReassemblerSensor):
     def on_abort(self) -> None:
         self.aborts += 1
 
+    def on_retry(self, what: str) -> None:
+        self.retries += 1
+
     def on_open_groups(self, n: int, *, paused: bool) -> None:
         self.open_groups, self.paused = n, paused
 
@@ -86,6 +93,7 @@ class ReassemblerStats(ReassemblerSensor):
             "dead_letters": dict(self.dead_letters),
             "transactions": self.transactions,
             "aborts": self.aborts,
+            "retries": self.retries,
             "open_groups": self.open_groups,
         }
 

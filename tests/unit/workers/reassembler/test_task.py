@@ -1,5 +1,7 @@
 """PartitionTask: one partition's intake, deadlines and commit cycle, with an in-memory KV store for TQ."""
 
+import dataclasses
+
 import msgspec
 import pytest
 
@@ -374,3 +376,21 @@ def test_a_hijacking_receipt_in_the_same_step_as_its_victim_takes_none_of_its_ro
     assert [(f.group_id, f.valid_row_count) for f in commit.finalized] == [("A", 2)]
     (b_closed,) = [e for e in commit.state if e.group_id == "B"]
     assert b_closed.staging_keys == ()  # nothing of A's is cleared on B's account
+
+
+def test_a_routed_experts_width_that_changes_between_calls_dead_letters_the_group_not_the_worker():
+    store = InMemoryStore()
+    shape = dataclasses.replace(TINY, calls=(2, 2), routed_experts_k=4)
+    rollouts = make_group("E", 0, 1, shape=shape)
+    second = rollouts[0].segments[1]
+    second["routed_experts"] = second["routed_experts"][:, :2].contiguous()  # width 2 after width 4
+    stage_rollouts(store, rollouts)
+    actor = msgspec.structs.replace(CONFIG.actor, router_replay_enabled=True)
+    config = msgspec.structs.replace(CONFIG, actor=actor)
+    task = make_task(store, config=config)
+    for offset, r in enumerate(rollouts):
+        task.intake(record(offset, r.receipt.to_bytes()), 5_000)
+    commit = step(task, store, config=config)
+    assert commit.finalized == ()
+    assert [d.error_kind for d in commit.dead_letters] == [dl.INCONSISTENT_GROUP] * 2
+    assert "routed" in commit.dead_letters[0].message or "size" in commit.dead_letters[0].message

@@ -23,6 +23,8 @@ def test_reassembler_stats_fold_readings_into_totals():
     s.on_commit(seconds=0.25, finalized=2, dead_letters={"decode_error": 1})
     s.on_commit(seconds=0.5, finalized=1, dead_letters={"decode_error": 2, "validation_error": 1})
     s.on_abort()
+    s.on_retry("restore")
+    s.on_retry("producer")
     s.on_open_groups(7, paused=True)
     s.on_open_groups(4, paused=False)
     assert s.snapshot() == {
@@ -31,6 +33,7 @@ def test_reassembler_stats_fold_readings_into_totals():
         "dead_letters": {"decode_error": 3, "validation_error": 1},
         "transactions": 2,
         "aborts": 1,
+        "retries": 2,
         "open_groups": 4,
     }
     assert s.commit_seconds_total == 0.75 and s.paused is False
