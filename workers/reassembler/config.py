@@ -16,6 +16,7 @@ from workers.topics import TopicNames
 DEFAULT_CONSUMER_GROUP = "reassemblers"
 CrashPoint = Literal["after_tq_put", "before_commit", "after_commit"]
 CRASH_POINTS: tuple[str, ...] = CrashPoint.__args__
+StopPoint = Literal["before_put"]
 
 
 def default_actor_config() -> RolloutReassemblerActorConfig:
@@ -111,6 +112,9 @@ class ReassemblerConfig(Settings, frozen=True):
     ] = True
     crash_point: Annotated[
         CrashPoint | None, Meta(description="crash drills only: SIGKILL this process at that point of a step")
+    ] = None
+    stop_point: Annotated[
+        StopPoint | None, Meta(description="drills only: SIGSTOP this process once, at that point of a step (a zombie)")
     ] = None
     actor: RolloutReassemblerActorConfig = msgspec.field(default_factory=default_actor_config)
 

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 
 from schemas.deadletter import ALL_ROLLOUTS_FAILED, INCONSISTENT_GROUP
+from schemas.errors import RlstreamError
 from schemas.finalized import FinalizedGroup, SourceRange
 from schemas.group_build import GroupBuild, build_group
 from schemas.request import RolloutReassemblerActorConfig
@@ -17,6 +18,10 @@ from workers.reassembler.groups import OpenGroup
 from workers.rollout.publisher import ROUTED_EXPERTS, SEGMENT_FIELDS
 
 Segments = dict[str, dict[str, torch.Tensor]]
+
+
+class LeaseExpired(RlstreamError, RuntimeError):
+    """The worker may have lost its partitions (paused past its session): it must not write to TQ train."""
 
 
 @dataclass(frozen=True)
@@ -148,8 +153,14 @@ def finalize_groups(
     *,
     receipts_topic: str,
     now_ms: int,
+    lease: Callable[[], str | None] = lambda: None,
 ) -> list[GroupOutcome]:
-    """Finalize ready groups; rows go to TQ train now, staging is cleared by the caller after commit."""
+    """Finalize ready groups; rows go to TQ train now, staging is cleared by the caller after commit.
+
+    `lease()` is asked before every put and names why the caller may no longer own its partitions
+    (None while it does): a zombie's put could overwrite rows a successor committed, or recreate
+    rows a trainer already released. Then nothing more is put and `LeaseExpired` is raised.
+    """
     t0 = time.perf_counter()
     owned = owned_keys(store, config.staging_partition, groups) if groups else {}
     keys = [k for keys in owned.values() for k in keys]
@@ -177,6 +188,9 @@ def finalize_groups(
                 GroupOutcome(group, None, kind, f"group {group.group_id}: no valid row ({', '.join(reasons)})", staging)
             )
             continue
+        expired = lease()
+        if expired is not None:
+            raise LeaseExpired(f"not putting the rows of group {group.group_id}: {expired}")
         store.put(config.partition_id, build.sample_ids, build.fields, build.tags)
         metrics = {
             "fetch_ms": fetch_ms,

@@ -27,9 +27,10 @@ from streams.tq import KVStore
 from workers.reassembler.changelog import read_changelog
 from workers.reassembler.commit import PartitionCommit, commit_transaction, dead_letter_counts
 from workers.reassembler.config import ReassemblerConfig
-from workers.reassembler.drills import crash_here
-from workers.reassembler.finalize import finalize_groups
+from workers.reassembler.drills import crash_here, stop_here
+from workers.reassembler.finalize import LeaseExpired, finalize_groups
 from workers.reassembler.groups import OpenGroup
+from workers.reassembler.lease import Lease
 from workers.reassembler.restore import restore_partition
 from workers.reassembler.task import PartitionTask
 from workers.telemetry.sensors import ReassemblerSensor
@@ -63,6 +64,9 @@ class ReassemblerWorker:
         self.config = config
         self.sensor = sensor if sensor is not None else ReassemblerSensor()
         self._tasks: dict[int, PartitionTask] = {}
+        max_poll_interval_ms = max(60_000, config.session_timeout_ms)
+        self._lease = Lease(config.session_timeout_ms / 1000, max_poll_interval_ms / 1000)
+        self._drilled = False  # the stop drill freezes a worker once
         self._paused = False
         self._warned: dict[int, float] = {}
         self._producer = self._new_producer()
@@ -72,7 +76,7 @@ class ReassemblerWorker:
                 **{
                     "session.timeout.ms": config.session_timeout_ms,
                     "heartbeat.interval.ms": max(100, config.session_timeout_ms // 6),
-                    "max.poll.interval.ms": max(60_000, config.session_timeout_ms),
+                    "max.poll.interval.ms": max_poll_interval_ms,
                     "client.id": config.transactional_id,
                 },
             )
@@ -166,6 +170,7 @@ class ReassemblerWorker:
     def step(self) -> int:
         """Poll, finalize what is ready, commit one transaction; returns the number of records consumed."""
         msgs = self._consumer.consume(self.config.max_poll_records, self.config.poll_timeout_s)
+        self._lease.polled()
         now_ms = int(time.time() * 1000)
         consumed = 0
         for m in msgs:
@@ -195,6 +200,13 @@ class ReassemblerWorker:
         self.sensor.on_lag(self.config.receipts_topic, self._lags())
         return consumed
 
+    def _may_put(self) -> str | None:
+        """Asked before each TQ put: why this worker may be a zombie by now, or None (see `lease.py`)."""
+        if self.config.stop_point == "before_put" and not self._drilled:
+            self._drilled = True
+            stop_here(self.config.stop_point, "before_put")
+        return self._lease.expired()
+
     def _warn_once(self, error: KafkaError) -> None:
         # A missing topic or a broker down repeats on every poll: one line per error kind a minute.
         now = time.monotonic()
@@ -208,7 +220,12 @@ class ReassemblerWorker:
         try:
             outcomes = (
                 finalize_groups(
-                    self.store, ready, self.config.actor, receipts_topic=self.config.receipts_topic, now_ms=now_ms
+                    self.store,
+                    ready,
+                    self.config.actor,
+                    receipts_topic=self.config.receipts_topic,
+                    now_ms=now_ms,
+                    lease=self._may_put,
                 )
                 if ready
                 else []
@@ -228,6 +245,11 @@ class ReassemblerWorker:
             )
         except KafkaException as exc:
             self._recover(exc)
+            return
+        except LeaseExpired as exc:
+            log.warning("%s: %s; rebuilding from committed state", self.config.worker_id, exc)
+            self.sensor.on_abort()
+            self._rebuild()
             return
         crash_here(self.config.crash_point, "after_commit")
         self._report_commit(commits, time.perf_counter() - t0)
@@ -263,6 +285,10 @@ class ReassemblerWorker:
                 if is_fenced(abort_exc):
                     raise WorkerFenced(f"{self.config.worker_id}: fenced while aborting; stopping") from abort_exc
                 self._producer = self._new_producer()
+        self._rebuild()
+
+    def _rebuild(self) -> None:
+        """Every task again from the state topic, and the consumer back at the committed offsets."""
         assigned = [tp.partition for tp in self._consumer.assignment()]
         self._tasks = {part: self._restore_task(part) for part in assigned}
         committed = self._retrying(
@@ -337,6 +363,7 @@ class ReassemblerWorker:
             self.close()
 
     def close(self) -> None:
+        self._lease.close()
         try:
             self._consumer.close()
         except RuntimeError:

@@ -1,0 +1,66 @@
+"""The zombie guard: a worker refuses TQ puts after a freeze or a step longer than the poll interval."""
+
+from workers.reassembler.lease import Lease
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _lease(clock):
+    return Lease(session_timeout_s=6.0, max_poll_interval_s=60.0, tick_s=0.1, clock=clock, watch=False)
+
+
+def test_a_running_worker_keeps_its_lease():
+    clock = _Clock()
+    lease = _lease(clock)
+    for _ in range(100):
+        clock.now += 0.1
+        lease.tick()
+    assert lease.expired() is None
+
+
+def test_a_freeze_seen_by_the_watch_refuses_puts_for_a_session_timeout_after_it():
+    clock = _Clock()
+    lease = _lease(clock)
+    clock.now += 10.0  # SIGSTOP for 10 s, then SIGCONT: the watch ticks first
+    lease.tick()
+    lease.polled()  # a poll right after waking may still return prefetched records
+    assert "frozen for 10.0s" in lease.expired()
+    for _ in range(59):
+        clock.now += 0.1
+        lease.tick()
+    assert lease.expired() is not None
+    clock.now += 0.2
+    lease.tick()
+    assert lease.expired() is None
+
+
+def test_a_freeze_the_watch_has_not_seen_yet_is_caught_by_the_check_itself():
+    clock = _Clock()
+    lease = _lease(clock)
+    clock.now += 4.0  # shorter than the session, but more than half of it: not trusted
+    assert "frozen for 3.9s" in lease.expired()
+
+
+def test_a_short_gap_is_not_a_freeze():
+    clock = _Clock()
+    lease = _lease(clock)
+    clock.now += 2.5
+    lease.tick()
+    assert lease.expired() is None
+
+
+def test_a_step_longer_than_most_of_the_poll_interval_refuses_puts_until_the_next_poll():
+    clock = _Clock()
+    lease = _lease(clock)
+    for _ in range(460):  # 46 s of a running, heartbeating, slow step
+        clock.now += 0.1
+        lease.tick()
+    assert "since the last poll" in lease.expired()
+    lease.polled()
+    assert lease.expired() is None
