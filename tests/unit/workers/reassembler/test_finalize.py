@@ -1,0 +1,41 @@
+"""Finalization against a store whose rows vanish under it: missing rows become placeholders, never a crash."""
+
+from streams.tq import STAGING
+from tests.unit.memory_store import InMemoryStore
+from workers.reassembler.finalize import fetch_segments
+from workers.rollout.publisher import stage_rollouts
+from workers.rollout.synthetic import SyntheticShape, make_group
+
+SHAPE = SyntheticShape(group_size=4, calls=(1, 1), prompt_len=(2, 4), answer_len=(1, 3), observation_len=(1, 2))
+
+
+class _Vanishing(InMemoryStore):
+    """Its first `losses` gets each lose the first requested key, as an owner clearing it concurrently would."""
+
+    def __init__(self, losses: int) -> None:
+        super().__init__()
+        self.losses = losses
+
+    def get(self, partition, keys, select=None):
+        if self.losses:
+            self.losses -= 1
+            self.clear(partition, [keys[0]])
+        return super().get(partition, keys, select)
+
+
+def _staged(store):
+    rollouts = make_group("g", 0, 1, shape=SHAPE)
+    stage_rollouts(store, rollouts)
+    return [c.staging_key for r in rollouts for c in r.receipt.manifest]
+
+
+def test_a_key_vanishing_again_on_the_retry_is_left_missing_and_the_rest_fetched():
+    store = _Vanishing(losses=2)
+    keys = _staged(store)
+    assert sorted(fetch_segments(store, STAGING, keys)) == sorted(keys[2:])
+
+
+def test_a_store_that_keeps_losing_keys_gives_up_without_raising():
+    store = _Vanishing(losses=10)
+    keys = _staged(store)
+    assert fetch_segments(store, STAGING, keys) == {}
