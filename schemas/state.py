@@ -42,6 +42,9 @@ class GroupState(Message, frozen=True, tag="group_state"):
     # `staging_cleared` still false clears them.
     staging_keys: tuple[str, ...] = ()
     staging_cleared: bool = False
+    # Event time when a group closed (the newest receipt timestamp its partition had read): its age
+    # for the horizon. 0 in entries written before it existed (first_seen_ms stands in).
+    closed_event_ms: int = 0
 
     def _validate(self) -> None:
         non_empty("group_state.group_id", self.group_id)
@@ -50,6 +53,7 @@ class GroupState(Message, frozen=True, tag="group_state"):
         at_least("group_state.last_offset", self.last_offset, self.first_offset)
         at_least("group_state.first_seen_ms", self.first_seen_ms, 0)
         at_least("group_state.finalized_at_ms", self.finalized_at_ms, 0)
+        at_least("group_state.closed_event_ms", self.closed_event_ms, 0)
         if self.status == OPEN:
             if self.outcome is not None:
                 raise SchemaError("group_state.outcome", "must be None while the group is open")

@@ -88,6 +88,7 @@ EXAMPLES = {
         outcome="finalized",
         finalized_at_ms=1_764_000_000_000,
         staging_keys=("rollout-7f3a/call-0", "rollout-7f3a/call-1"),
+        closed_event_ms=1_763_999_999_800,
     ),
     "partition_progress": PartitionProgress(
         partition=3, emitted_through=1201, time_ms=1_764_000_000_000, horizon_ms=1_763_990_000_000, restore_from=5120

@@ -20,8 +20,16 @@ from workers.rollout.publisher import ROUTED_EXPERTS, SEGMENT_FIELDS
 Segments = dict[str, dict[str, torch.Tensor]]
 
 
-class LeaseExpired(RlstreamError, RuntimeError):
+class StepAborted(RlstreamError, RuntimeError):
+    """The step cannot finish safely; the worker rebuilds from committed state, as after an abort."""
+
+
+class LeaseExpired(StepAborted):
     """The worker may have lost its partitions (paused past its session): it must not write to TQ train."""
+
+
+class StagingUnstable(StepAborted):
+    """Staged rows kept vanishing while they were fetched (cleared by another owner)."""
 
 
 @dataclass(frozen=True)
@@ -44,7 +52,8 @@ def fetch_segments(
         return {}
     select = list(SEGMENT_FIELDS) + ([ROUTED_EXPERTS] if routed_experts else [])
     # A key can vanish between tries (its owner cleared it after a rebalance): retry without the
-    # absent ones, a bounded number of times, and leave the rest missing (placeholders, not a crash).
+    # absent ones (they become placeholder rows). Should keys keep vanishing, the step is aborted
+    # rather than finalizing every group of it without rows it may yet find.
     for _ in range(3):
         try:
             td = store.get(staging_partition, keys, select=select)
@@ -55,7 +64,7 @@ def fetch_segments(
             if not keys:
                 return {}
     else:
-        return {}
+        raise StagingUnstable(f"staged rows kept vanishing from {staging_partition!r} during three fetches")
     columns = {name: tensor_rows(td.get(name)) for name in select}
     out: Segments = {}
     for i, key in enumerate(keys):

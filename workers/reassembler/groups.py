@@ -54,7 +54,8 @@ class ClosedGroup:
     """What is remembered of a closed group: enough to recognise its late receipts, and where its entry lies."""
 
     last_offset: int
-    first_seen_ms: int
+    # Event time when it closed: the newest receipt timestamp its partition had read by then.
+    closed_ms: int
     # State-partition offset of its latest entry; -1 until the step that wrote it has committed.
     entry_offset: int = -1
 
@@ -62,10 +63,11 @@ class ClosedGroup:
 class PartitionGroups:
     """The prompt groups of one receipts partition (a "group" here is always a prompt group).
 
-    Closed groups are remembered for a retention period of event time, at most `closed_capacity` of
-    them; forgetting one raises the partition's `horizon_ms` to its first-seen time. A receipt of
-    a group neither open nor remembered whose event time is at or below the horizon is late: its
-    group may have closed and been forgotten, and reopening it would finalize it twice.
+    Closed groups are remembered for a retention period of event time after they close, at most
+    `closed_capacity` of them; forgetting one raises the partition's `horizon_ms` to its closing
+    time. A receipt of a group neither open nor remembered whose event time is at or below the
+    horizon is late: it was produced before a forgotten group closed, so it may be one of that
+    group's, and reopening the group would finalize it twice.
     """
 
     def __init__(self, partition: int, *, closed_capacity: int = 200_000):
@@ -95,7 +97,7 @@ class PartitionGroups:
         self.reopen_dead_lettered(group_id)
 
     def restore_closed(
-        self, group_id: str, last_offset: int, *, dead_lettered: bool, first_seen_ms: int = 0, entry_offset: int = -1
+        self, group_id: str, last_offset: int, *, dead_lettered: bool, closed_ms: int = 0, entry_offset: int = -1
     ) -> None:
         """A group the state topic last saw closed, with its last receipt's offset."""
         self.restored_open_ms.pop(group_id, None)
@@ -104,9 +106,9 @@ class PartitionGroups:
         if earlier is not None and earlier.entry_offset >= 0:
             # A later entry of the same closing (its staging cleared): the group keeps its place
             # and the offset of its closing entry, from which a restore reads both.
-            self.closed[group_id] = ClosedGroup(last_offset, first_seen_ms, earlier.entry_offset)
+            self.closed[group_id] = ClosedGroup(last_offset, closed_ms, earlier.entry_offset)
         else:
-            self._remember_closed(group_id, ClosedGroup(last_offset, first_seen_ms, entry_offset))
+            self._remember_closed(group_id, ClosedGroup(last_offset, closed_ms, entry_offset))
         if dead_lettered:
             self.dead_lettered.add(group_id)
         else:
@@ -130,18 +132,21 @@ class PartitionGroups:
         raw: tuple[bytes | None, bytes] = (None, b""),
         *,
         event_ms: int | None = None,
+        reopened: bool = False,
     ) -> tuple[Added, OpenGroup | None]:
         """Add a decoded receipt; `raw` (key, value) is kept so a failed group can be dead-lettered intact.
 
         `timestamp_ms` starts a new group's deadline; `event_ms` (default the same) is compared with
         the horizon: a redriven receipt starts its deadline now but keeps its original event time.
+        `reopened`: the group is a remembered dead-lettered one its redriven receipts just reopened,
+        whatever the horizon says.
         """
         gid = receipt.group_id
         if gid in self.closed:
             return (Added.REPLAYED_CLOSED if offset <= self.closed[gid].last_offset else Added.LATE), None
         group = self.open.get(gid)
         if group is None:
-            known = gid in self.restored_open_ms
+            known = reopened or gid in self.restored_open_ms
             # At the horizon too: a forgotten group's own first receipt carries exactly that time.
             horizon = self.horizon_ms
             if not known and horizon is not None and (timestamp_ms if event_ms is None else event_ms) <= horizon:
@@ -169,11 +174,13 @@ class PartitionGroups:
         group.last_offset = max(group.last_offset, offset)
         return (Added.COMPLETED if group.complete else Added.ADDED), group
 
-    def close(self, group_id: str, *, dead_lettered: bool = False) -> OpenGroup:
+    def close(self, group_id: str, *, dead_lettered: bool = False, closed_ms: int = 0) -> OpenGroup:
+        """Close an open group at event time `closed_ms` (its partition's newest receipt timestamp read)."""
         group = self.open.pop(group_id)
         self.restored_open_ms.pop(group_id, None)
         self.open_entries.pop(group_id, None)
-        self._remember_closed(group_id, ClosedGroup(group.last_offset, group.first_seen_ms))
+        newest = max(group.event_ms.values(), default=group.first_seen_ms)
+        self._remember_closed(group_id, ClosedGroup(group.last_offset, max(closed_ms, newest, group.first_seen_ms)))
         if dead_lettered:
             self.dead_lettered.add(group_id)
         return group
@@ -202,25 +209,24 @@ class PartitionGroups:
     def _forget_oldest(self) -> str:
         gid, entry = self.closed.popitem(last=False)
         self.dead_lettered.discard(gid)
-        self.raise_horizon(entry.first_seen_ms)
+        self.raise_horizon(entry.closed_ms)
         return gid
 
     def raise_horizon(self, horizon_ms: int) -> None:
         self.horizon_ms = horizon_ms if self.horizon_ms is None else max(self.horizon_ms, horizon_ms)
 
-    def forget(self, clock_ms: int, retention_ms: int, *, keep: frozenset[str] = frozenset()) -> list[str]:
-        """Forget closed groups first seen more than `retention_ms` before `clock_ms`, or past the capacity.
+    def forget(self, event_ms: int, retention_ms: int) -> list[str]:
+        """Forget closed groups that closed more than `retention_ms` before event time `event_ms`, or past the capacity.
 
-        Groups in `keep` (closed in the step being prepared) are never forgotten yet: their entries
-        and staging clears must land first. Returns the forgotten ids, for tombstones.
+        Event time (the newest receipt timestamp read), never wall time: a worker behind a backlog,
+        or paused, must not age groups by a clock the receipts it has yet to read do not follow.
+        Returns the forgotten ids, for tombstones.
         """
         forgotten = []
         while self.closed:
-            gid, entry = next(iter(self.closed.items()))
-            if gid in keep:
-                break
+            entry = next(iter(self.closed.values()))
             over = len(self.closed) > self._closed_capacity
-            if not over and entry.first_seen_ms >= clock_ms - retention_ms:
+            if not over and entry.closed_ms >= event_ms - retention_ms:
                 break
             forgotten.append(self._forget_oldest())
         return forgotten
@@ -232,7 +238,7 @@ class PartitionGroups:
                 self.open_entries[gid] = offset
             elif gid in self.closed and self.closed[gid].entry_offset < 0:
                 # The closing entry's offset; a later cleared entry of the group lies after it.
-                self.closed[gid] = ClosedGroup(self.closed[gid].last_offset, self.closed[gid].first_seen_ms, offset)
+                self.closed[gid] = ClosedGroup(self.closed[gid].last_offset, self.closed[gid].closed_ms, offset)
 
     def restore_from(self, next_offset: int) -> int:
         """The state offset a successor must read from: the oldest entry still needed, else `next_offset`."""

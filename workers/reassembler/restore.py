@@ -76,7 +76,7 @@ def _apply_group(groups: PartitionGroups, pending: dict[str, GroupState], entry:
         entry.group_id,
         entry.last_offset,
         dead_lettered=entry.outcome == DEAD_LETTERED,
-        first_seen_ms=entry.first_seen_ms,
+        closed_ms=entry.closed_event_ms or entry.first_seen_ms,
         entry_offset=offset,
     )
     pending.pop(entry.group_id, None)

@@ -58,8 +58,6 @@ class PartitionTask:
         self.committed_offset = committed_offset
         # Newest receipt timestamp read: the deadline clock while the partition is behind.
         self.max_ts = 0
-        # The deadline clock of the current step, which also ages remembered closed groups.
-        self._clock_ms = 0
         # Every state record of this partition written from here on lies at or after this offset.
         self.state_end = state_end
         # offset -> redrive count of buffered receipts that arrived redriven, for their dead letters.
@@ -128,12 +126,14 @@ class PartitionTask:
             return
         redriven = redrive_count(rec.headers)
         # A redriven receipt's age is its original record's: redriving never makes a late one new.
-        event_ms = min(source_timestamp(rec.headers) or timestamp, timestamp)
-        if redriven and not replay:
-            # The operator fixed the cause of a dead-lettered group and redrove its receipts:
-            # nothing of it reached the trainer, so it may open afresh.
-            self.groups.reopen_dead_lettered(decoded.group_id)
-        outcome, group = self.groups.add(decoded, rec.offset, timestamp, (rec.key, rec.value or b""), event_ms=event_ms)
+        # A redrive that did not carry it (letters written before it was recorded) counts as old.
+        event_ms = min(source_timestamp(rec.headers), timestamp) if redriven else timestamp
+        # The operator fixed the cause of a dead-lettered group and redrove its receipts: nothing of
+        # it reached the trainer, so it may open afresh, whatever the horizon says.
+        reopened = bool(redriven) and not replay and self.groups.reopen_dead_lettered(decoded.group_id)
+        outcome, group = self.groups.add(
+            decoded, rec.offset, timestamp, (rec.key, rec.value or b""), event_ms=event_ms, reopened=reopened
+        )
         if outcome in (Added.ADDED, Added.COMPLETED):
             if redriven:
                 self._redriven[rec.offset] = redriven
@@ -180,7 +180,6 @@ class PartitionTask:
 
     def ready(self, clock_ms: int, timeout_ms: int) -> list[OpenGroup]:
         """Groups to finalize this step: those completed by this step's intake and those past their deadline."""
-        self._clock_ms = max(self._clock_ms, clock_ms)
         ready = dict(self._completed)
         due = self.groups.due(clock_ms, timeout_ms)
         for g in due:
@@ -193,7 +192,7 @@ class PartitionTask:
 
     def prepare(self, outcomes: Sequence[GroupOutcome], now_ms: int) -> PartitionCommit:
         """Close the finalized groups and hand over everything this partition owes the step's transaction."""
-        forgotten = self.groups.forget(self._clock_ms, int(self.config.closed_retention_s * 1000))
+        forgotten = self.groups.forget(self.max_ts, int(self.config.closed_retention_s * 1000))
         # Before this step's closings: every entry still needed lies at or after it.
         restore_from = self.groups.restore_from(self.state_end)
         finalized, dead, closed = [], list(self._dead), []
@@ -239,7 +238,7 @@ class PartitionTask:
 
     def _close(self, o: GroupOutcome, now_ms: int) -> tuple[GroupState, list[DeadLetter]]:
         failed = o.finalized is None
-        g = self.groups.close(o.group.group_id, dead_lettered=failed)
+        g = self.groups.close(o.group.group_id, dead_lettered=failed, closed_ms=self.max_ts)
         letters = []
         if o.dead_letter_kind is not None:
             # The group's receipts go to the dead-letter topic intact, so a redrive can replay them.
@@ -271,6 +270,7 @@ class PartitionTask:
             outcome=DEAD_LETTERED if failed else FINALIZED,
             finalized_at_ms=now_ms,
             staging_keys=o.staging_keys if self.config.clear_staging else (),
+            closed_event_ms=self.groups.closed[g.group_id].closed_ms,
         )
         return entry, letters
 

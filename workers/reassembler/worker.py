@@ -28,7 +28,7 @@ from workers.reassembler.changelog import read_changelog
 from workers.reassembler.commit import PartitionCommit, commit_transaction, dead_letter_counts
 from workers.reassembler.config import ReassemblerConfig
 from workers.reassembler.drills import crash_here, stop_here
-from workers.reassembler.finalize import LeaseExpired, finalize_groups
+from workers.reassembler.finalize import StepAborted, finalize_groups
 from workers.reassembler.groups import OpenGroup
 from workers.reassembler.lease import Lease
 from workers.reassembler.restore import restore_partition
@@ -246,7 +246,7 @@ class ReassemblerWorker:
         except KafkaException as exc:
             self._recover(exc)
             return
-        except LeaseExpired as exc:
+        except StepAborted as exc:
             log.warning("%s: %s; rebuilding from committed state", self.config.worker_id, exc)
             self.sensor.on_abort()
             self._rebuild()

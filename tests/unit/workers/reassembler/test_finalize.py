@@ -1,8 +1,10 @@
-"""Finalization against a store whose rows vanish under it: missing rows become placeholders, never a crash."""
+"""Finalization against a store whose rows vanish under it: missing rows become placeholders, or the step aborts."""
+
+import pytest
 
 from streams.tq import STAGING
 from tests.unit.memory_store import InMemoryStore
-from workers.reassembler.finalize import fetch_segments
+from workers.reassembler.finalize import StagingUnstable, fetch_segments
 from workers.rollout.publisher import stage_rollouts
 from workers.rollout.synthetic import SyntheticShape, make_group
 
@@ -35,7 +37,8 @@ def test_a_key_vanishing_again_on_the_retry_is_left_missing_and_the_rest_fetched
     assert sorted(fetch_segments(store, STAGING, keys)) == sorted(keys[2:])
 
 
-def test_a_store_that_keeps_losing_keys_gives_up_without_raising():
+def test_a_store_that_keeps_losing_keys_aborts_the_step_instead_of_finalizing_without_rows():
     store = _Vanishing(losses=10)
     keys = _staged(store)
-    assert fetch_segments(store, STAGING, keys) == {}
+    with pytest.raises(StagingUnstable, match="kept vanishing"):
+        fetch_segments(store, STAGING, keys)

@@ -94,38 +94,48 @@ def test_closed_groups_are_forgotten_oldest_first_beyond_the_capacity():
     groups = PartitionGroups(0, closed_capacity=2)
     for i, gid in enumerate(("a", "b", "c")):
         groups.add(receipt(gid, 0), i, 100 + i)
-        groups.close(gid, dead_lettered=True)
+        groups.close(gid, dead_lettered=True, closed_ms=150 + i)
     # Retention alone would keep them all: the capacity forgets the oldest.
-    assert groups.forget(clock_ms=200, retention_ms=10_000) == ["a"]
+    assert groups.forget(event_ms=200, retention_ms=10_000) == ["a"]
     assert list(groups.closed) == ["b", "c"]
     assert groups.dead_lettered == {"b", "c"}
-    assert groups.horizon_ms == 100
+    assert groups.horizon_ms == 150  # when "a" closed, not when it opened
 
 
-def test_closed_groups_are_forgotten_once_older_than_the_retention():
+def test_closed_groups_are_forgotten_once_closed_longer_ago_than_the_retention():
     groups = PartitionGroups(0)
-    for i, (gid, seen) in enumerate((("old", 1_000), ("new", 5_000))):
-        groups.add(receipt(gid, 0), i, seen)
-        groups.close(gid)
-    assert groups.forget(clock_ms=5_999, retention_ms=5_000) == []
-    assert groups.forget(clock_ms=6_001, retention_ms=5_000) == ["old"]
+    for i, (gid, closed) in enumerate((("old", 1_000), ("new", 5_000))):
+        groups.add(receipt(gid, 0), i, 900)
+        groups.close(gid, closed_ms=closed)
+    assert groups.forget(event_ms=5_999, retention_ms=5_000) == []
+    assert groups.forget(event_ms=6_001, retention_ms=5_000) == ["old"]
     assert list(groups.closed) == ["new"] and groups.horizon_ms == 1_000
 
 
-def test_a_receipt_of_a_forgotten_group_is_late_below_the_horizon_and_a_new_one_above_it_opens():
+def test_any_receipt_of_a_forgotten_group_produced_before_it_closed_is_late():
     groups = PartitionGroups(0, closed_capacity=1)
-    for i, gid in enumerate(("a", "b")):
-        groups.add(receipt(gid, 0), i, 1_000 + i)
-        groups.close(gid)
-    groups.forget(clock_ms=2_000, retention_ms=60_000)
-    assert "a" not in groups.closed and groups.horizon_ms == 1_000
-    # The straggler of "a" carries its original event time: late, not a second copy of "a".
-    assert groups.add(receipt("a", 1), 10, 999)[0] is Added.LATE
+    groups.add(receipt("a", 0), 0, 1_000)
+    groups.add(receipt("a", 1), 1, 1_010)  # its second receipt, 10 ms later
+    groups.close("a", closed_ms=1_010)
+    groups.add(receipt("b", 0), 2, 1_020)
+    groups.close("b", closed_ms=1_020)
+    groups.forget(event_ms=1_020, retention_ms=60_000)
+    assert "a" not in groups.closed and groups.horizon_ms == 1_010
+    # A retried publish of its second rollout, stamped as the original: late, not a second "a".
+    assert groups.add(receipt("a", 1, rollout_id="retry"), 10, 1_010)[0] is Added.LATE
     # A redriven straggler starts its deadline now, but its age is the original one.
     assert groups.add(receipt("a", 1), 11, 50_000, event_ms=999)[0] is Added.LATE
     assert "a" not in groups.open
-    assert groups.add(receipt("a", 1), 12, 1_000)[0] is Added.LATE  # exactly at the horizon
-    assert groups.add(receipt("fresh", 0), 13, 1_001)[0] is Added.ADDED
+    assert groups.add(receipt("fresh", 0), 13, 1_011)[0] is Added.ADDED
+
+
+def test_a_redriven_dead_lettered_group_reopens_whatever_the_horizon():
+    groups = PartitionGroups(0)
+    groups.add(receipt("d", 0), 0, 500)
+    groups.close("d", dead_lettered=True, closed_ms=500)
+    groups.raise_horizon(10_000)
+    assert groups.reopen_dead_lettered("d")
+    assert groups.add(receipt("d", 0), 5, 20_000, event_ms=500, reopened=True)[0] is Added.ADDED
 
 
 def test_a_group_open_before_a_restart_is_not_late_whatever_the_horizon():
@@ -148,7 +158,7 @@ def test_restore_from_is_the_oldest_needed_entry():
     groups.entries_written({"o": 7}, {"o"})
     assert groups.restore_from(40) == 7
     groups.close("o")
-    groups.forget(clock_ms=10**9, retention_ms=1)
+    groups.forget(event_ms=10**9, retention_ms=1)
     assert groups.restore_from(40) == 40
 
 

@@ -109,6 +109,6 @@ def test_restored_entries_keep_their_offsets_for_the_next_restore_point():
     ]
     groups = restore_partition(0, entries).groups
     assert groups.restore_from(20) == 10
-    groups.forget(clock_ms=0, retention_ms=1)  # nothing is old yet
+    groups.forget(event_ms=0, retention_ms=1)  # nothing is old yet
     groups.closed.popitem(last=False)  # were "a" forgotten, "b"'s closing entry is the oldest needed
     assert groups.restore_from(20) == 11

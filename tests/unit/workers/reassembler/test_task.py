@@ -312,7 +312,9 @@ def test_forgotten_groups_are_tombstoned_after_their_entries_and_the_progress_ca
     # Over the capacity: "a" is forgotten; "b"'s closing entry is now the oldest a restore needs.
     assert second.forgotten == ("a",)
     assert [s.group_id for s in second.state] == ["a", "b"]  # their cleared entries, before the tombstone
-    assert second.progress.horizon_ms == 1_000 and second.progress.restore_from == 102
+    # The horizon is when "a" closed: the newest receipt timestamp read by then (b's, 1_001).
+    assert first.state[0].closed_event_ms == 1_001
+    assert second.progress.horizon_ms == 1_001 and second.progress.restore_from == 102
     assert task.groups.add(receipt("a", 0), 50, 999)[0] is Added.LATE
 
 
@@ -394,3 +396,27 @@ def test_a_routed_experts_width_that_changes_between_calls_dead_letters_the_grou
     assert commit.finalized == ()
     assert [d.error_kind for d in commit.dead_letters] == [dl.INCONSISTENT_GROUP] * 2
     assert "routed" in commit.dead_letters[0].message or "size" in commit.dead_letters[0].message
+
+
+def test_a_redriven_receipt_without_its_original_time_is_late_for_a_group_behind_the_horizon():
+    store = InMemoryStore()
+    progress = PartitionProgress(partition=0, emitted_through=-1, time_ms=0, horizon_ms=50_000)
+    task = make_task(store, [progress])
+    # A letter written before dead letters recorded the source time: its group may be a forgotten one.
+    task.intake(record(3, receipt("old", 0).to_bytes(), ts=90_000, redriven=1), 90_000)
+    commit = step(task, store, now_ms=90_000)
+    assert [d.error_kind for d in commit.dead_letters] == [dl.LATE_RECEIPT]
+    assert "old" not in task.groups.open
+
+
+def test_a_paused_worker_behind_a_backlog_does_not_age_closed_groups_by_wall_time():
+    store = InMemoryStore()
+    config = msgspec.structs.replace(CONFIG, closed_retention_s=60.0)
+    task = make_task(store, config=config)
+    receipts = staged(store, "g")
+    for offset, r in enumerate(receipts):
+        task.intake(record(offset, r.to_bytes(), ts=1_000), 10_000_000)  # read an hour and more late
+    commit = step(task, store, now_ms=10_000_000, clock_ms=task.clock(10_000_000, caught_up=False, paused=True))
+    task.post_commit(commit)
+    assert task.prepare([], 10_000_000).forgotten == ()
+    assert task.groups.horizon_ms is None
