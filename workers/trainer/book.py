@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from schemas.finalized import FinalizedGroup
@@ -126,6 +126,13 @@ class GroupBook:
         """The record of `p` needs nothing more: it no longer holds its partition's commit back."""
         if self.pending.get(p.partition, {}).pop(p.offset, None) is not None:
             self.ledgers[p.partition].resolve(p.offset)
+
+    def forget_seen(self, partition: int, offsets: Iterable[int]) -> None:
+        """Forget the groups whose records lie at these offsets, so reading them again is no re-read."""
+        at = {(partition, o) for o in offsets}
+        if at:
+            for gid in [g for g, seen in self._seen.items() if (seen.partition, seen.offset) in at]:
+                del self._seen[gid]
 
     def set_aside(self, p: Pending) -> None:
         """Stop tracking `p` without resolving its record (a dead letter now holds the commit back)."""

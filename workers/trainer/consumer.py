@@ -151,6 +151,9 @@ class ExperienceConsumer:
     def _on_revoke(self, consumer, partitions) -> None:
         for tp in partitions:
             self._book.revoke(tp.partition)
+            # A letter dropped unsent is written again when its record is read again: that record
+            # must not then pass as one already consumed.
+            self._book.forget_seen(tp.partition, self._letters.offsets(tp.partition))
             self._letters.drop(tp.partition)
             self._paused.discard(tp.partition)
 

@@ -63,7 +63,9 @@ def decode_ranges(base: int, metadata: str | None) -> list[Range]:
             raise ValueError(f"commit metadata range {item!r} is not gap.length")
         first = prev + int(gap, 36)
         last = first + int(length, 36)
-        if first <= prev or last < first:
+        # The first range may start at the committed offset itself (a predecessor resolved the next
+        # record already); later ones start past the one before.
+        if first < prev or (ranges and first == prev) or last < first:
             raise ValueError(f"commit metadata range {item!r} overlaps the one before or goes backwards")
         ranges.append((first, last))
         prev = last

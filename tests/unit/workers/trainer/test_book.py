@@ -107,3 +107,15 @@ def test_records_resolved_before_a_restart_are_rereads_and_their_rows_are_not_ne
     successor.assign(part, offset, metadata)
     assert _take(successor, _group("e"), 0, 5)[0] == NEW
     assert successor.read(0, 6) is False
+
+
+def test_a_group_whose_letter_was_dropped_unsent_with_its_partition_is_new_when_read_again():
+    _, book = _book()
+    group = _group("lost")
+    _, pending = _take(book, group, 0, 10)
+    # Its rows were missing: a letter holds the commit back; the group counts as consumed meanwhile.
+    book.set_aside(pending)
+    book.group_resolved(group)
+    book.revoke(0)
+    book.forget_seen(0, [10])  # the unsent letter was dropped with the partition
+    assert _take(book, group, 0, 10)[0] == NEW

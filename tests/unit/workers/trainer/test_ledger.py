@@ -19,7 +19,8 @@ def test_metadata_of_another_writer_or_none_names_nothing_and_malformed_metadata
     with pytest.raises(ValueError, match="gap.length"):
         decode_ranges(5, METADATA_PREFIX + "zz")
     with pytest.raises(ValueError, match="overlaps"):
-        decode_ranges(5, METADATA_PREFIX + "0.1")
+        decode_ranges(5, METADATA_PREFIX + "0.1,0.1")  # the second range starts where the first ended
+    assert decode_ranges(5, METADATA_PREFIX + "0.1") == [(5, 6)]  # the first may start at the offset itself
 
 
 def test_too_many_ranges_are_cut_and_say_so():
@@ -65,3 +66,23 @@ def test_a_successor_knows_what_its_predecessor_resolved_and_carries_it_on():
     offset2, metadata2, _ = second.commit_point([13])
     assert offset2 == 13 and decode_ranges(13, metadata2) == [(15, 19)]
     assert PartitionLedger.from_commit(-1001, None).commit_point([]) is None
+
+
+def test_a_successor_whose_poll_ends_inside_a_prior_range_writes_metadata_the_next_restart_reads():
+    first = PartitionLedger()
+    for offset in range(100, 110):
+        first.read(offset)
+    for offset in range(105, 110):
+        first.resolve(offset)
+    offset, metadata, _ = first.commit_point(list(range(100, 105)))
+    assert (offset, decode_ranges(offset, metadata)) == (100, [(105, 109)])
+    second = PartitionLedger.from_commit(offset, metadata)
+    for o in range(100, 107):  # its first poll ends at 106, inside the predecessor's range
+        second.read(o)
+        second.resolve(o)
+    offset2, metadata2, _ = second.commit_point([])
+    assert offset2 == 107
+    # The rest of the range starts at the committed offset itself: still readable after a restart.
+    assert decode_ranges(offset2, metadata2) == [(107, 109)]
+    third = PartitionLedger.from_commit(offset2, metadata2)
+    assert [third.read(o) for o in (107, 108, 109, 110)] == [True, True, True, False]
