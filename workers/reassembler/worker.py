@@ -112,11 +112,12 @@ class ReassemblerWorker:
             try:
                 return call()
             except (KafkaException, ReadTimeout) as exc:
-                if isinstance(exc, KafkaException) and (exc.args[0].fatal() or is_fenced(exc)):
+                error = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
+                if isinstance(error, KafkaError) and (error.fatal() or is_fenced(exc)):
                     raise
                 delay = retry_delay(attempt)
                 self.sensor.on_retry(what)
-                reason = exc.args[0].str() if isinstance(exc, KafkaException) and exc.args else exc
+                reason = error.str() if isinstance(error, KafkaError) else exc
                 log.warning("%s: %s failed (%s); retrying in %.0fs", self.config.worker_id, what, reason, delay)
                 time.sleep(delay)
         raise AssertionError("unreachable")
@@ -284,6 +285,7 @@ class ReassemblerWorker:
             except KafkaException as abort_exc:
                 if is_fenced(abort_exc):
                     raise WorkerFenced(f"{self.config.worker_id}: fenced while aborting; stopping") from abort_exc
+                log.warning("%s: abort failed (%s); starting a new producer", self.config.worker_id, abort_exc)
                 self._producer = self._new_producer()
         self._rebuild()
 

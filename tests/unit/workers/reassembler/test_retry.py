@@ -48,3 +48,16 @@ def test_a_fatal_or_fenced_failure_is_not_retried(monkeypatch, error):
 
     with pytest.raises(KafkaException):
         ReassemblerWorker._retrying(_owner(), "producer", call)
+
+
+def test_a_kafka_exception_carrying_only_a_message_is_retried_too(monkeypatch):
+    monkeypatch.setattr(worker_module.time, "sleep", lambda s: None)
+    calls = iter([KafkaException("topic t not found"), None])
+
+    def call():
+        exc = next(calls)
+        if exc is not None:
+            raise exc
+        return "ok"
+
+    assert ReassemblerWorker._retrying(_owner(), "restore", call) == "ok"
