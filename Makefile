@@ -38,9 +38,13 @@ bench: jars
 # The chaos drill, outside `make test`: 2,000 groups through SIGKILLed reassemblers (every crash point
 # and random instants), a zombie, a broker kill -9 and a trainer kill; exits 1 if any group is lost,
 # duplicated or trained twice, or TQ keeps anything. Scale it with CHAOS_ARGS="--groups 100 --kills 4".
-.PHONY: chaos
+.PHONY: chaos drills
 chaos: jars
 	$(BIN)/python bench/chaos.py $(CHAOS_ARGS)
+
+# Fault drills too long for make test (a broker down past the client's timeouts, for minutes).
+drills: jars
+	$(BIN)/python -m pytest -q -rs -m drill
 
 clean-venv:
 	rm -rf $(VENV)
