@@ -47,7 +47,7 @@ class GroupBook:
         self._max_seen = max_seen_groups
         self.pending: dict[int, dict[int, Pending]] = {}  # partition -> offset -> pending
         self.ledgers: dict[int, PartitionLedger] = {}
-        # Group ids already taken in, oldest forgotten first past max_seen_groups.
+        # Group ids already taken in, the oldest resolved forgotten first past max_seen_groups.
         self._seen: OrderedDict[str, _Seen] = OrderedDict()
         self._duplicates: dict[str, list[Pending]] = {}  # group id -> duplicates waiting for it
 
@@ -100,7 +100,12 @@ class GroupBook:
     def _remember(self, group_id: str, seen: _Seen) -> None:
         self._seen[group_id] = seen
         if len(self._seen) > self._max_seen:
-            self._seen.popitem(last=False)
+            # The oldest resolved group goes: forgetting one still waiting would take its duplicate
+            # in as new, and yield the group twice. Waiting groups are bounded by backpressure.
+            for gid, old in self._seen.items():
+                if old.resolved:
+                    del self._seen[gid]
+                    break
 
     def _duplicate(self, group: FinalizedGroup, partition: int, offset: int, first: _Seen) -> None:
         """A record of a group id already taken in: never yielded twice, and its rows never orphaned.

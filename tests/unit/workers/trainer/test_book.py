@@ -119,3 +119,17 @@ def test_a_group_whose_letter_was_dropped_unsent_with_its_partition_is_new_when_
     book.revoke(0)
     book.forget_seen(0, [10])  # the unsent letter was dropped with the partition
     assert _take(book, group, 0, 10)[0] == NEW
+
+
+def test_a_waiting_group_is_never_forgotten_so_its_duplicate_is_never_taken_in_as_new():
+    store = InMemoryStore()
+    book = GroupBook(store, TRAIN, max_seen_groups=2)
+    waiting = _group("waiting")
+    _take(book, waiting, 0, 0)
+    for offset, gid in enumerate(("a", "b", "c"), start=1):
+        group = _group(gid)
+        _, pending = _take(book, group, 0, offset)
+        book.resolved(pending)
+        book.group_resolved(group)
+    # Three resolved groups came after it, past the memory of two: the waiting one is still known.
+    assert _take(book, waiting, 1, 0)[0] == DUPLICATE
