@@ -4,6 +4,7 @@ and started again on its data."""
 import subprocess
 import sys
 
+import pytest
 from confluent_kafka.admin import AdminClient, ConfigResource
 
 from streams.cluster import cluster_nodes
@@ -27,6 +28,9 @@ def _config(admin, kind, name, keys):
     return {k: got[k].value for k in keys}
 
 
+# Minutes of cluster starts and restarts: run by `make drills`. The suite keeps the short version,
+# a 3-broker cluster losing a broker mid-run (tests/integration/reassembler/test_broker_loss.py).
+@pytest.mark.drill
 def test_a_three_broker_cluster_starts_replicates_and_stops_whole(tmp_path):
     data = tmp_path / "cluster"
     out = _rlstream("broker", "start", "--brokers", "3", "--data-dir", str(data)).stdout
