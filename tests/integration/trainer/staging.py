@@ -15,14 +15,14 @@ from workers.topics import TopicNames
 
 
 def finalize_groups(
-    kafka, tq_store, prefix: str, *, versions=range(2), per_version: int = 2, partitions: int = 3
+    kafka, tq_store, prefix: str, *, versions=range(2), per_version: int = 2, partitions: int = 3, seed: int = 5
 ) -> tuple[TopicNames, dict[str, FinalizedGroup]]:
     """Groups `v{v}-g{i}` produced by policies of `versions`, finalized by a real worker; group_id -> record."""
     names = setup_topics(kafka, prefix, partitions=partitions)
     rollouts = [
         r for v in versions for i in range(per_version) for r in make_group(f"v{v}-g{i}", 10 * v + i, v, shape=SMALL)
     ]
-    random.Random(5).shuffle(rollouts)
+    random.Random(seed).shuffle(rollouts)
     pub = RolloutPublisher(kafka, tq_store, names.receipts)
     pub.publish(rollouts)
     pub.close()

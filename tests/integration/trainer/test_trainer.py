@@ -1,18 +1,12 @@
 """The trainer's consumer against the real broker and TQ: policies by weight version, restarts, tensors."""
 
-import random
-
 import torch
 from prometheus_client import CollectorRegistry
 
 from streams.admin import TopicSpec, create_topics
 from streams.consumer import read_topic
 from streams.tq import TRAIN
-from tests.integration.helpers import SMALL, drive, finalized_records, setup_topics
-from workers.reassembler.config import ReassemblerConfig
-from workers.reassembler.worker import ReassemblerWorker
-from workers.rollout.publisher import RolloutPublisher
-from workers.rollout.synthetic import make_group
+from tests.integration.trainer.staging import finalize_groups
 from workers.telemetry.prometheus import PrometheusTrainerSensor
 from workers.trainer.config import ConsumerConfig
 from workers.trainer.consumer import ExperienceConsumer
@@ -23,23 +17,7 @@ VERSIONS = range(6)
 
 def _finalized_by_version(kafka, tq_store, unique, per_version=5):
     """Groups produced by policies of versions 0..5, published shuffled and finalized by a real worker."""
-    names = setup_topics(kafka, f"tr-{unique}", partitions=3)
-    rollouts = [
-        r for v in VERSIONS for i in range(per_version) for r in make_group(f"v{v}-g{i}", 10 * v + i, v, shape=SMALL)
-    ]
-    random.Random(3).shuffle(rollouts)
-    pub = RolloutPublisher(kafka, tq_store, names.receipts)
-    pub.publish(rollouts)
-    pub.close()
-    worker = ReassemblerWorker(
-        kafka, tq_store, ReassemblerConfig(prefix=names.prefix, worker_id="w", consumer_group=f"re-{unique}")
-    )
-    total = per_version * len(VERSIONS)
-    try:
-        drive([worker], lambda: len(finalized_records(kafka, names)) >= total, timeout_s=120)
-    finally:
-        worker.close()
-    return names, {r.group_id: r for r in finalized_records(kafka, names)}
+    return finalize_groups(kafka, tq_store, f"tr-{unique}", versions=VERSIONS, per_version=per_version, seed=3)
 
 
 def test_windowed_never_yields_staler_than_bound_and_accounts_for_every_group(kafka, tq_store, unique):
