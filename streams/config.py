@@ -8,7 +8,9 @@ logged.
 from __future__ import annotations
 
 import logging
+import os
 import re
+from pathlib import Path
 from typing import Annotated
 
 from msgspec import Meta
@@ -117,3 +119,34 @@ def parse_client_settings(pairs: list[str] | tuple[str, ...] | None) -> dict[str
             raise ConfigError(f"client setting: {malformed_setting(pair)}")
         out[key.strip()] = value.strip()
     return out
+
+
+def read_client_properties(path: str | Path) -> dict[str, str]:
+    """librdkafka settings from a `.properties` file (`key=value` lines; `#` and `!` start comments).
+
+    Values are taken verbatim (no Java backslash escapes), as librdkafka tools read such files. An
+    error names the file, the line and at most the key, never a value.
+    """
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"Kafka client properties {path}: {getattr(exc, 'strerror', None) or exc}") from None
+    out: dict[str, str] = {}
+    for n, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line[0] in "#!":
+            continue
+        key, sep, value = line.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"Kafka client properties {path} line {n}: {malformed_setting(line)}")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write a file only its owner may read (0600 from its creation on, also when it existed)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        os.fchmod(f.fileno(), 0o600)
+        f.write(text)

@@ -2,6 +2,7 @@
 
     <dir>/server.properties   the node's settings (node id, listener ports), rewritten on each start
     <dir>/kraft-logs/         log.dirs: meta.properties (cluster id, node id), topics, offsets, transactions
+    <dir>/security/           a secured broker's CA, certificate and credentials (`streams/security.py`)
 
 A start on formatted storage resumes it: the same cluster id (kept in meta.properties), node id and
 listener ports (read back from server.properties), so topics, committed offsets and open
@@ -20,13 +21,15 @@ from importlib import resources
 from pathlib import Path
 
 from schemas.errors import RlstreamError
+from streams.config import write_private
 
 STORAGE_TOOL = "kafka.tools.StorageTool"
 STORAGE_DIR = "kraft-logs"
 META_FILE = "meta.properties"
 PROPERTIES_FILE = "server.properties"
+SECURITY_DIR = "security"
 NODE_PREFIX = "node-"  # a cluster's node directories: node-1, node-2, ...
-_LISTENER = re.compile(r"(PLAINTEXT|CONTROLLER)://[^,:]+:(\d+)")
+_LISTENER = re.compile(r"(PLAINTEXT|SASL_SSL|CONTROLLER)://[^,:]+:(\d+)")
 
 
 class BrokerError(RlstreamError, RuntimeError):
@@ -42,6 +45,7 @@ class StoredNode:
     port: int
     controller_port: int
     data_dir: Path
+    security: str = "plaintext"  # or "sasl_ssl": the client listener it was formatted for
 
 
 def check_port_free(port: int, hint: str) -> None:
@@ -90,12 +94,14 @@ def stored_node(data_dir: Path) -> StoredNode | None:
     except OSError as exc:
         raise refuse(f"{exc.filename} is unreadable ({exc.strerror})") from None
     ports = dict(_LISTENER.findall(props.get("listeners", "")))
-    if "PLAINTEXT" not in ports or "CONTROLLER" not in ports:
-        raise refuse(f"{props_path} names no PLAINTEXT and CONTROLLER listener ports")
+    client = "SASL_SSL" if "SASL_SSL" in ports else "PLAINTEXT"
+    if client not in ports or "CONTROLLER" not in ports:
+        raise refuse(f"{props_path} names no client (PLAINTEXT or SASL_SSL) and CONTROLLER listener ports")
     if not meta.get("cluster.id") or meta.get("node.id") != props.get("node.id"):
         raise refuse(f"{meta_path} and {props_path} disagree on the node id, or the cluster id is missing")
     node_id = int(meta["node.id"])
-    return StoredNode(node_id, meta["cluster.id"], int(ports["PLAINTEXT"]), int(ports["CONTROLLER"]), data_dir)
+    port, controller_port = int(ports[client]), int(ports["CONTROLLER"])
+    return StoredNode(node_id, meta["cluster.id"], port, controller_port, data_dir, client.lower())
 
 
 def node_dirs(data_dir: Path) -> list[Path]:
@@ -110,9 +116,11 @@ def wipe_node(data_dir: Path) -> None:
 
 
 def wipe_storage(data_dir: Path) -> None:
-    """Delete the Kafka data under data_dir: a single broker's and every cluster node's."""
+    """Delete the Kafka data under data_dir: a single broker's and every cluster node's, and their credentials."""
     for d in (data_dir, *node_dirs(data_dir)):
         wipe_node(d)
+    # Credentials and the CA belong to the wiped metadata log (the SCRAM users are stored in it).
+    shutil.rmtree(data_dir / SECURITY_DIR, ignore_errors=True)
 
 
 def prepare_storage(data_dir: Path, brokers: int, *, fresh: bool) -> list[StoredNode]:
@@ -184,7 +192,7 @@ def write_node_files(data_dir: Path, properties: str) -> Path:
     if not is_formatted(data_dir):
         wipe_node(data_dir)  # what a failed format left, if anything
     props = data_dir / PROPERTIES_FILE
-    props.write_text(properties)
+    write_private(props, properties)  # a secured node's file holds its broker login
     log4j = data_dir / "log4j2.yaml"
     log4j.write_bytes(resources.files("streams").joinpath("resources/log4j2.yaml").read_bytes())
     return props
@@ -194,10 +202,31 @@ def log4j_option(data_dir: Path) -> str:
     return f"-Dlog4j2.configurationFile={data_dir / 'log4j2.yaml'}"
 
 
-def format_storage(jvm: list[str], props: Path, data_dir: Path, cluster_id: str) -> None:
-    """Format the KRaft storage named in `props` for cluster `cluster_id`; a failed format leaves none."""
-    cmd = [*jvm, log4j_option(data_dir), STORAGE_TOOL, "format", "-t", cluster_id, "-c", str(props)]
-    fmt = subprocess.run(cmd, capture_output=True, text=True)
+def format_storage(
+    jvm: list[str], props: Path, data_dir: Path, cluster_id: str, secret_args: tuple[str, ...] = ()
+) -> None:
+    """Format the KRaft storage named in `props` for cluster `cluster_id`; a failed format leaves none.
+
+    `secret_args` (SCRAM credentials) reach the tool through a 0600 Java @argfile, deleted after, so
+    they never show on a command line; a failure's output is printed with them masked.
+    """
+    tool = [STORAGE_TOOL, "format", "-t", cluster_id, "-c", str(props), *secret_args]
+    argfile = data_dir / "format.args"
+    if secret_args:
+        write_private(argfile, "\n".join(_argfile_quote(a) for a in tool) + "\n")
+        tool = [f"@{argfile}"]
+    try:
+        fmt = subprocess.run([*jvm, log4j_option(data_dir), *tool], capture_output=True, text=True)
+    finally:
+        argfile.unlink(missing_ok=True)
     if fmt.returncode != 0:
         wipe_node(data_dir)
-        raise BrokerError(f"formatting KRaft storage in {data_dir} failed:\n{(fmt.stdout + fmt.stderr)[-2000:]}")
+        output = (fmt.stdout + fmt.stderr)[-2000:]
+        for arg in secret_args:
+            output = output.replace(arg, "***")
+        raise BrokerError(f"formatting KRaft storage in {data_dir} failed:\n{output}")
+
+
+def _argfile_quote(arg: str) -> str:
+    # A Java @argfile token: double-quoted, with backslashes and quotes escaped.
+    return '"' + arg.replace("\\", "\\\\").replace('"', '\\"') + '"'

@@ -1,4 +1,4 @@
-"""`rlstream broker`: the local KRaft broker (start, stop, status), its jars (fetch) and their lock."""
+"""`rlstream broker`: the local KRaft broker (start, stop, status), its users (user add), its jars (fetch) and lock."""
 
 from __future__ import annotations
 
@@ -44,15 +44,27 @@ _data_dir = click.option(
 @click.option(
     "--fresh",
     is_flag=True,
-    help="wipe the Kafka data in --data-dir (topics, offsets, transactions) and format it anew",
+    help="wipe the Kafka data in --data-dir (topics, offsets, transactions, credentials) and format it anew",
 )
-def broker_start(data_dir: Path, port: int | None, brokers: int, java: str | None, fresh: bool) -> int:
+@click.option(
+    "--security",
+    type=click.Choice(["plaintext", "sasl_ssl"]),
+    default="plaintext",
+    show_default=True,
+    help="sasl_ssl: clients log in with SCRAM-SHA-512 over TLS (generated CA) and are bound by ACLs; "
+    "the admin's client settings are written to a 0600 file whose path is printed",
+)
+def broker_start(data_dir: Path, port: int | None, brokers: int, java: str | None, fresh: bool, security: str) -> int:
     """Start in the background and print its bootstrap.servers.
 
     A --data-dir that holds Kafka storage from an earlier start is resumed: the same cluster id, ports,
     topics, committed offsets and open transactions. An empty one is formatted; --fresh wipes it first.
     """
     if brokers > 1:
+        if security != "plaintext":
+            raise click.BadParameter(
+                "a local cluster runs plaintext only; leave --security out", param_hint="--security"
+            )
         return _start_cluster(data_dir, port, brokers, java, fresh)
     from streams.broker import BrokerConfig, BrokerError, read_handle, start_broker
     from streams.cluster import CLUSTER_FILE, cluster_nodes
@@ -61,10 +73,13 @@ def broker_start(data_dir: Path, port: int | None, brokers: int, java: str | Non
         raise BrokerError(f"a cluster is running from {data_dir}; stop it first")
     (data_dir / CLUSTER_FILE).unlink(missing_ok=True)
 
-    cfg = BrokerConfig(data_dir=data_dir, port=port, detached=True, java=java, fresh=fresh)
-    say(f"starting Kafka broker (KRaft, single node) in {cfg.data_dir.resolve()}")
+    cfg = BrokerConfig(data_dir=data_dir, port=port, detached=True, java=java, fresh=fresh, security=security)
+    say(f"starting Kafka broker (KRaft, single node, {security}) in {cfg.data_dir.resolve()}")
     handle = start_broker(cfg, log=say)
     print(f"bootstrap.servers={handle.bootstrap_servers}")
+    if handle.client_config is not None:
+        print(f"admin client settings: {handle.client_config}")
+        say(f"use them with --kafka-config {handle.client_config}; add users with `rlstream broker user add`")
     say(f"pid {handle.pid}, log {handle.log_path}, {handle.java}")
     return 0
 
@@ -125,8 +140,72 @@ def broker_status(data_dir: Path) -> int:
             continue
         state = "ready" if st.ready else "not answering"
         print(f"{label}: {state} bootstrap.servers={st.bootstrap_servers} pid={st.pid} java={st.java or 'unknown'}")
+        if st.client_config is not None:
+            print(f"{label}: sasl_ssl, admin client settings in {st.client_config}")
         worst = max(worst, 0 if st.ready else 1)
     return worst
+
+
+@broker.group("user")
+def broker_user() -> None:
+    """SCRAM users of a secured local broker (started with --security sasl_ssl)."""
+
+
+@broker_user.command("add")
+@click.argument("name")
+@_data_dir
+@click.option(
+    "--prefix", "prefixes", multiple=True, required=True, help="topic name prefix the user may use; repeatable"
+)
+@click.option(
+    "--group-prefix",
+    "group_prefixes",
+    multiple=True,
+    help="consumer group prefix the user may use; repeatable (default: the topic prefixes)",
+)
+@click.option(
+    "--transactional-id-prefix",
+    "txn_prefixes",
+    multiple=True,
+    help="transactional id prefix the user may use; repeatable (default: the group prefixes)",
+)
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="where to write the user's client settings (default: <data-dir>/security/users/NAME.properties)",
+)
+def broker_user_add(name: str, data_dir: Path, prefixes, group_prefixes, txn_prefixes, out: Path | None) -> int:
+    """Create (or reset) user NAME with a generated password and prefixed ACLs for a pipeline.
+
+    The ACLs allow topics starting with each --prefix (read, write, describe, create), consumer groups
+    and transactional ids starting with theirs, and idempotent writes. The password is written only to
+    a 0600 client properties file for --kafka-config; its path is printed, never the password.
+    """
+    from streams import security
+    from streams.broker import read_handle
+    from streams.kraft_dir import BrokerError
+
+    if read_handle(data_dir) is None:
+        raise BrokerError(f"no broker is running from {data_dir}; start it with --security sasl_ssl first")
+    admin = security.admin_kafka(data_dir)
+    files = security.SecurityFiles.of(data_dir)
+    groups = tuple(group_prefixes) or tuple(prefixes)
+    grant = security.Grant(tuple(prefixes), groups, tuple(txn_prefixes) or groups)
+    password = security.new_password()
+    count = security.add_user(admin, name, password, grant)
+    path = security.write_client_file(
+        out or files.user_client(name),
+        admin.bootstrap_servers,
+        security.client_settings(files, name, password),
+        about=f"rlstream: user {name} of the local broker at {admin.bootstrap_servers}",
+    )
+    say(
+        f"user {name}: {count} ACLs on topics {', '.join(grant.topics)}*, groups {', '.join(grant.groups)}*, "
+        f"transactional ids {', '.join(grant.transactional_ids)}*"
+    )
+    print(f"client settings for {name}: {path}")
+    return 0
 
 
 @broker.command("fetch")

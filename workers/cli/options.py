@@ -1,8 +1,11 @@
 """Options the verbs share: where the Kafka cluster is, and flags derived from a `Settings` definition.
 
 `kafka_options` is the one way a verb learns its cluster: `--bootstrap-servers`, `-X KEY=VALUE`,
-`--prefix` and `--config FILE`, resolved through `streams.settings.load` so that the `[kafka]`
-section of the file and `RLSTREAM_KAFKA_*` variables count too (flags win). `settings_options`
+`--kafka-config FILE` (librdkafka `.properties`), `--prefix` and `--config FILE`, resolved through
+`streams.settings.load` so that the `[kafka]` section of the file and `RLSTREAM_KAFKA_*` variables
+count too. Precedence, later wins: `--config` [kafka] < `--kafka-config` < environment < flags; client
+settings merge key by key. Secrets read this way stay in the resolved `KafkaConfig` (whose repr hides
+them) and reach worker children on stdin, never on a command line. `settings_options`
 turns every scalar field of a settings struct into a flag with its type, bounds and doc line;
 flags left unset are None and do not override the file or the environment.
 """
@@ -18,7 +21,7 @@ from pathlib import Path
 import click
 import msgspec
 
-from streams.config import KafkaConfig, malformed_setting
+from streams.config import KafkaConfig, malformed_setting, read_client_properties
 from streams.settings import FieldDoc, Settings, env_name, fields_of, load, read_file
 
 
@@ -30,9 +33,18 @@ def say(msg: str) -> None:
 class KafkaTarget:
     """The cluster options of one invocation; the cluster is resolved (and checked) on first use."""
 
-    def __init__(self, bootstrap_servers, kafka_setting, config_file: Path | None, prefix: str | None, required: bool):
+    def __init__(
+        self,
+        bootstrap_servers,
+        kafka_setting,
+        config_file: Path | None,
+        prefix: str | None,
+        required: bool,
+        kafka_config: Path | None = None,
+    ):
         self._given = (bootstrap_servers, tuple(kafka_setting), config_file)
         self._required = required
+        self.kafka_config = kafka_config
         self.config_file = config_file
         self.prefix = prefix  # None: --prefix not given
 
@@ -40,7 +52,7 @@ class KafkaTarget:
     def kafka(self) -> KafkaConfig | None:
         """The cluster from flags, environment and file; None if optional and given nowhere."""
         servers, settings, file = self._given
-        return resolve_kafka(servers, settings, file, required=self._required)
+        return resolve_kafka(servers, settings, file, required=self._required, kafka_config=self.kafka_config)
 
     @property
     def servers(self) -> str:
@@ -67,30 +79,46 @@ def resolve_kafka(
     config_file: Path | None,
     *,
     required: bool,
+    kafka_config: Path | None = None,
 ) -> KafkaConfig | None:
-    """The cluster from flags over environment over the file's `[kafka]` section; None if optional and absent.
+    """The cluster from flags over environment over `--kafka-config` over `[kafka]` of `--config`.
 
-    `-X` settings are merged over RLSTREAM_KAFKA_CLIENT_SETTINGS and `[kafka.client_settings]` by `load`.
+    None if optional and given nowhere. `-X` settings are merged over RLSTREAM_KAFKA_CLIENT_SETTINGS,
+    the properties file and `[kafka.client_settings]` key by key; the properties file's
+    `bootstrap.servers` (if any) is its address.
     """
     extra = dict(kafka_setting)
-    if not (bootstrap_servers or _servers_elsewhere(config_file)):
-        if required or extra:
+    files = kafka_files(config_file, kafka_config)
+    section = files.get(KafkaConfig.section)
+    in_files = isinstance(section, dict) and bool(section.get("bootstrap_servers"))
+    if not (bootstrap_servers or in_files or os.environ.get(env_name(KafkaConfig, "bootstrap_servers"))):
+        if required or extra or kafka_config is not None:
             raise click.UsageError(
                 "no Kafka cluster given: pass --bootstrap-servers, set "
-                f"{env_name(KafkaConfig, 'bootstrap_servers')}, or set bootstrap_servers under [kafka] in --config"
+                f"{env_name(KafkaConfig, 'bootstrap_servers')}, set bootstrap.servers in --kafka-config, "
+                "or set bootstrap_servers under [kafka] in --config"
             )
         return None
     overrides = {"bootstrap_servers": bootstrap_servers, "client_settings": extra or None}
-    return load(KafkaConfig, file=config_file, overrides=overrides)
+    # Without properties, hand `load` the path itself: its errors then name the file.
+    return load(KafkaConfig, file=files if kafka_config is not None else config_file, overrides=overrides)
 
 
-def _servers_elsewhere(config_file: Path | None) -> bool:
-    if os.environ.get(env_name(KafkaConfig, "bootstrap_servers")):
-        return True
-    if config_file is None:
-        return False
-    section = read_file(config_file).get(KafkaConfig.section)
-    return isinstance(section, dict) and bool(section.get("bootstrap_servers"))
+def kafka_files(config_file: Path | None, kafka_config: Path | None) -> dict:
+    """The `--config` file's content with the `--kafka-config` properties merged over its [kafka] section."""
+    content = read_file(config_file) if config_file is not None else {}
+    if kafka_config is None:
+        return content
+    props = read_client_properties(kafka_config)
+    section = content.get(KafkaConfig.section, {})
+    section = dict(section) if isinstance(section, Mapping) else {}
+    # librdkafka's two names for the address; the rest are client settings.
+    servers = props.pop("bootstrap.servers", None) or props.pop("metadata.broker.list", None)
+    if servers:
+        section["bootstrap_servers"] = servers
+    client = section.get("client_settings", {})
+    section["client_settings"] = {**(client if isinstance(client, Mapping) else {}), **props}
+    return {**content, KafkaConfig.section: section}
 
 
 def kafka_options(*, required: bool = True, prefix: bool = True, prefix_help: str | None = None) -> Callable:
@@ -98,10 +126,9 @@ def kafka_options(*, required: bool = True, prefix: bool = True, prefix_help: st
 
     def decorate(fn: Callable) -> Callable:
         @functools.wraps(fn)
-        def run(*args, bootstrap_servers, kafka_setting, config_file, prefix=None, **kwargs):
-            return fn(
-                *args, target=KafkaTarget(bootstrap_servers, kafka_setting, config_file, prefix, required), **kwargs
-            )
+        def run(*args, bootstrap_servers, kafka_setting, kafka_config, config_file, prefix=None, **kwargs):
+            target = KafkaTarget(bootstrap_servers, kafka_setting, config_file, prefix, required, kafka_config)
+            return fn(*args, target=target, **kwargs)
 
         servers_help = "Kafka bootstrap servers, host:port[,...]"
         if not required:
@@ -114,7 +141,14 @@ def kafka_options(*, required: bool = True, prefix: bool = True, prefix_help: st
                 type=KeyValue(),
                 multiple=True,
                 help="librdkafka client setting for every Kafka client (SASL, TLS, ...); repeatable; "
-                "merged over [kafka.client_settings] of --config",
+                "merged over RLSTREAM_KAFKA_CLIENT_SETTINGS, --kafka-config and [kafka.client_settings] of --config",
+            ),
+            click.option(
+                "--kafka-config",
+                type=click.Path(exists=True, dir_okay=False, path_type=Path),
+                metavar="FILE",
+                help="librdkafka client properties (key=value lines, # comments; e.g. what "
+                "`rlstream broker user add` writes): settings for every Kafka client, and bootstrap.servers",
             ),
             click.option(
                 "--config",

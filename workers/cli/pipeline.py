@@ -21,20 +21,14 @@ from workers.demo.config import DemoConfig
 from workers.reassembler.config import ReassemblerConfig
 
 
-def _only_bootstrap(verb: str, target: KafkaTarget) -> str | None:
-    """The cluster address for verbs whose runner takes only that; refuse client settings it would drop."""
-    if target.kafka is not None and target.kafka.client_settings:
-        raise click.UsageError(f"{verb} runs its clients with bootstrap.servers only; it takes no client settings")
-    return target.kafka.bootstrap_servers if target.kafka is not None else None
-
-
 @click.command()
 @kafka_options(required=False, prefix=False)
 def smoke(target: KafkaTarget) -> int:
     """Start broker and TQ, round-trip one message and one tensor batch, stop (a one-minute machine check)."""
     from workers.demo.smoke import run_smoke
 
-    res = run_smoke(_only_bootstrap("smoke", target), log=say)
+    k = target.kafka
+    res = run_smoke(k.bootstrap_servers if k else None, client_settings=k.client_settings if k else None, log=say)
     print(f"smoke ok in {res.seconds:.1f}s: bootstrap.servers={res.bootstrap_servers}")
     return 0
 

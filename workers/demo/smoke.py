@@ -8,14 +8,14 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from tensordict import TensorDict
 
-from schemas.errors import RlstreamError
+from schemas.errors import InvalidArgument, RlstreamError
 from streams.admin import TopicSpec, create_topics
 from streams.broker import BrokerConfig, LocalBroker
 from streams.config import KafkaConfig
@@ -36,11 +36,19 @@ class SmokeResult:
     seconds: float
 
 
-def run_smoke(bootstrap_servers: str | None = None, *, log: Callable[[str], None] | None = None) -> SmokeResult:
+def run_smoke(
+    bootstrap_servers: str | None = None,
+    *,
+    client_settings: Mapping[str, str] | None = None,
+    log: Callable[[str], None] | None = None,
+) -> SmokeResult:
     """Start (or use) a broker and TQ, round-trip a receipt-sized message and a jagged tensor batch, stop.
 
+    `client_settings` (SASL, TLS, ...) are for a given cluster; the broker smoke starts is plaintext.
     `log` receives the status lines (default: the `rlstream.smoke` logger).
     """
+    if client_settings and bootstrap_servers is None:
+        raise InvalidArgument("client settings need a cluster to use them: the broker smoke starts is plaintext")
     log = log if log is not None else logging.getLogger("rlstream.smoke").info
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="rlstream-smoke-") as tmp:
@@ -51,7 +59,7 @@ def run_smoke(bootstrap_servers: str | None = None, *, log: Callable[[str], None
         log(f"broker: bootstrap.servers={bootstrap_servers}")
         session = init_tq(TQConfig())
         try:
-            kafka = KafkaConfig(bootstrap_servers)
+            kafka = KafkaConfig(bootstrap_servers, dict(client_settings or {}))
             topic = f"smoke.{uuid.uuid4().hex[:8]}"
             create_topics(kafka, [TopicSpec(topic, 1)])
             payload = os.urandom(600)

@@ -85,7 +85,7 @@ def test_an_interrupted_start_stops_the_jvm_it_launched(tmp_path, pid_dir, monke
     launched = tmp_path / "launched"
     config = _fake_java(tmp_path, launched)
 
-    def interrupted(bootstrap, timeout_s=2.0):
+    def interrupted(bootstrap, timeout_s=2.0, settings=None):
         while not launched.exists():  # the 'JVM' runs
             time.sleep(0.05)
         raise interruption()
@@ -141,7 +141,7 @@ def _stored(config: BrokerConfig, port: int, controller_port: int) -> None:
 
 
 def _interrupt_once_launched(monkeypatch, launched) -> None:
-    def interrupted(bootstrap, timeout_s=2.0):
+    def interrupted(bootstrap, timeout_s=2.0, settings=None):
         while not launched.exists():
             time.sleep(0.05)
         raise KeyboardInterrupt()

@@ -1,0 +1,115 @@
+"""A secured local broker (SASL_SSL, SCRAM-SHA-512, StandardAuthorizer): who gets in and what ACLs allow.
+
+One broker for the module, started with `security="sasl_ssl"`; a pipeline user is created with
+prefixed ACLs the way `rlstream broker user add` does, and its client settings are read back from
+the properties file it gets, as `--kafka-config` reads them.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException, Producer
+from confluent_kafka.admin import AdminClient
+
+from streams import security
+from streams.admin import TopicError, TopicSpec, create_topics
+from streams.broker import BrokerConfig, LocalBroker
+from streams.config import KafkaConfig
+from streams.tq import TRAIN
+from tests.integration.helpers import drive, finalized_records, publish_groups, setup_topics
+from workers.cli.options import resolve_kafka
+from workers.reassembler.config import ReassemblerConfig
+from workers.reassembler.worker import ReassemblerWorker
+
+PREFIX = f"sec{uuid.uuid4().hex[:6]}"
+USER = "pipeline"
+
+
+@pytest.fixture(scope="module")
+def secured(tmp_path_factory):
+    data_dir = Path(tmp_path_factory.mktemp("kafka-sasl"))
+    with LocalBroker(BrokerConfig(data_dir=data_dir, security=security.SASL_SSL)) as b:
+        yield b
+        gc.collect()  # clients in reference cycles go while the broker can still answer them
+
+
+@pytest.fixture(scope="module")
+def admin(secured) -> KafkaConfig:
+    return KafkaConfig(secured.bootstrap_servers, secured.client_settings())
+
+
+@pytest.fixture(scope="module")
+def user_file(secured, admin) -> Path:
+    """A user allowed topics, groups and transactional ids under PREFIX only: its properties file."""
+    files = security.SecurityFiles.of(secured.handle.data_dir)
+    password = security.new_password()
+    security.add_user(admin, USER, password, security.Grant((PREFIX,), (PREFIX,), (PREFIX,)))
+    settings = security.client_settings(files, USER, password)
+    return security.write_client_file(files.user_client(USER), admin.bootstrap_servers, settings, about="test")
+
+
+@pytest.fixture(scope="module")
+def user(user_file) -> KafkaConfig:
+    return resolve_kafka(None, (), None, required=True, kafka_config=user_file)
+
+
+def _refusal(conf: dict, timeout_s: float = 20.0) -> KafkaError:
+    """The first error a client with `conf` reports; it must also fail a metadata request."""
+    seen: list[KafkaError] = []
+    client = AdminClient({**conf, "error_cb": seen.append, "socket.connection.setup.timeout.ms": 2000})
+    deadline = time.monotonic() + timeout_s
+    while not seen and time.monotonic() < deadline:
+        client.poll(0.2)
+    assert seen, f"no error reported within {timeout_s:.0f}s"
+    with pytest.raises(KafkaException):
+        client.list_topics(timeout=1)
+    return seen[0]
+
+
+def test_the_broker_refuses_clients_without_valid_credentials(secured, admin, user):
+    address = secured.bootstrap_servers
+    # Plaintext, and TLS without a login: the listener speaks SASL over TLS only.
+    tls_only = {"security.protocol": "SSL", "ssl.ca.location": admin.client_settings["ssl.ca.location"]}
+    for conf in ({}, tls_only):
+        error = _refusal({"bootstrap.servers": address, **conf})
+        assert error.code() in (KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._SSL), error
+    error = _refusal({**user.admin(), "sasl.password": "not-the-password"})
+    assert error.code() == KafkaError._AUTHENTICATION, error
+    # With the right password the same settings get in: the refusals above are about credentials.
+    assert AdminClient(user.admin()).list_topics(timeout=30).brokers
+    assert AdminClient(admin.admin()).list_topics(timeout=30).brokers
+    # The admin password is in 0600 files only, not in the broker's log.
+    files = security.SecurityFiles.of(secured.handle.data_dir)
+    assert admin.client_settings["sasl.password"] not in secured.handle.log_path.read_text(errors="replace")
+    for path in (files.admin_client, files.secrets, files.keystore, secured.handle.data_dir / "server.properties"):
+        assert path.stat().st_mode & 0o077 == 0, path
+
+
+def test_acls_bound_a_user_to_its_prefixes(user):
+    create_topics(user, [TopicSpec(f"{PREFIX}.own", 1)])
+    with pytest.raises(TopicError, match="[Aa]uthoriz"):
+        create_topics(user, [TopicSpec(f"other{PREFIX}.topic", 1)])
+    allowed = Producer(user.producer(transactional_id=f"{PREFIX}.tx"))
+    allowed.init_transactions(60)
+    refused = Producer(user.producer(transactional_id=f"other.{PREFIX}.tx"))
+    with pytest.raises(KafkaException) as info:
+        refused.init_transactions(60)
+    assert info.value.args[0].code() == KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+
+
+def test_a_reassembler_finalizes_groups_as_a_user_bound_by_prefixed_acls(user, tq_store):
+    names = setup_topics(user, PREFIX, partitions=1)
+    groups = publish_groups(user, tq_store, names, 4, prefix=f"{PREFIX}-g")
+    config = ReassemblerConfig(prefix=PREFIX, worker_id="w0", consumer_group=f"{PREFIX}.reassemblers")
+    worker = ReassemblerWorker(user, tq_store, config)
+    try:
+        drive([worker], lambda: len(finalized_records(user, names)) >= len(groups), timeout_s=120)
+    finally:
+        worker.close()
+    assert sorted(r.group_id for r in finalized_records(user, names)) == sorted(groups)
+    tq_store.clear(TRAIN, [f"{gid}_g{i}" for gid in groups for i in range(8)])
