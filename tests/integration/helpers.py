@@ -70,3 +70,11 @@ def drive(workers, until: Callable[[], bool], timeout_s: float, check_every_s: f
                 return
         if time.monotonic() > deadline:
             raise TimeoutError(f"condition not met within {timeout_s:.0f}s")
+
+
+def wait_until(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
+    """Call `condition` until it holds; TimeoutError naming `what` past the deadline."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what}: not within {timeout_s:.0f}s")

@@ -41,9 +41,16 @@ class _Seen:
 
 
 class GroupBook:
-    def __init__(self, store: KVStore, train_partition: str, max_seen_groups: int):
-        self._store = store
-        self._train = train_partition
+    """`clear(sample_ids)` disposes of rows no one will read; by default at once, from `train_partition`."""
+
+    def __init__(
+        self,
+        store: KVStore,
+        train_partition: str,
+        max_seen_groups: int,
+        clear: Callable[[list[str]], None] | None = None,
+    ):
+        self._clear = clear if clear is not None else (lambda ids: store.clear(train_partition, ids))
         self._max_seen = max_seen_groups
         self.pending: dict[int, dict[int, Pending]] = {}  # partition -> offset -> pending
         self.ledgers: dict[int, PartitionLedger] = {}
@@ -60,6 +67,10 @@ class GroupBook:
         except ValueError:
             self.ledgers[partition] = PartitionLedger.from_commit(offset, None)
             raise
+
+    def restore(self, partition: int, offset: int, trained: list[tuple[int, int]]) -> None:
+        """From a checkpoint: reading starts at `offset`, and records in `trained` were resolved before."""
+        self.ledgers[partition] = PartitionLedger.from_state(offset, trained)
 
     def revoke(self, partition: int) -> None:
         for p in self.pending.pop(partition, {}).values():
@@ -118,7 +129,7 @@ class GroupBook:
         duplicate, and nothing will read them: they are cleared now.
         """
         if first.resolved:
-            self._store.clear(self._train, list(group.sample_ids))
+            self._clear(list(group.sample_ids))
             self.ledgers[partition].resolve(offset)
             return
         pending = Pending(group, partition, offset, "duplicate")
@@ -155,7 +166,7 @@ class GroupBook:
         for dup in self._duplicates.pop(group.group_id, []):
             extra = set(dup.group.sample_ids) - set(group.sample_ids)
             if extra:
-                self._store.clear(self._train, sorted(extra))
+                self._clear(sorted(extra))
             self.resolved(dup)
 
     def release(self, group: FinalizedGroup, partition: int, offset: int) -> None:
@@ -186,6 +197,15 @@ class GroupBook:
                 )
             if ledger.committed != (offset, metadata):
                 out.append((part, offset, metadata))
+        return out
+
+    def snapshot(self, held_back: Callable[[int], list[int]]) -> dict[int, tuple[int, list[tuple[int, int]]]]:
+        """Per partition read or restored: its first unresolved offset and the resolved ranges past it."""
+        out = {}
+        for part, ledger in self.ledgers.items():
+            cut = ledger.snapshot([*self.pending.get(part, ()), *held_back(part)])
+            if cut is not None:
+                out[part] = cut
         return out
 
     def committed(self, partition: int, offset: int, metadata: str) -> None:

@@ -53,6 +53,13 @@ class ConsumerConfig(Settings, frozen=True):
         int,
         Meta(ge=1, le=100_000_000, description="group ids remembered to drop duplicates, oldest forgotten first"),
     ] = 1_000_000
+    checkpointed: Annotated[
+        bool,
+        Meta(
+            description="resume with the model: acked rows stay in TQ and offsets stay uncommitted until"
+            " checkpoint_durable(state_dict()) says a checkpoint covering them is stored"
+        ),
+    ] = False
     session_timeout_ms: Annotated[
         int,
         Meta(

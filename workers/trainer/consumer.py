@@ -1,295 +1,102 @@
-"""`ExperienceConsumer`: the trainer's read_committed view of finalized groups, by weight version.
+"""`ExperienceConsumer`: what a trainer calls to get finalized prompt groups by weight version.
 
-Groups are held, yielded or evicted by a consumption policy; a yielded batch carries the padded
-tensors fetched from TQ train, and `release` clears those rows and commits the consumed offsets.
-A partition's committed offset never passes a record not yet resolved (`ledger.py`): a group held,
-ready, or yielded and not released, a duplicate waiting for its original, a dead letter not yet
-acknowledged. Records the trainer cannot use go to its dead-letter topic (`deadletters.py`).
+Metadata first, as the async-RL frameworks do it: `select(version, min, max)` hands out a
+`BatchMeta` of groups usable at that version (no tensor), `materialize` fetches their rows from TQ
+padded or jagged, `ack` settles them. `next_batch`/`release` are the same in one call each. With
+`ConsumerConfig.checkpointed`, `state_dict`/`load_state_dict`/`checkpoint_durable` let a trainer
+resume with its model checkpoint, every group trained once across the restart (`checkpoint.py`).
+The Kafka side (reading, policy decisions, dead letters, commits) is `intake.py`.
 """
 
 from __future__ import annotations
 
-import logging
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Sequence
+from typing import Any
 
-import torch
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import TopicPartition
+from tensordict import TensorDict
 
-from schemas.errors import InvalidArgument, SchemaError
-from schemas.finalized import FinalizedGroup
-from schemas.payload import unpack_payload
-from streams.config import KafkaConfig
-from streams.producer import AckedProducer, Outgoing
-from streams.tq import KVStore, MissingKeysError
-from workers.telemetry.sensors import TrainerSensor
-from workers.trainer.book import DUPLICATE, NEW, REREAD, GroupBook, Pending
+from schemas.errors import InvalidArgument
+from streams.tq import MissingKeysError
+from workers.trainer.batch import BatchMeta, Layout, TrainBatch, materialize
+from workers.trainer.book import Pending
+from workers.trainer.checkpoint import STATE_VERSION, ConsumerState, PartitionMark, decode_state, encode_state
 from workers.trainer.config import ConsumerConfig
-from workers.trainer.deadletters import MISSING_ROWS, UNDECODABLE_FINALIZED, Outbox, make_letter
-from workers.trainer.errors import PollErrors
-from workers.trainer.policies import Decision, Policy
+from workers.trainer.intake import ConsumerCounts, FinalizedIntake
+from workers.trainer.ledger import encode_ranges
 
-__all__ = ["ConsumerConfig", "ConsumerCounts", "ExperienceConsumer", "TrainBatch"]
-
-log = logging.getLogger("rlstream.trainer")
-
-# Commit failures that lose a race with a rebalance (or follow a max.poll.interval.ms leave).
-_RETRY_COMMIT = (
-    KafkaError._NO_OFFSET,
-    KafkaError.REBALANCE_IN_PROGRESS,
-    KafkaError.ILLEGAL_GENERATION,
-    KafkaError.UNKNOWN_MEMBER_ID,
-    KafkaError._ASSIGNMENT_LOST,
-    KafkaError._STATE,
-)
+__all__ = ["BatchMeta", "ConsumerConfig", "ConsumerCounts", "ExperienceConsumer", "TrainBatch"]
 
 
-@dataclass
-class ConsumerCounts:
-    """Totals since the consumer started, except `waiting` and `ahead`: those are the current figures."""
-
-    yielded: int = 0
-    evicted_stale: int = 0
-    # Records of a group id already taken in, at another position (a replay, a re-finalization).
-    duplicates: int = 0
-    # Groups never consumed whose rows were missing from TQ: dropped and dead-lettered (an alarm).
-    missing_rows: int = 0
-    undecodable: int = 0
-    # Records read again that were resolved already: after a rebalance, or before a restart (commit metadata).
-    reread: int = 0
-    waiting: int = 0
-    # Held groups more than the in_order lookahead ahead of the trainer (held, not dropped).
-    ahead: int = 0
-
-
-@dataclass(frozen=True)
-class TrainBatch:
-    """Groups yielded together, their sample IDs and tags, and the padded tensors from TQ train."""
-
-    version: int
-    groups: tuple[FinalizedGroup, ...]
-    sample_ids: tuple[str, ...]
-    tags: tuple[dict, ...]
-    tensors: dict[str, torch.Tensor]
-    positions: tuple[tuple[int, int], ...]  # (partition, offset) of each group's record
-
-    @property
-    def staleness(self) -> list[int]:
-        return [self.version - g.group_min_wv for g in self.groups]
-
-
-class ExperienceConsumer:
-    """Read finalized groups read_committed and hand them to the trainer by weight version.
-
-    `sensor` gets every yield (with its staleness), eviction, duplicate, undecodable record and group
-    with missing rows, e.g. a `PrometheusTrainerSensor`; `on_yield` / `on_evict` get the group itself.
-    """
-
-    def __init__(
-        self,
-        kafka: KafkaConfig,
-        store: KVStore,
-        config: ConsumerConfig,
-        policy: Policy,
-        *,
-        version: int = 0,
-        on_yield: Callable[[FinalizedGroup, int], None] | None = None,
-        on_evict: Callable[[FinalizedGroup, int], None] | None = None,
-        sensor: TrainerSensor | None = None,
-    ):
-        self.config = config
-        self.policy = policy
-        self.version = version
-        self.counts = ConsumerCounts()
-        self._store = store
-        self._on_yield = on_yield
-        self._on_evict = on_evict
-        self.sensor = sensor if sensor is not None else TrainerSensor()
-        self._book = GroupBook(store, config.train_partition, config.max_seen_groups)
-        self._paused: set[int] = set()
-        self._errors = PollErrors(config.finalized_topic, config.consumer_group, config.max_poll_interval_ms)
-        self._replay = AckedProducer(kafka) if config.stale_replay else None
-        self._letters = Outbox(kafka, config.topics.trainer_deadletter, f"trainer:{config.consumer_group}")
-        settings = {
-            "session.timeout.ms": config.session_timeout_ms,
-            "heartbeat.interval.ms": max(100, config.session_timeout_ms // 3),
-            "max.poll.interval.ms": config.max_poll_interval_ms,
-        }
-        self._consumer = Consumer(kafka.consumer(config.consumer_group, **settings))
-        self._consumer.subscribe(
-            [config.finalized_topic], on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_revoke
-        )
-
-    # ----- version and intake -----------------------------------------------------------------
+class ExperienceConsumer(FinalizedIntake):
+    """Finalized groups for the trainer by weight version: select, materialize, ack (or next_batch, release)."""
 
     def set_version(self, version: int) -> None:
-        """The trainer's current weight version; held groups are re-decided (some become usable, some stale)."""
+        """The trainer's current weight version: every waiting group is decided again at it.
+
+        Held groups may become usable; ready ones may now be past the policy's bound (windowed
+        evicts them, in_order never goes back to an older version), so none is yielded on the
+        strength of a decision taken at an older version.
+        """
         if version < self.version:
             raise InvalidArgument(f"weight version went backwards: {self.version} -> {version}")
+        if version == self.version:
+            return
         self.version = version
         for p in self._book.all_pending():
-            if p.state == "held":
+            if p.state in ("held", "ready"):
                 self._decide(p)
         self._apply_backpressure()
-
-    def _on_assign(self, consumer, partitions) -> None:
-        # librdkafka keeps a partition's paused state across revoke and re-assign.
-        consumer.resume(partitions)
-        topic = self.config.finalized_topic
-        try:
-            committed = consumer.committed(partitions, timeout=30)
-        except KafkaException as exc:
-            log.warning("%s: committed offsets unreadable (%s); consumed groups may be reported missing", topic, exc)
-            return
-        for tp in committed:
-            try:
-                self._book.assign(tp.partition, tp.offset, tp.metadata)
-            except ValueError as exc:
-                log.warning("%s[%d]: %s; consumed groups may be reported missing", topic, tp.partition, exc)
-
-    def _on_revoke(self, consumer, partitions) -> None:
-        for tp in partitions:
-            self._book.revoke(tp.partition)
-            # A letter dropped unsent is written again when its record is read again: that record
-            # must not then pass as one already consumed.
-            self._book.forget_seen(tp.partition, self._letters.offsets(tp.partition))
-            self._letters.drop(tp.partition)
-            self._paused.discard(tp.partition)
-
-    def poll(self, timeout_s: float = 0.1) -> int:
-        """Fetch new finalized records and decide each; returns how many were read."""
-        read = 0
-        for m in self._consumer.consume(self.config.max_poll_records, timeout_s):
-            if m.error() is not None:
-                self._errors.handle(m.error())
-                continue
-            read += 1
-            self._take(m)
-        self._resolve_letters()
-        self._apply_backpressure()
-        return read
-
-    def _take(self, m) -> None:
-        part, offset = m.partition(), m.offset()
-        resolved_before = self._book.read(part, offset)
-        try:
-            group = FinalizedGroup.from_bytes(m.value())
-        except SchemaError as exc:
-            if not resolved_before:  # else dead-lettered already, before a restart
-                self._undecodable(m, exc)
-            return
-        outcome, pending = self._book.take(group, part, offset, resolved_before=resolved_before)
-        if outcome == NEW and pending is not None:
-            self._decide(pending)
-        elif outcome == REREAD:
-            self.counts.reread += 1
-        elif outcome == DUPLICATE:
-            self.counts.duplicates += 1
-            self.sensor.on_duplicate()
-            log.warning(
-                "duplicate finalized record of group %s at %s[%d]@%d: not yielded again",
-                group.group_id,
-                self.config.finalized_topic,
-                part,
-                offset,
-            )
-
-    def _undecodable(self, m, exc: SchemaError) -> None:
-        part, offset, key = m.partition(), m.offset(), m.key()
-        where = f"{m.topic()}[{part}]@{offset}"
-        log.error(
-            "undecodable finalized record at %s (key %r): %s; sent to %s",
-            where,
-            key and key[:80],
-            exc,
-            self._letters.topic,
-        )
-        self.counts.undecodable += 1
-        self.sensor.on_undecodable()
-        letter = make_letter(
-            m.topic(),
-            part,
-            offset,
-            key,
-            m.value(),
-            UNDECODABLE_FINALIZED,
-            f"{where}: {exc}",
-            worker_id=self._letters.worker_id,
-        )
-        self._letters.add(part, offset, letter)
-
-    def _resolve_letters(self) -> None:
-        """Resolve the records whose dead letters were acknowledged, and commit what is now resolved."""
-        for part, offset in self._letters.flush():
-            self._book.resolve_offset(part, offset)
-        self._commit_resolved()
-
-    def _apply_backpressure(self) -> None:
-        """Stop fetching while too many groups wait (held or ready); a group that could be used is never
-        held back by pausing one partition behind another's far-ahead group."""
-        self._update_waiting()
-        waiting, limit = self.counts.waiting, self.config.max_waiting_groups
-        assignment = self._consumer.assignment()
-        if not self._paused and waiting >= limit and assignment:
-            self._consumer.pause(assignment)
-            self._paused = {tp.partition for tp in assignment}
-        elif self._paused and waiting < limit:
-            self._consumer.resume(assignment)
-            self._paused = set()
-
-    def _decide(self, p: Pending) -> None:
-        decision = self.policy.decide(p.group, self.version)
-        if decision is Decision.YIELD:
-            p.state = "ready"
-        elif decision is Decision.EVICT:
-            self._evict(p)
-
-    def _evict(self, p: Pending) -> None:
-        self._store.clear(self.config.train_partition, list(p.group.sample_ids))
-        if self._replay is not None:
-            topic = self.config.topics.replay(self.config.stale_replay)
-            self._replay.send([Outgoing(topic, p.group.group_id.encode(), p.group.to_bytes())])
-        self.counts.evicted_stale += 1
-        self.sensor.on_evict()
-        self._book.resolved(p)
-        self._book.group_resolved(p.group)
-        if self._on_evict is not None:
-            self._on_evict(p.group, self.version)
-
-    # ----- batches ------------------------------------------------------------------------------
 
     def _ready(self) -> list[Pending]:
         ready = [p for p in self._book.all_pending() if p.state == "ready"]
         by_id = {p.group.group_id: p for p in ready}
         return [by_id[g.group_id] for g in self.policy.order([p.group for p in ready])]
 
-    def next_batch(self, num_groups: int, timeout_s: float) -> TrainBatch | None:
-        """Up to num_groups usable groups with their padded tensors, waiting at most timeout_s for any."""
-        if num_groups < 1:
-            raise InvalidArgument(f"num_groups must be >= 1, got {num_groups}")
-        deadline = time.monotonic() + timeout_s
+    def _wait_ready(self, want: int, at_deadline: int, deadline: float) -> list[Pending] | None:
+        """Groups ready at the current version once `want` are (or `at_deadline` by the deadline); else None."""
         while True:
             ready = self._ready()
-            if len(ready) >= num_groups or (ready and time.monotonic() >= deadline):
-                batch = self._fetch(ready[:num_groups])
-                if batch is not None:
-                    return batch
-                continue
+            if len(ready) >= want or (len(ready) >= at_deadline and time.monotonic() >= deadline):
+                return ready
             if time.monotonic() >= deadline:
                 self._update_waiting()
                 return None
             self.poll(min(0.1, max(0.0, deadline - time.monotonic())))
 
-    def _fetch(self, chosen: list[Pending]) -> TrainBatch | None:
+    def select(
+        self, version: int, min_groups: int = 1, max_groups: int | None = None, timeout_s: float = 10.0
+    ) -> BatchMeta | None:
+        """Metadata of `min_groups` to `max_groups` groups usable at `version`, or None after `timeout_s`.
+
+        The trainer's version becomes `version` first (it never goes backwards), so every group
+        handed out satisfies the policy at it. No tensor moves: `materialize` fetches the rows,
+        `ack` settles the groups. Groups whose rows are gone from TQ are dead-lettered here, never
+        handed out.
+        """
+        most = min_groups if max_groups is None else max_groups
+        if min_groups < 1 or most < min_groups:
+            raise InvalidArgument(f"need 1 <= min_groups <= max_groups, got {min_groups} and {max_groups}")
+        self.set_version(version)
+        deadline = time.monotonic() + timeout_s
+        while (ready := self._wait_ready(min_groups, min_groups, deadline)) is not None:
+            chosen = self._with_rows(ready[:most])
+            if len(chosen) >= min_groups:
+                return self._hand_out(chosen)
+        return None
+
+    def _with_rows(self, chosen: list[Pending]) -> list[Pending]:
+        """The chosen groups whose rows are all in TQ (one metadata call); the others are dead-lettered."""
         ids = [s for p in chosen for s in p.group.sample_ids]
-        try:
-            fields = self._store.get(self.config.train_partition, ids)
-        except MissingKeysError as exc:
-            self._missing_rows(chosen, set(exc.missing))
-            return None
-        tags = [t for p in chosen for t in p.group.tags]
-        tensors = unpack_payload(fields, tags, pad_value_dict=self.config.pad_value_dict)
+        present = self._store.tags(self.config.train_partition, ids)
+        missing = {s for s in ids if s not in present}
+        if not missing:
+            return chosen
+        self._missing_rows(chosen, missing)
+        return [p for p in chosen if not missing.intersection(p.group.sample_ids)]
+
+    def _hand_out(self, chosen: list[Pending]) -> BatchMeta:
         for p in chosen:
             p.state = "yielded"
             self.sensor.on_yield(self.version, p.group.group_min_wv)
@@ -297,91 +104,102 @@ class ExperienceConsumer:
                 self._on_yield(p.group, self.version)
         self.counts.yielded += len(chosen)
         self._update_waiting()
-        return TrainBatch(
+        return BatchMeta(
             self.version,
             tuple(p.group for p in chosen),
-            tuple(ids),
-            tuple(tags),
-            tensors,
             tuple((p.partition, p.offset) for p in chosen),
+            self.config.train_partition,
         )
 
-    def _missing_rows(self, chosen: list[Pending], missing: set[str]) -> None:
-        """Groups whose rows are missing from TQ and were never consumed: an alarm; dropped and dead-lettered.
+    def materialize(
+        self, meta: BatchMeta, fields: Sequence[str] | None = None, layout: Layout = "padded"
+    ) -> TensorDict:
+        """The rows of a selected batch from TQ, padded (pad values from the config) or jagged as packed."""
+        return materialize(self._store, meta, fields=fields, layout=layout, pad_value_dict=self.config.pad_value_dict)
 
-        A group consumed already never gets here: one resolved by this consumer is "seen" as resolved
-        (its record read again is a duplicate), one resolved before a restart is named by the commit
-        metadata. So rows missing here were lost (TQ restarted, cleared by someone else).
-        """
-        topic, train = self.config.finalized_topic, self.config.train_partition
-        for p in chosen:
-            lost = [s for s in p.group.sample_ids if s in missing]
-            if not lost:
+    def next_batch(self, num_groups: int, timeout_s: float) -> TrainBatch | None:
+        """Up to num_groups usable groups with their padded tensors, waiting at most timeout_s for any."""
+        if num_groups < 1:
+            raise InvalidArgument(f"num_groups must be >= 1, got {num_groups}")
+        deadline = time.monotonic() + timeout_s
+        while (ready := self._wait_ready(num_groups, 1, deadline)) is not None:
+            chosen = ready[:num_groups]
+            # One fetch, no metadata call first: rows found missing are dead-lettered, then retried.
+            meta = BatchMeta(self.version, tuple(p.group for p in chosen), (), self.config.train_partition)
+            try:
+                tensors = self.materialize(meta)
+            except MissingKeysError as exc:
+                self._missing_rows(chosen, set(exc.missing))
                 continue
-            where = f"{topic}[{p.partition}]@{p.offset}"
-            message = (
-                f"group {p.group.group_id} at {where}: {len(lost)} of {len(p.group.sample_ids)} rows missing"
-                f" from TQ partition {train!r} (e.g. {', '.join(lost[:3])}), and it was never consumed"
+            meta = self._hand_out(chosen)
+            return TrainBatch(
+                meta.version,
+                meta.groups,
+                meta.sample_ids,
+                meta.tags,
+                tensors.to_dict(),
+                meta.positions,
+                meta.train_partition,
             )
-            log.error("%s; dropped and sent to %s", message, self._letters.topic)
-            self.counts.missing_rows += 1
-            self.sensor.on_missing_rows()
-            self._store.clear(train, list(p.group.sample_ids))
-            # Unresolved until its letter is acknowledged: the outbox holds the commit back instead.
-            self._book.set_aside(p)
-            letter = make_letter(
-                topic,
-                p.partition,
-                p.offset,
-                p.group.group_id.encode(),
-                p.group.to_bytes(),
-                MISSING_ROWS,
-                message,
-                worker_id=self._letters.worker_id,
-            )
-            self._letters.add(p.partition, p.offset, letter)
-            self._book.group_resolved(p.group)
-        self._resolve_letters()
+        return None
 
-    def release(self, batch: TrainBatch) -> None:
-        """The trainer is done with the batch: clear its rows from TQ and commit what is now resolved."""
-        self._store.clear(self.config.train_partition, list(batch.sample_ids))
-        for group, (part, offset) in zip(batch.groups, batch.positions, strict=True):
+    def ack(self, meta: BatchMeta) -> None:
+        """The trainer is done with these groups: their records resolve and, unless checkpointed, their
+        rows are cleared and the offsets committed (with checkpoints both wait for `checkpoint_durable`)."""
+        for group, (part, offset) in zip(meta.groups, meta.positions, strict=True):
+            self._clears.clear(list(group.sample_ids))
             self._book.release(group, part, offset)
         self._commit_resolved()
 
-    def _commit_resolved(self) -> None:
-        topic = self.config.finalized_topic
-        points = self._book.commit_points(topic, self._letters.offsets)
-        if not points:
-            return
-        offsets = [TopicPartition(topic, part, offset, metadata=metadata) for part, offset, metadata in points]
-        try:
-            self._consumer.commit(offsets=offsets, asynchronous=False)
-        except KafkaException as exc:
-            err = exc.args[0]
-            if err.fatal():
-                raise
-            # Retried by the next call; a record read again meanwhile is known to be resolved.
-            level = logging.DEBUG if err.code() in _RETRY_COMMIT else logging.WARNING
-            log.log(level, "commit of %s offsets failed, retrying later: %s", topic, err.str())
-            return
-        for part, offset, metadata in points:
-            self._book.committed(part, offset, metadata)
+    def release(self, batch: TrainBatch) -> None:
+        """`ack` of a batch from `next_batch`."""
+        self.ack(batch.meta)
 
-    def _update_waiting(self) -> None:
-        waiting = [p for p in self._book.all_pending() if p.state in ("held", "ready")]
-        self.counts.waiting = len(waiting)
-        self.counts.ahead = sum(
-            1 for p in waiting if p.state == "held" and self.policy.too_far_ahead(p.group, self.version)
+    def state_dict(self) -> dict[str, Any]:
+        """Where the trainer stands, to save inside its model checkpoint: per partition the first
+        record not yet trained and the trained ones past it, the version, and the cut of acks it covers.
+
+        Groups held, ready or handed out and not acked are not trained: a restore reads them again.
+        """
+        if not self._clears.deferred:
+            raise InvalidArgument(
+                "state_dict needs ConsumerConfig(checkpointed=True): without it acked rows are cleared at once"
+                " and a trainer restored from this state would find them gone"
+            )
+        marks = {
+            part: PartitionMark(offset, [tuple(r) for r in ranges])
+            for part, (offset, ranges) in self._book.snapshot(self._letters.offsets).items()
+        }
+        state = ConsumerState(
+            STATE_VERSION,
+            self.config.finalized_topic,
+            self.config.consumer_group,
+            self.version,
+            self._clears.cut,
+            marks,
+            self._run,
         )
+        return encode_state(state)
 
-    def close(self) -> None:
-        # Letters sent but not yet acknowledged get a moment, so their records are committed past.
-        for part, offset in self._letters.flush(timeout_s=5.0):
-            self._book.resolve_offset(part, offset)
-        self._commit_resolved()
-        self._consumer.close()
-        self._letters.close()
-        if self._replay is not None:
-            self._replay.close()
+    def checkpoint_durable(self, state: dict[str, Any]) -> None:
+        """The checkpoint holding `state` is safely stored: clear the rows it covers, commit its offsets."""
+        st = decode_state(state, topic=self.config.finalized_topic, consumer_group=self.config.consumer_group)
+        if st.run == self._run:  # a predecessor's cut numbers other acks
+            self._clears.release_through(st.cut)
+        topic = self.config.finalized_topic
+        self._durable = [
+            TopicPartition(topic, part, mark.offset, metadata=encode_ranges(mark.offset, mark.trained)[0])
+            for part, mark in st.partitions.items()
+        ]
+        self._commit_durable()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from a checkpoint's state, before the first poll: each partition it names is read
+        from its offset, knowing which later records were trained; the version is restored."""
+        st = decode_state(state, topic=self.config.finalized_topic, consumer_group=self.config.consumer_group)
+        if not self._clears.deferred:
+            raise InvalidArgument("load_state_dict needs ConsumerConfig(checkpointed=True)")
+        if self._book.ledgers:
+            raise InvalidArgument("load_state_dict must come before the consumer reads anything")
+        self._restored = st
+        self.version = max(self.version, st.version)

@@ -88,6 +88,17 @@ def runs(resolved: Iterable[int], unresolved: Iterable[int]) -> list[Range]:
     return out
 
 
+def _merged(ranges: list[Range]) -> list[Range]:
+    """Sorted, with ranges that touch or overlap joined."""
+    out: list[Range] = []
+    for first, last in sorted(ranges):
+        if out and first <= out[-1][1] + 1:
+            out[-1] = (out[-1][0], max(out[-1][1], last))
+        else:
+            out.append((first, last))
+    return out
+
+
 @dataclass
 class PartitionLedger:
     """One assigned partition: records read since the last commit, which are resolved, and what to commit."""
@@ -97,13 +108,19 @@ class PartitionLedger:
     position: int | None = None  # the next offset to read
     committed: tuple[int, str] | None = None
     warned_truncated: bool = False
+    start: int | None = None  # where reading starts (committed or restored offset), if known
 
     @classmethod
     def from_commit(cls, offset: int, metadata: str | None) -> PartitionLedger:
         """From the partition's committed offset and metadata (offset < 0: none); ValueError if malformed."""
         if offset < 0:
             return cls()
-        return cls(prior=decode_ranges(offset, metadata), committed=(offset, metadata or ""))
+        return cls(prior=decode_ranges(offset, metadata), committed=(offset, metadata or ""), start=offset)
+
+    @classmethod
+    def from_state(cls, offset: int, trained: list[Range]) -> PartitionLedger:
+        """From a checkpoint's mark: reading starts at `offset`, and `trained` records are resolved already."""
+        return cls(prior=sorted(trained), start=offset)
 
     def read(self, offset: int) -> bool:
         """Note the record at `offset` as read; True when a predecessor resolved it already (it is then resolved)."""
@@ -117,15 +134,23 @@ class PartitionLedger:
     def resolve(self, offset: int) -> None:
         self.resolved.add(offset)
 
-    def commit_point(
-        self, unresolved: Collection[int], limit: int = MAX_METADATA_CHARS
-    ) -> tuple[int, str, bool] | None:
-        """(offset, metadata, truncated) to commit given the unresolved offsets read; None before any record."""
+    def snapshot(self, unresolved: Collection[int]) -> tuple[int, list[Range]] | None:
+        """(first unresolved offset, resolved ranges past it) given the unresolved offsets read; None before any."""
         if self.position is None:
-            return None
+            return None if self.start is None else (self.start, list(self.prior))
         safe = min(unresolved) if unresolved else self.position
         self.resolved = {o for o in self.resolved if o > safe}
         ranges = runs(self.resolved, [o for o in unresolved if o > safe])
         ranges += [(max(first, self.position), last) for first, last in self.prior if last >= self.position]
+        return safe, _merged(ranges)
+
+    def commit_point(
+        self, unresolved: Collection[int], limit: int = MAX_METADATA_CHARS
+    ) -> tuple[int, str, bool] | None:
+        """(offset, metadata, truncated) to commit given the unresolved offsets read; None before any record."""
+        cut = self.snapshot(unresolved) if self.position is not None else None
+        if cut is None:
+            return None
+        safe, ranges = cut
         metadata, truncated = encode_ranges(safe, ranges, limit)
         return safe, metadata, truncated

@@ -34,19 +34,37 @@ class Policy(Protocol):
 
 @dataclass(frozen=True)
 class Windowed:
-    """Yield groups at most `max_staleness_versions` behind the trainer; evict older ones."""
+    """Yield groups at most `max_staleness_versions` behind the trainer, in arrival order; evict older ones."""
 
     max_staleness_versions: int
-    freshest_first: bool = False
     name: str = "windowed"
 
     def decide(self, group: FinalizedGroup, version: int) -> Decision:
         return Decision.YIELD if version - group.group_min_wv <= self.max_staleness_versions else Decision.EVICT
 
     def order(self, ready: Sequence[FinalizedGroup]) -> list[FinalizedGroup]:
-        if not self.freshest_first:
-            return list(ready)
-        return sorted(ready, key=lambda g: -g.group_min_wv)
+        return list(ready)
+
+    def too_far_ahead(self, group: FinalizedGroup, version: int) -> bool:
+        return False
+
+
+@dataclass(frozen=True)
+class WeightFifo:
+    """Windowed's bound, but the oldest weight version first (arrival order within a version).
+
+    The groups nearest their eviction go first, so a steady stream of fresh groups never starves
+    older ones into eviction (a freshest-first order would: it trains on fast, short rollouts).
+    """
+
+    max_staleness_versions: int
+    name: str = "weight_fifo"
+
+    def decide(self, group: FinalizedGroup, version: int) -> Decision:
+        return Decision.YIELD if version - group.group_min_wv <= self.max_staleness_versions else Decision.EVICT
+
+    def order(self, ready: Sequence[FinalizedGroup]) -> list[FinalizedGroup]:
+        return sorted(ready, key=lambda g: g.group_min_wv)  # stable: arrival order within a version
 
     def too_far_ahead(self, group: FinalizedGroup, version: int) -> bool:
         return False
@@ -90,10 +108,16 @@ class ReadyFirst:
         return False
 
 
-def windowed(max_staleness_versions: int, freshest_first: bool = False) -> Windowed:
+def windowed(max_staleness_versions: int) -> Windowed:
     if max_staleness_versions < 0:
         raise InvalidArgument(f"max_staleness_versions must be >= 0, got {max_staleness_versions}")
-    return Windowed(max_staleness_versions, freshest_first)
+    return Windowed(max_staleness_versions)
+
+
+def weight_fifo(max_staleness_versions: int) -> WeightFifo:
+    if max_staleness_versions < 0:
+        raise InvalidArgument(f"max_staleness_versions must be >= 0, got {max_staleness_versions}")
+    return WeightFifo(max_staleness_versions)
 
 
 def in_order(max_lookahead_versions: int) -> InOrder:
@@ -108,7 +132,7 @@ def ready_first() -> ReadyFirst:
 
 def policy_by_name(name: str, **params) -> Policy:
     """Build a policy from its name, e.g. policy_by_name("windowed", max_staleness_versions=2)."""
-    makers = {"windowed": windowed, "in_order": in_order, "ready_first": ready_first}
+    makers = {"windowed": windowed, "in_order": in_order, "ready_first": ready_first, "weight_fifo": weight_fifo}
     if name not in makers:
         raise InvalidArgument(f"unknown consumption policy {name!r}; choose one of {', '.join(makers)}")
     accepted = inspect.signature(makers[name]).parameters

@@ -12,6 +12,7 @@ from workers.trainer.policies import (
     in_order,
     policy_by_name,
     ready_first,
+    weight_fifo,
     windowed,
 )
 
@@ -45,10 +46,17 @@ def test_windowed_yields_within_the_bound_and_evicts_beyond_it():
     assert not p.too_far_ahead(group(100), 0)
 
 
-def test_windowed_keeps_arrival_order_unless_freshest_first():
+def test_windowed_keeps_arrival_order():
     ready = [group(1, "a"), group(3, "b"), group(2, "c")]
     assert [g.group_id for g in windowed(2).order(ready)] == ["a", "b", "c"]
-    assert [g.group_id for g in windowed(2, freshest_first=True).order(ready)] == ["b", "c", "a"]
+
+
+def test_weight_fifo_takes_the_oldest_version_first_and_arrival_order_within_one():
+    ready = [group(3, "a"), group(1, "b"), group(2, "c"), group(1, "d")]
+    assert [g.group_id for g in weight_fifo(2).order(ready)] == ["b", "d", "c", "a"]
+    assert weight_fifo(1).decide(group(3), 4) is Decision.YIELD
+    assert weight_fifo(1).decide(group(2), 4) is Decision.EVICT
+    assert policy_by_name("weight_fifo", max_staleness_versions=1) == weight_fifo(1)
 
 
 def test_in_order_yields_only_the_current_version_holds_later_evicts_earlier():

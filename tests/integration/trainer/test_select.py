@@ -1,0 +1,82 @@
+"""The metadata-first trainer API: select hands out metadata only, materialize fetches rows, ack settles them."""
+
+import pytest
+import torch
+
+from schemas.errors import InvalidArgument
+from schemas.metadata_guard import assert_metadata_only
+from streams.tq import TRAIN
+from tests.integration.trainer.staging import committed_at_end, finalize_groups
+from workers.trainer.batch import BatchMeta
+from workers.trainer.config import ConsumerConfig
+from workers.trainer.consumer import ExperienceConsumer
+from workers.trainer.dataset import ExperienceDataset, stateful_loader
+from workers.trainer.policies import ready_first
+
+
+def _consumer(kafka, tq_store, names, unique, **config):
+    cfg = ConsumerConfig(prefix=names.prefix, consumer_group=f"se-{unique}", **config)
+    return ExperienceConsumer(kafka, tq_store, cfg, ready_first())
+
+
+def test_select_hands_out_metadata_that_materializes_padded_or_jagged_and_ack_settles(kafka, tq_store, unique):
+    names, finalized = finalize_groups(kafka, tq_store, f"se-{unique}", versions=range(2), per_version=2)
+    consumer = _consumer(kafka, tq_store, names, unique)
+    try:
+        assert consumer.select(3, min_groups=5, max_groups=8, timeout_s=3.0) is None  # only 4 exist
+        meta = consumer.select(3, min_groups=2, max_groups=3, timeout_s=30.0)
+        assert isinstance(meta, BatchMeta) and 2 <= len(meta) <= 3 and meta.version == 3
+        assert_metadata_only(meta.groups, path="meta.groups")
+        assert meta.sample_ids == tuple(s for g in meta.groups for s in g.sample_ids)
+        padded = consumer.materialize(meta)
+        jagged = consumer.materialize(meta, fields=["input_ids"], layout="jagged")
+        assert set(jagged.keys()) == {"input_ids"} and padded.batch_size[0] == len(meta.sample_ids)
+        lengths = padded["input_lengths"].tolist()
+        for i, row in enumerate(jagged["input_ids"].unbind()):
+            assert torch.equal(padded["input_ids"][i, : lengths[i]], row)
+        with pytest.raises(InvalidArgument, match="layout"):
+            consumer.materialize(meta, layout="ragged")
+        consumer.ack(meta)
+        assert not tq_store.present(TRAIN, list(meta.sample_ids))
+        rest = consumer.select(3, min_groups=1, max_groups=8, timeout_s=30.0)
+        assert rest is not None and {g.group_id for g in rest.groups} | {g.group_id for g in meta.groups} == set(
+            finalized
+        )
+        consumer.ack(rest)
+        assert committed_at_end(kafka, f"se-{unique}", names.finalized)
+        with pytest.raises(InvalidArgument, match="checkpointed"):
+            consumer.state_dict()
+    finally:
+        consumer.close()
+
+
+def test_a_stateful_dataloader_resumes_from_its_checkpoint_with_nothing_lost_or_twice(kafka, tq_store, unique):
+    names, finalized = finalize_groups(kafka, tq_store, f"se-{unique}", versions=range(2), per_version=3)
+    trained: list[str] = []  # the "model"
+    consumer = _consumer(kafka, tq_store, names, unique, checkpointed=True)
+    dataset = ExperienceDataset(consumer, lambda: 5, min_groups=1, max_groups=2, poll_s=10.0)
+    loader = stateful_loader(dataset)
+    batches = iter(loader)
+    for _ in range(2):
+        trained += next(batches)["group_ids"]
+    checkpoint = {"model": list(trained), "loader": loader.state_dict()}
+    dataset.checkpoint_durable(checkpoint["loader"])
+    lost = next(batches)["group_ids"]  # trained, then the trainer dies before its next checkpoint
+    consumer.close()
+
+    model = list(checkpoint["model"])
+    consumer = _consumer(kafka, tq_store, names, unique, checkpointed=True)
+    dataset = ExperienceDataset(
+        consumer, lambda: 5, min_groups=1, max_groups=2, poll_s=1.0, stop=lambda: len(model) >= len(finalized)
+    )
+    loader = stateful_loader(dataset)
+    loader.load_state_dict(checkpoint["loader"])
+    try:
+        for batch in loader:
+            assert batch["input_ids"].shape[0] == batch["input_lengths"].shape[0]
+            model += batch["group_ids"]
+            assert len(model) <= len(finalized) + 2, "no end in sight"
+    finally:
+        consumer.close()
+    assert sorted(model) == sorted(finalized)
+    assert set(lost) <= set(model[len(checkpoint["model"]) :])

@@ -1,0 +1,80 @@
+"""The trainer's checkpoint state: validated on the way in, rows kept until a durable cut, ledgers from a mark."""
+
+import json
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+from schemas.errors import InvalidArgument
+from tests.unit.memory_store import InMemoryStore
+from workers.trainer.checkpoint import (
+    STATE_VERSION,
+    ConsumerState,
+    DeferredClears,
+    PartitionMark,
+    decode_state,
+    encode_state,
+)
+from workers.trainer.ledger import PartitionLedger
+
+
+def _state(**kw) -> dict:
+    base = ConsumerState(STATE_VERSION, "t", "g", 3, 2, {0: PartitionMark(5, [(7, 9)])}, "run-a")
+    data = encode_state(base)
+    data.update(kw)
+    return data
+
+
+def test_a_state_survives_json_and_comes_back_equal():
+    data = json.loads(json.dumps(_state()))  # partition keys become strings
+    state = decode_state(data, topic="t", consumer_group="g")
+    assert state.partitions == {0: PartitionMark(5, [(7, 9)])} and state.cut == 2 and state.version == 3
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (_state(version="x"), r"\$\.version"),
+        (_state(schema_version=99), "schema_version 99"),
+        (_state(topic="other"), "topic 'other'"),
+        (_state(partitions={"0": {"offset": 5, "trained": [[3, 4]]}}), "partitions.0"),
+        (_state(surprise=1), "surprise"),
+    ],
+)
+def test_a_bad_state_is_refused_naming_what_is_wrong(data, message):
+    with pytest.raises(InvalidArgument, match=message):
+        decode_state(data, topic="t", consumer_group="g")
+
+
+def _put(store: InMemoryStore, ids: list[str]) -> None:
+    store.put("train", ids, TensorDict({"x": torch.zeros(len(ids), 2)}, batch_size=[len(ids)]), [{} for _ in ids])
+
+
+def test_deferred_rows_stay_until_a_cut_covering_them_is_released():
+    store = InMemoryStore()
+    _put(store, ["a", "b", "c"])
+    clears = DeferredClears(store, "train", deferred=True)
+    clears.clear(["a"])
+    cut = clears.cut
+    clears.clear(["b"])
+    assert store.present("train", ["a", "b", "c"]) == {"a", "b", "c"}
+    assert clears.release_through(cut) == 1
+    assert store.present("train", ["a", "b", "c"]) == {"b", "c"}
+    assert clears.kept_rows == 1
+
+
+def test_without_checkpoints_rows_are_cleared_at_once():
+    store = InMemoryStore()
+    _put(store, ["a"])
+    DeferredClears(store, "train", deferred=False).clear(["a"])
+    assert not store.present("train", ["a"])
+
+
+def test_a_ledger_from_a_mark_starts_there_and_knows_the_trained_records_past_it():
+    ledger = PartitionLedger.from_state(5, [(7, 9)])
+    assert ledger.snapshot([]) == (5, [(7, 9)])  # nothing read yet: the mark itself
+    assert not ledger.read(5) and not ledger.read(6)
+    assert ledger.read(7) and ledger.read(8)
+    ledger.resolve(5)
+    assert ledger.snapshot([6]) == (6, [(7, 9)])

@@ -1,0 +1,99 @@
+"""What the trainer selects and what it trains on: `BatchMeta` (metadata only) and its tensors.
+
+`select` hands out a `BatchMeta`: the groups' finalized records, their sample ids and tags, the TQ
+partition holding their rows and the records' positions, but no tensor. Whoever trains fetches
+the rows with `materialize` (in this process or in a data-parallel worker that has only the meta),
+padded for a model or jagged as packed; `ack` settles the meta. `TrainBatch` is the older shape of
+the same thing: meta plus padded tensors, what `next_batch` returns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from tensordict import TensorDict
+
+from schemas.errors import InvalidArgument
+from schemas.finalized import FinalizedGroup
+from schemas.payload import unpack_payload
+from streams.tq import KVStore
+
+Layout = Literal["padded", "jagged"]
+
+
+@dataclass(frozen=True)
+class BatchMeta:
+    """Prompt groups selected together at `version`: everything about them but their tensors."""
+
+    version: int
+    groups: tuple[FinalizedGroup, ...]
+    positions: tuple[tuple[int, int], ...]  # (partition, offset) of each group's finalized record
+    train_partition: str  # the TQ partition holding the groups' rows
+
+    @property
+    def sample_ids(self) -> tuple[str, ...]:
+        return tuple(s for g in self.groups for s in g.sample_ids)
+
+    @property
+    def tags(self) -> tuple[dict, ...]:
+        return tuple(t for g in self.groups for t in g.tags)
+
+    @property
+    def weight_versions(self) -> tuple[tuple[int, int], ...]:
+        """(lowest, highest) weight version of each group's rollouts."""
+        return tuple((g.group_min_wv, g.group_max_wv) for g in self.groups)
+
+    @property
+    def staleness(self) -> list[int]:
+        return [self.version - g.group_min_wv for g in self.groups]
+
+    def __len__(self) -> int:
+        return len(self.groups)
+
+
+@dataclass(frozen=True)
+class TrainBatch:
+    """Groups yielded together, their sample IDs and tags, and the padded tensors from TQ train."""
+
+    version: int
+    groups: tuple[FinalizedGroup, ...]
+    sample_ids: tuple[str, ...]
+    tags: tuple[dict, ...]
+    tensors: dict[str, torch.Tensor]
+    positions: tuple[tuple[int, int], ...]  # (partition, offset) of each group's record
+    train_partition: str = "train"
+
+    @property
+    def staleness(self) -> list[int]:
+        return [self.version - g.group_min_wv for g in self.groups]
+
+    @property
+    def meta(self) -> BatchMeta:
+        return BatchMeta(self.version, self.groups, self.positions, self.train_partition)
+
+
+def materialize(
+    store: KVStore,
+    meta: BatchMeta,
+    *,
+    fields: Sequence[str] | None = None,
+    layout: Layout = "padded",
+    pad_value_dict: Mapping[str, int],
+) -> TensorDict:
+    """The rows of `meta` from TQ, one per sample id in order: padded tensors, or jagged as packed.
+
+    Raises `MissingKeysError` naming rows absent from the partition.
+    """
+    if layout not in ("padded", "jagged"):
+        raise InvalidArgument(f"layout must be 'padded' or 'jagged', got {layout!r}")
+    ids = list(meta.sample_ids)
+    if not ids:
+        raise InvalidArgument("materialize needs a batch with at least one row")
+    rows = store.get(meta.train_partition, ids, select=list(fields) if fields is not None else None)
+    if layout == "jagged":
+        return rows
+    tensors = unpack_payload(rows, meta.tags, pad_value_dict=pad_value_dict)
+    return TensorDict(tensors, batch_size=[len(ids)])

@@ -1,0 +1,112 @@
+"""Resuming with the model: the consumer's state inside a trainer checkpoint, and rows kept until it is durable.
+
+A trainer that restores its weights from checkpoint C must see again every group it trained after
+C, and none it trained before. So, with `ConsumerConfig.checkpointed`, acking a group resolves its
+record but neither clears its rows nor commits its offset: `state_dict()` cuts what has been acked
+so far, the trainer saves that dict inside its checkpoint, and once the checkpoint is safely
+written it calls `checkpoint_durable(state)`, which clears the rows acked up to that cut and
+commits the cut's offsets. After a crash, `load_state_dict(state)` of the last durable checkpoint
+makes the consumer start each partition where the state says, knowing which later records were
+already trained: groups acked after the checkpoint are read again, and their rows are still there.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from schemas.errors import InvalidArgument
+from streams.tq import KVStore
+from workers.trainer.ledger import Range
+
+STATE_VERSION = 1
+
+
+class PartitionMark(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """One partition at the cut: its first record not yet trained, and later records trained already."""
+
+    offset: int
+    trained: list[tuple[int, int]] = []  # inclusive offset ranges past `offset`
+
+
+class ConsumerState(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """What `ExperienceConsumer.state_dict()` returns, as plain builtins (torch.save, JSON, msgpack)."""
+
+    schema_version: int
+    topic: str
+    consumer_group: str
+    version: int
+    cut: int  # acks up to this sequence number are covered by the checkpoint
+    partitions: dict[int, PartitionMark]
+    run: str = ""  # the consumer instance that cut it; its cut numbers mean nothing to another
+
+
+def encode_state(state: ConsumerState) -> dict[str, Any]:
+    return msgspec.to_builtins(state)
+
+
+def decode_state(data: Any, *, topic: str, consumer_group: str) -> ConsumerState:
+    """Validate a state dict from a checkpoint; errors name the field path and what was wrong."""
+    try:
+        state = msgspec.convert(data, ConsumerState, strict=False)
+    except msgspec.ValidationError as exc:
+        raise InvalidArgument(f"trainer consumer state: {exc}") from None
+    if state.schema_version != STATE_VERSION:
+        raise InvalidArgument(
+            f"trainer consumer state: schema_version {state.schema_version}, expected {STATE_VERSION}"
+        )
+    if (state.topic, state.consumer_group) != (topic, consumer_group):
+        raise InvalidArgument(
+            f"trainer consumer state is of topic {state.topic!r}, consumer group {state.consumer_group!r};"
+            f" this consumer reads {topic!r} as {consumer_group!r}"
+        )
+    for part, mark in state.partitions.items():
+        if mark.offset < 0 or any(first < mark.offset or last < first for first, last in mark.trained):
+            raise InvalidArgument(f"trainer consumer state: partitions.{part}: ranges must lie at or past its offset")
+    return state
+
+
+class DeferredClears:
+    """Rows of resolved groups, kept in TQ until a durable checkpoint covers them (or cleared at once).
+
+    Each deferral is numbered; a state's `cut` is the last number it covers. Without checkpoints
+    (`deferred=False`) rows are cleared when their group is resolved, as a plain consumer does.
+    """
+
+    def __init__(self, store: KVStore, partition: str, *, deferred: bool):
+        self._store = store
+        self._partition = partition
+        self.deferred = deferred
+        self._seq = 0
+        self._kept: list[tuple[int, list[str]]] = []
+
+    def clear(self, sample_ids: list[str]) -> None:
+        if not sample_ids:
+            return
+        if not self.deferred:
+            self._store.clear(self._partition, sample_ids)
+            return
+        self._seq += 1
+        self._kept.append((self._seq, sample_ids))
+
+    @property
+    def cut(self) -> int:
+        return self._seq
+
+    @property
+    def kept_rows(self) -> int:
+        return sum(len(ids) for _, ids in self._kept)
+
+    def release_through(self, cut: int) -> int:
+        """Clear the rows deferred up to `cut` (a durable checkpoint covers them); returns how many."""
+        due = [ids for seq, ids in self._kept if seq <= cut]
+        self._kept = [(seq, ids) for seq, ids in self._kept if seq > cut]
+        flat = [s for ids in due for s in ids]
+        if flat:
+            self._store.clear(self._partition, flat)
+        return len(flat)
+
+
+def marks_from_ranges(offset: int, ranges: list[Range]) -> PartitionMark:
+    return PartitionMark(offset, [(first, last) for first, last in ranges])

@@ -1,0 +1,345 @@
+"""The trainer consumer's intake: finalized records read read_committed, decided by policy, committed.
+
+A partition's committed offset never passes a record not yet resolved (`ledger.py`): a group held,
+ready, or handed out and not acked, a duplicate waiting for its original, a dead letter not yet
+acknowledged. Records the trainer cannot use go to its dead-letter topic (`deadletters.py`). With
+checkpoints (`checkpoint.py`) offsets move only with durable checkpoints, and rows of resolved
+groups stay until one covers them.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+
+from schemas.errors import SchemaError
+from schemas.finalized import FinalizedGroup
+from streams.config import KafkaConfig
+from streams.producer import AckedProducer, Outgoing
+from streams.tq import KVStore
+from workers.telemetry.sensors import TrainerSensor
+from workers.trainer.book import DUPLICATE, NEW, REREAD, GroupBook, Pending
+from workers.trainer.checkpoint import ConsumerState, DeferredClears
+from workers.trainer.config import ConsumerConfig
+from workers.trainer.deadletters import MISSING_ROWS, UNDECODABLE_FINALIZED, Outbox, make_letter
+from workers.trainer.errors import PollErrors
+from workers.trainer.policies import Decision, Policy
+
+log = logging.getLogger("rlstream.trainer")
+
+# Commit failures that lose a race with a rebalance (or follow a max.poll.interval.ms leave).
+_RETRY_COMMIT = (
+    KafkaError._NO_OFFSET,
+    KafkaError.REBALANCE_IN_PROGRESS,
+    KafkaError.ILLEGAL_GENERATION,
+    KafkaError.UNKNOWN_MEMBER_ID,
+    KafkaError._ASSIGNMENT_LOST,
+    KafkaError._STATE,
+)
+
+
+@dataclass
+class ConsumerCounts:
+    """Totals since the consumer started, except `waiting` and `ahead`: those are the current figures."""
+
+    yielded: int = 0
+    evicted_stale: int = 0
+    # Records of a group id already taken in, at another position (a replay, a re-finalization).
+    duplicates: int = 0
+    # Groups never consumed whose rows were missing from TQ: dropped and dead-lettered (an alarm).
+    missing_rows: int = 0
+    undecodable: int = 0
+    # Records read again that were resolved already: after a rebalance, or before a restart (commit metadata).
+    reread: int = 0
+    waiting: int = 0
+    # Held groups more than the in_order lookahead ahead of the trainer (held, not dropped).
+    ahead: int = 0
+
+
+class FinalizedIntake:
+    """The Kafka side of the trainer's consumer: read finalized records, decide each by policy, commit.
+
+    `ExperienceConsumer` (consumer.py) adds what the trainer calls on top of it.
+    `sensor` gets every yield (with its staleness), eviction, duplicate, undecodable record and group
+    with missing rows, e.g. a `PrometheusTrainerSensor`; `on_yield` / `on_evict` get the group itself.
+    """
+
+    def __init__(
+        self,
+        kafka: KafkaConfig,
+        store: KVStore,
+        config: ConsumerConfig,
+        policy: Policy,
+        *,
+        version: int = 0,
+        on_yield: Callable[[FinalizedGroup, int], None] | None = None,
+        on_evict: Callable[[FinalizedGroup, int], None] | None = None,
+        sensor: TrainerSensor | None = None,
+    ):
+        self.config = config
+        self.policy = policy
+        self.version = version
+        self.counts = ConsumerCounts()
+        self._store = store
+        self._on_yield = on_yield
+        self._on_evict = on_evict
+        self.sensor = sensor if sensor is not None else TrainerSensor()
+        # With checkpoints, rows of resolved groups stay until a durable checkpoint covers them.
+        self._clears = DeferredClears(store, config.train_partition, deferred=config.checkpointed)
+        self._book = GroupBook(store, config.train_partition, config.max_seen_groups, clear=self._clears.clear)
+        self._run = uuid.uuid4().hex  # tells this consumer's states from a predecessor's
+        self._restored: ConsumerState | None = None
+        self._durable: list[TopicPartition] = []  # a durable checkpoint's offsets, until committed
+        self._paused: set[int] = set()
+        self._errors = PollErrors(config.finalized_topic, config.consumer_group, config.max_poll_interval_ms)
+        self._replay = AckedProducer(kafka) if config.stale_replay else None
+        self._letters = Outbox(kafka, config.topics.trainer_deadletter, f"trainer:{config.consumer_group}")
+        settings = {
+            "session.timeout.ms": config.session_timeout_ms,
+            "heartbeat.interval.ms": max(100, config.session_timeout_ms // 3),
+            "max.poll.interval.ms": config.max_poll_interval_ms,
+        }
+        self._consumer = Consumer(kafka.consumer(config.consumer_group, **settings))
+        self._consumer.subscribe(
+            [config.finalized_topic], on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_revoke
+        )
+
+    def _on_assign(self, consumer, partitions) -> None:
+        # librdkafka keeps a partition's paused state across revoke and re-assign.
+        consumer.resume(partitions)
+        topic = self.config.finalized_topic
+        if self._restored is not None:
+            partitions = self._start_from_state(consumer, partitions)
+            if not partitions:
+                return
+        try:
+            committed = consumer.committed(partitions, timeout=30)
+        except KafkaException as exc:
+            log.warning("%s: committed offsets unreadable (%s); consumed groups may be reported missing", topic, exc)
+            return
+        for tp in committed:
+            try:
+                self._book.assign(tp.partition, tp.offset, tp.metadata)
+            except ValueError as exc:
+                log.warning("%s[%d]: %s; consumed groups may be reported missing", topic, tp.partition, exc)
+
+    def _on_revoke(self, consumer, partitions) -> None:
+        for tp in partitions:
+            self._book.revoke(tp.partition)
+            # A letter dropped unsent is written again when its record is read again: that record
+            # must not then pass as one already consumed.
+            self._book.forget_seen(tp.partition, self._letters.offsets(tp.partition))
+            self._letters.drop(tp.partition)
+            self._paused.discard(tp.partition)
+
+    def poll(self, timeout_s: float = 0.1) -> int:
+        """Fetch new finalized records and decide each; returns how many were read."""
+        read = 0
+        for m in self._consumer.consume(self.config.max_poll_records, timeout_s):
+            if m.error() is not None:
+                self._errors.handle(m.error())
+                continue
+            read += 1
+            self._take(m)
+        self._resolve_letters()
+        self._apply_backpressure()
+        return read
+
+    def _take(self, m) -> None:
+        part, offset = m.partition(), m.offset()
+        resolved_before = self._book.read(part, offset)
+        try:
+            group = FinalizedGroup.from_bytes(m.value())
+        except SchemaError as exc:
+            if not resolved_before:  # else dead-lettered already, before a restart
+                self._undecodable(m, exc)
+            return
+        outcome, pending = self._book.take(group, part, offset, resolved_before=resolved_before)
+        if outcome == NEW and pending is not None:
+            self._decide(pending)
+        elif outcome == REREAD:
+            self.counts.reread += 1
+            if resolved_before and self._clears.deferred:
+                # Trained before the checkpoint restored from; if it crashed before its rows were
+                # cleared they would stay forever.
+                self._clears.clear(list(group.sample_ids))
+        elif outcome == DUPLICATE:
+            self.counts.duplicates += 1
+            self.sensor.on_duplicate()
+            log.warning(
+                "duplicate finalized record of group %s at %s[%d]@%d: not yielded again",
+                group.group_id,
+                self.config.finalized_topic,
+                part,
+                offset,
+            )
+
+    def _undecodable(self, m, exc: SchemaError) -> None:
+        part, offset, key = m.partition(), m.offset(), m.key()
+        where = f"{m.topic()}[{part}]@{offset}"
+        log.error(
+            "undecodable finalized record at %s (key %r): %s; sent to %s",
+            where,
+            key and key[:80],
+            exc,
+            self._letters.topic,
+        )
+        self.counts.undecodable += 1
+        self.sensor.on_undecodable()
+        letter = make_letter(
+            m.topic(),
+            part,
+            offset,
+            key,
+            m.value(),
+            UNDECODABLE_FINALIZED,
+            f"{where}: {exc}",
+            worker_id=self._letters.worker_id,
+        )
+        self._letters.add(part, offset, letter)
+
+    def _resolve_letters(self) -> None:
+        """Resolve the records whose dead letters were acknowledged, and commit what is now resolved."""
+        for part, offset in self._letters.flush():
+            self._book.resolve_offset(part, offset)
+        self._commit_resolved()
+
+    def _apply_backpressure(self) -> None:
+        """Stop fetching while too many groups wait (held or ready); a group that could be used is never
+        held back by pausing one partition behind another's far-ahead group."""
+        self._update_waiting()
+        waiting, limit = self.counts.waiting, self.config.max_waiting_groups
+        assignment = self._consumer.assignment()
+        if not self._paused and waiting >= limit and assignment:
+            self._consumer.pause(assignment)
+            self._paused = {tp.partition for tp in assignment}
+        elif self._paused and waiting < limit:
+            self._consumer.resume(assignment)
+            self._paused = set()
+
+    def _decide(self, p: Pending) -> None:
+        decision = self.policy.decide(p.group, self.version)
+        if decision is Decision.YIELD:
+            p.state = "ready"
+        elif decision is Decision.EVICT:
+            self._evict(p)
+
+    def _evict(self, p: Pending) -> None:
+        self._clears.clear(list(p.group.sample_ids))
+        if self._replay is not None:
+            topic = self.config.topics.replay(self.config.stale_replay)
+            self._replay.send([Outgoing(topic, p.group.group_id.encode(), p.group.to_bytes())])
+        self.counts.evicted_stale += 1
+        self.sensor.on_evict()
+        self._book.resolved(p)
+        self._book.group_resolved(p.group)
+        if self._on_evict is not None:
+            self._on_evict(p.group, self.version)
+
+    def _missing_rows(self, chosen: list[Pending], missing: set[str]) -> None:
+        """Groups whose rows are missing from TQ and were never consumed: an alarm; dropped and dead-lettered.
+
+        A group consumed already never gets here: one resolved by this consumer is "seen" as resolved
+        (its record read again is a duplicate), one resolved before a restart is named by the commit
+        metadata. So rows missing here were lost (TQ restarted, cleared by someone else).
+        """
+        topic, train = self.config.finalized_topic, self.config.train_partition
+        for p in chosen:
+            lost = [s for s in p.group.sample_ids if s in missing]
+            if not lost:
+                continue
+            where = f"{topic}[{p.partition}]@{p.offset}"
+            message = (
+                f"group {p.group.group_id} at {where}: {len(lost)} of {len(p.group.sample_ids)} rows missing"
+                f" from TQ partition {train!r} (e.g. {', '.join(lost[:3])}), and it was never consumed"
+            )
+            log.error("%s; dropped and sent to %s", message, self._letters.topic)
+            self.counts.missing_rows += 1
+            self.sensor.on_missing_rows()
+            self._clears.clear(list(p.group.sample_ids))
+            # Unresolved until its letter is acknowledged: the outbox holds the commit back instead.
+            self._book.set_aside(p)
+            letter = make_letter(
+                topic,
+                p.partition,
+                p.offset,
+                p.group.group_id.encode(),
+                p.group.to_bytes(),
+                MISSING_ROWS,
+                message,
+                worker_id=self._letters.worker_id,
+            )
+            self._letters.add(p.partition, p.offset, letter)
+            self._book.group_resolved(p.group)
+        self._resolve_letters()
+
+    def _commit_durable(self) -> None:
+        if not self._durable:
+            return
+        try:
+            self._consumer.commit(offsets=self._durable, asynchronous=False)
+        except KafkaException as exc:
+            if exc.args[0].fatal():
+                raise
+            # The state itself is the trainer's place; the commit only helps one started without it.
+            log.warning("commit of a durable checkpoint's offsets failed, retrying later: %s", exc.args[0].str())
+            return
+        self._durable = []
+
+    def _start_from_state(self, consumer, partitions: list[TopicPartition]) -> list[TopicPartition]:
+        """Seek the partitions the restored state names to its offsets; the rest start from their commits.
+
+        Only at the first assignment after `load_state_dict`: later ones (a rebalance, a rejoin after a
+        long step) resume from the commits, and what this consumer trained since is known to it as seen.
+        """
+        named, self._restored = self._restored.partitions, None
+        for tp in partitions:
+            if tp.partition in named:
+                mark = named[tp.partition]
+                self._book.restore(tp.partition, mark.offset, list(mark.trained))
+                tp.offset = mark.offset
+        consumer.assign(partitions)
+        return [tp for tp in partitions if tp.partition not in named]
+
+    def _commit_resolved(self) -> None:
+        if self._clears.deferred:  # offsets move with durable checkpoints only
+            self._commit_durable()
+            return
+        topic = self.config.finalized_topic
+        points = self._book.commit_points(topic, self._letters.offsets)
+        if not points:
+            return
+        offsets = [TopicPartition(topic, part, offset, metadata=metadata) for part, offset, metadata in points]
+        try:
+            self._consumer.commit(offsets=offsets, asynchronous=False)
+        except KafkaException as exc:
+            err = exc.args[0]
+            if err.fatal():
+                raise
+            # Retried by the next call; a record read again meanwhile is known to be resolved.
+            level = logging.DEBUG if err.code() in _RETRY_COMMIT else logging.WARNING
+            log.log(level, "commit of %s offsets failed, retrying later: %s", topic, err.str())
+            return
+        for part, offset, metadata in points:
+            self._book.committed(part, offset, metadata)
+
+    def _update_waiting(self) -> None:
+        waiting = [p for p in self._book.all_pending() if p.state in ("held", "ready")]
+        self.counts.waiting = len(waiting)
+        self.counts.ahead = sum(
+            1 for p in waiting if p.state == "held" and self.policy.too_far_ahead(p.group, self.version)
+        )
+
+    def close(self) -> None:
+        # Letters sent but not yet acknowledged get a moment, so their records are committed past.
+        for part, offset in self._letters.flush(timeout_s=5.0):
+            self._book.resolve_offset(part, offset)
+        self._commit_resolved()
+        self._consumer.close()
+        self._letters.close()
+        if self._replay is not None:
+            self._replay.close()
