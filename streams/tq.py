@@ -66,6 +66,9 @@ class TQConfig:
     # logical CPUs above the physical count only oversubscribe cores that mostly wait on I/O.
     num_cpus: int = 16
     namespace: str = "rlstream"
+    # TQ pins its storage units round-robin over the alive Ray nodes (sorted by node id) that offer
+    # this custom resource; None: every alive node, so N units on k nodes put N/k on each.
+    storage_node_resource: str | None = None
 
 
 def _tq_threads() -> str:
@@ -117,7 +120,13 @@ def init_tq(config: TQConfig = TQConfig()) -> TQSession:
 
     logging.getLogger("transfer_queue").setLevel(logging.ERROR)
     had_controller = _controller_exists()
-    tq.init({"backend": {"SimpleStorage": {"num_data_storage_units": config.num_storage_units}}})
+    storage = {"num_data_storage_units": config.num_storage_units}
+    if config.storage_node_resource is not None:
+        if not had_controller:
+            # Before TQ creates its controller: a controller left without storage hangs every attach.
+            nodes_offering(config.storage_node_resource)
+        storage["required_node_resource"] = config.storage_node_resource
+    tq.init({"backend": {"SimpleStorage": storage}})
     return TQSession(started_ray, started_tq=not had_controller and interface._TQ_STORAGE is not None)
 
 
@@ -154,6 +163,19 @@ def _controller_exists() -> bool:
         return True
     except ValueError:
         return False
+
+
+def nodes_offering(resource: str) -> list[str]:
+    """Ids of the alive Ray nodes that offer custom `resource`; TQError if none does (Ray must be attached)."""
+    import ray
+
+    found = sorted(n["NodeID"] for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get(resource, 0) > 0)
+    if not found:
+        raise TQError(
+            f"no alive Ray node offers custom resource {resource!r}: start the nodes meant to host it with "
+            f"ray start --resources '{{\"{resource}\": 1}}'"
+        )
+    return found
 
 
 def ray_address() -> str:

@@ -21,12 +21,14 @@ from schemas.finalized import FinalizedGroup
 from schemas.metadata_guard import assert_metadata_only
 from schemas.receipt import Receipt
 from schemas.request import ReassemblyRequest, RolloutReassemblerActorConfig
-from streams.tq import TQConfig
+from streams.tq import TQConfig, nodes_offering
 
 # How often Ray restarts a dead actor (its process killed or its node lost) before it stays dead, and
 # how often a call in flight on it is retried on the restarted actor (-1: as long as it restarts).
 MAX_RESTARTS = 10
 MAX_TASK_RETRIES = -1
+# What an actor asks of the custom resource that marks the nodes it may run on (1/1000 of a unit).
+NODE_RESOURCE_SHARE = 0.001
 
 
 @dataclass(frozen=True)
@@ -135,6 +137,12 @@ class RolloutReassemblerActor:
     def stop_worker(self) -> None:
         self._stop.set()
 
+    def node_id(self) -> str:
+        """The hex id of the Ray node this actor runs on (after a restart, the node it runs on now)."""
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+
 
 def _receipt(value: dict | None, path: str) -> Receipt | None:
     if value is None:
@@ -153,6 +161,7 @@ def create_rollout_reassembler_actors(
     name_prefix: str | None = None,
     max_restarts: int = MAX_RESTARTS,
     max_task_retries: int = MAX_TASK_RETRIES,
+    node_resource: str | None = None,
 ) -> list[Any]:
     """Construct and validate the pool after TQ partitions are registered; all or nothing.
 
@@ -160,6 +169,9 @@ def create_rollout_reassembler_actors(
     with `name_prefix`, actor i is a named actor `<name_prefix>-<i>` that other processes can find.
     Ray restarts a dead actor up to `max_restarts` times and retries its calls in flight up to
     `max_task_retries` times (-1: unbounded); `ray.kill(actor)` stops one for good.
+    The actors are spread over the Ray nodes (Ray's SPREAD strategy: each on the next node with a free
+    CPU, so losing one node loses only its share); with `node_resource`, only over the nodes that
+    offer that custom resource (TQError if none does).
     """
     if num_workers <= 0:
         raise ValueError(f"num_workers must be > 0, got {num_workers}")
@@ -168,8 +180,18 @@ def create_rollout_reassembler_actors(
         raise ValueError(f"got {len(configs)} data-plane configs for num_workers={num_workers}")
     import ray
 
+    # A token amount of the resource: it only restricts where an actor may run, never how many.
+    resources = {}
+    if node_resource is not None:
+        nodes_offering(node_resource)
+        resources = {node_resource: NODE_RESOURCE_SHARE}
     remote_cls = ray.remote(
-        num_cpus=1, max_concurrency=4, max_restarts=max_restarts, max_task_retries=max_task_retries
+        num_cpus=1,
+        max_concurrency=4,
+        max_restarts=max_restarts,
+        max_task_retries=max_task_retries,
+        scheduling_strategy="SPREAD",
+        resources=resources,
     )(RolloutReassemblerActor)
     actors: list[Any] = []
     try:
