@@ -19,6 +19,7 @@ from schemas.errors import InvalidArgument, SchemaError
 from schemas.finalized import FinalizedGroup
 from schemas.receipt import Receipt
 from schemas.state import GroupState, PartitionProgress
+from schemas.trainer_version import TrainerVersion
 from streams.admin import TopicSpec
 
 RECEIPTS = "rollout.receipts"
@@ -27,6 +28,8 @@ DEADLETTER = "experience.deadletter"
 # Finalized records the trainer cannot use (undecodable, rows missing from TQ), with the reason.
 TRAINER_DEADLETTER = "trainer.deadletter"
 STATE = "reassembler.state"
+# The trainer's current weight version, keyed by trainer id (compacted): what admission gates read.
+TRAINER_VERSION = "trainer.version"
 REPLAY_PREFIX = "replay."
 
 
@@ -59,6 +62,10 @@ class TopicNames:
     def state(self) -> str:
         return self._p(STATE)
 
+    @property
+    def trainer_version(self) -> str:
+        return self._p(TRAINER_VERSION)
+
     def replay(self, name: str) -> str:
         return self._p(REPLAY_PREFIX + name)
 
@@ -74,8 +81,8 @@ def pipeline_topics(
     replication_factor: int = 1,
     config: Mapping[str, str] | None = None,
 ) -> list[TopicSpec]:
-    """Receipts, finalized, the two dead-letter topics and the state changelog (compacted, co-partitioned
-    with receipts); the changelog comes last.
+    """Receipts, finalized, the two dead-letter topics, the trainer's version (compacted, one partition)
+    and the state changelog (compacted, co-partitioned with receipts); the changelog comes last.
 
     `config` applies to every topic. With 3 or more replicas, `min.insync.replicas` defaults to 2, so
     an acknowledged write (acks=all) survives the loss of any one broker; with 2 replicas it is 1.
@@ -93,17 +100,20 @@ def pipeline_topics(
         TopicSpec(names.finalized, partitions, dict(common), replication_factor=replication_factor),
         TopicSpec(names.deadletter, 1, dict(common), replication_factor=replication_factor),
         TopicSpec(names.trainer_deadletter, 1, dict(common), replication_factor=replication_factor),
+        TopicSpec(names.trainer_version, 1, dict(compacted), replication_factor=replication_factor),
         TopicSpec(names.state, partitions, compacted, replication_factor=replication_factor),
     ]
 
 
 RECEIPTS_ROLE, FINALIZED_ROLE, DEADLETTER_ROLE, STATE_ROLE = "receipts", "finalized", "deadletter", "state"
+TRAINER_VERSION_ROLE = "trainer_version"
 _SUFFIXES = {
     RECEIPTS: RECEIPTS_ROLE,
     FINALIZED: FINALIZED_ROLE,
     DEADLETTER: DEADLETTER_ROLE,
     TRAINER_DEADLETTER: DEADLETTER_ROLE,
     STATE: STATE_ROLE,
+    TRAINER_VERSION: TRAINER_VERSION_ROLE,
 }
 # The state topic holds two kinds (a prompt group's entry and its partition's progress); the first
 # kind of a role is what an unrecognised value is decoded as, so its error names the usual message.
@@ -112,6 +122,7 @@ _BY_ROLE: dict[str, tuple[type[Message], ...]] = {
     FINALIZED_ROLE: (FinalizedGroup,),
     DEADLETTER_ROLE: (DeadLetter,),
     STATE_ROLE: (GroupState, PartitionProgress),
+    TRAINER_VERSION_ROLE: (TrainerVersion,),
 }
 _BY_KIND: dict[str, type[Message]] = {cls.kind(): cls for kinds in _BY_ROLE.values() for cls in kinds}
 
@@ -128,7 +139,7 @@ def is_replay_topic(topic: str) -> bool:
 
 
 def topic_role(topic: str) -> str | None:
-    """'receipts' | 'finalized' | 'deadletter' | 'state' from the name; None for replay or unknown topics."""
+    """Role from the name: 'receipts' | 'finalized' | 'deadletter' | 'state' | 'trainer_version'; else None."""
     if is_replay_topic(topic):
         return None
     for suffix, role in _SUFFIXES.items():

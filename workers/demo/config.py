@@ -10,7 +10,7 @@ from msgspec import Meta
 from streams.settings import Settings
 from workers.rollout.synthetic import SyntheticShape
 
-PolicyName = Literal["windowed", "in_order", "ready_first"]
+PolicyName = Literal["windowed", "weight_fifo", "in_order", "ready_first"]
 
 
 def demo_shape() -> SyntheticShape:
@@ -38,6 +38,13 @@ class DemoConfig(Settings, frozen=True):
     ray_address: Annotated[
         str | None, Meta(description="attach to this Ray cluster instead of starting one (default: start one)")
     ] = None
+    placement_resource: Annotated[
+        str | None,
+        Meta(
+            description="spread TQ storage units and reassembler actors over the Ray nodes offering this "
+            "custom resource (default: over all nodes)"
+        ),
+    ] = None
     # The failure drills need producer 0 to reach its 6th group: its 4th group's rollouts all fail
     # and a poison receipt follows its 6th.
     groups: Annotated[int, Meta(ge=1, le=1_000_000, description="prompt groups to produce")] = 160
@@ -63,12 +70,22 @@ class DemoConfig(Settings, frozen=True):
         Meta(gt=0, le=3600, description="seconds from a group's first receipt until it is finalized incomplete"),
     ] = 10.0
     timeout_s: Annotated[float, Meta(gt=0, le=86_400, description="give up after this many seconds")] = 300.0
+    # On: producers start a group only when the admission gate (workers/rollout/gate.py), fed by the
+    # trainer's version topic, has room, and generate it at the version the gate saw; off: each group
+    # is generated at the trainer's version less a drawn lag, with no admission control.
+    admission: Annotated[
+        bool, Meta(description="gate producers on the trainer's published version (AReaL-style staleness capacity)")
+    ] = True
+    inflight_groups: Annotated[
+        int,
+        Meta(ge=1, le=10_000, description="with admission: groups each producer runs ahead (started, not published)"),
+    ] = 32
     shape: SyntheticShape = msgspec.field(default_factory=demo_shape)
 
     @property
     def policy_params(self) -> dict[str, int]:
         """The policy's parameters: `max_staleness` is the windowed bound and the in_order lookahead."""
-        if self.policy == "windowed":
+        if self.policy in ("windowed", "weight_fifo"):
             return {"max_staleness_versions": self.max_staleness}
         if self.policy == "in_order":
             return {"max_lookahead_versions": self.max_staleness}

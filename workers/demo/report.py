@@ -21,6 +21,9 @@ class DemoReport:
     poison_receipts_dead_lettered: int = 0
     duplicates_dropped: int = 0
     final_weight_version: int = 0
+    # Whether producers went through the admission gate, and how long they waited on it (all together).
+    admission: bool = False
+    admission_wait_s: float = 0.0
     elapsed_s: float = 0.0
     groups_per_s: float = 0.0
     tokens_per_s: float = 0.0
@@ -68,6 +71,7 @@ def summary_table(report: DemoReport) -> str:
         ("groups dead-lettered", report.groups_dead_lettered),
         ("poison receipts dead-lettered", report.poison_receipts_dead_lettered),
         ("final trainer weight version", report.final_weight_version),
+        ("admission control", f"on, producers waited {report.admission_wait_s} s" if report.admission else "off"),
         ("throughput", f"{report.groups_per_s} groups/s, {report.tokens_per_s:,.0f} tokens/s"),
         ("latency last receipt -> trainer", f"p50 {report.latency_p50_ms} ms, p99 {report.latency_p99_ms} ms"),
         ("wall time", f"{report.elapsed_s} s"),

@@ -47,8 +47,13 @@ class _Reassemblers:
         self._ray = ray
         self.group = f"reassemblers.{names.prefix}"
         self.actors = create_rollout_reassembler_actors(
-            DataPlaneConfig(tq=tq), default_actor_config(), num_workers=cfg.reassemblers
+            DataPlaneConfig(tq=tq),
+            default_actor_config(),
+            num_workers=cfg.reassemblers,
+            node_resource=cfg.placement_resource,
         )
+        self.nodes = ray.get([actor.node_id.remote() for actor in self.actors])
+        self.cluster_nodes = sum(1 for n in ray.nodes() if n.get("Alive"))
         self.runs = [
             actor.run_worker.remote(
                 kafka,
@@ -74,11 +79,12 @@ class _Reassemblers:
         return None
 
     def stop(self) -> list[dict]:
-        """Stop every worker loop and the actors; returns each actor's totals."""
+        """Stop every worker loop and the actors; returns each actor's totals and the node it started on."""
         for actor in self.actors:
             actor.stop_worker.remote()
         try:
-            return list(self._ray.get(self.runs, timeout=60))
+            totals = self._ray.get(self.runs, timeout=60)
+            return [{**t, "node_id": node} for t, node in zip(totals, self.nodes)]
         finally:
             for actor in self.actors:
                 self._ray.kill(actor)
@@ -113,7 +119,7 @@ def _start_kafka(
 def _start_pipeline(
     kafka: KafkaConfig, names: TopicNames, cfg: DemoConfig, report: DemoReport, cleanups: list, log
 ) -> _Reassemblers | None:
-    tq = TQConfig(address=cfg.ray_address)
+    tq = TQConfig(address=cfg.ray_address, storage_node_resource=cfg.placement_resource)
     log("starting Ray and TransferQueue (partitions 'staging' and 'train') ...")
     session = init_tq(tq)
     cleanups.append(session.close)
@@ -130,7 +136,10 @@ def _start_pipeline(
         report.reassemblers = pool.stop()
 
     cleanups.append(stop)
-    log(f"reassemblers: {cfg.reassemblers} Ray actors in consumer group {pool.group}")
+    log(
+        f"reassemblers: {cfg.reassemblers} Ray actors on {len(set(pool.nodes))} of {pool.cluster_nodes} Ray node(s), "
+        f"in consumer group {pool.group}"
+    )
     return pool
 
 

@@ -19,13 +19,14 @@ from schemas.finalized import FinalizedGroup
 from streams.config import KafkaConfig
 from streams.tq import TQStore
 from workers.demo.config import DemoConfig
-from workers.demo.producers import SharedState
+from workers.demo.producers import SharedState, trainer_id
 from workers.demo.report import DemoReport, accounting_problems, percentile
 from workers.telemetry.progress import Progress
 from workers.topics import TopicNames
 from workers.trainer.config import ConsumerConfig
 from workers.trainer.consumer import ExperienceConsumer
 from workers.trainer.policies import policy_by_name
+from workers.trainer.version_topic import VersionPublisher
 
 # Dead letters that stand for a whole prompt group; any other kind is a single bad receipt.
 GROUP_DEAD_LETTER_KINDS = (ALL_ROLLOUTS_FAILED, INCONSISTENT_GROUP)
@@ -72,16 +73,26 @@ class TrainerLoop:
         self.latencies_ms: list[float] = []
         self.tokens = 0
         self.steps = 0
+        self.trained_groups = 0
         self.timed_out = False
         self.consumer = ExperienceConsumer(
             kafka,
             TQStore(),
-            ConsumerConfig(prefix=names.prefix, consumer_group=f"trainer.{names.prefix}"),
+            ConsumerConfig(prefix=names.prefix, consumer_group=trainer_id(names)),
             policy_by_name(cfg.policy, **cfg.policy_params),
             on_yield=self._on_yield,
             on_evict=lambda g, v: self.evicted.append(g.group_id),
         )
         self.dead = DeadLetterWatch(kafka, names.deadletter)
+        # The producers' admission gate reads this; one version step consumes versions_every batches.
+        self.versions = VersionPublisher(
+            kafka,
+            names.trainer_version,
+            trainer_id=trainer_id(names),
+            consumer_group=trainer_id(names),
+            batch_groups=cfg.batch_groups * cfg.versions_every,
+        )
+        self.versions.publish(shared.version)
         self.progress = Progress(cfg.groups, log)
 
     def _on_yield(self, group: FinalizedGroup, version: int) -> None:
@@ -97,10 +108,22 @@ class TrainerLoop:
         time.sleep(self.cfg.train_step_s)  # the "training step"
         self.consumer.release(batch)
         self.steps += 1
-        if self.steps % self.cfg.versions_every == 0:
+        self.trained_groups += len(batch.groups)
+        if self._version_step_done():
             with self.shared.lock:
                 self.shared.version += 1
                 self.consumer.set_version(self.shared.version)
+                version = self.shared.version
+            self.versions.publish(version)
+
+    def _version_step_done(self) -> bool:
+        """Off: a version per `versions_every` batches, however full. On: per B groups trained, since the
+        admission gate counts on B = batch_groups * versions_every groups per version, as AReaL's trainer
+        (which waits for full batches) does."""
+        if not self.cfg.admission:
+            return self.steps % self.cfg.versions_every == 0
+        per_version = self.cfg.batch_groups * self.cfg.versions_every
+        return self.trained_groups >= (self.shared.version + 1) * per_version
 
     def _show(self, produced: int) -> None:
         counts = self.consumer.counts
@@ -143,6 +166,7 @@ class TrainerLoop:
             self.progress.close()
             self.consumer.close()
             self.dead.close()
+            self.versions.close()
 
     def fill(self, report: DemoReport, elapsed_s: float) -> None:
         """The trainer's figures and the accounting of every produced group, over `elapsed_s` of streaming."""
@@ -156,6 +180,8 @@ class TrainerLoop:
         report.poison_receipts_dead_lettered = self.dead.poison
         report.duplicates_dropped = self.consumer.counts.duplicates
         report.final_weight_version = self.shared.version
+        report.admission = self.cfg.admission
+        report.admission_wait_s = round(self.shared.gate_wait_s, 2)
         report.groups_per_s = round(len(self.consumed) / elapsed_s, 2) if elapsed_s else 0.0
         report.tokens_per_s = round(self.tokens / elapsed_s, 1) if elapsed_s else 0.0
         report.latency_p50_ms = round(percentile(self.latencies_ms, 0.50), 1)

@@ -3,7 +3,8 @@
 `SyntheticShape` sizes them; `make_group` builds a prompt group's rollouts (`make_rollout` one) as
 `StagedRollout`s ready for `RolloutPublisher.publish`. Each rollout is a chain of model calls:
 call 0 stages prompt + first answer, later calls stage a tool/environment observation + the next
-answer, exactly as a rollout worker would. Everything is drawn from seeded generators, so the
+answer, exactly as a rollout worker would; the turns go through `workers.rollout.convert` like
+an engine's output. Everything is drawn from seeded generators, so the
 same arguments give the same tokens.
 """
 
@@ -14,8 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
-from schemas.digest import token_digest
-from schemas.receipt import CallRecord, Receipt
+from schemas.turns import Turn
+from workers.rollout.convert import failed_rollout, staged_rollout
 from workers.rollout.publisher import StagedRollout
 
 
@@ -34,60 +35,49 @@ class SyntheticShape:
     routed_experts_k: int = 0
 
 
-def _segment(
-    rng: random.Random, gen: torch.Generator, prefix_len: int, answer_len: int, vocab: int, experts_k: int
-) -> dict[str, torch.Tensor]:
-    n = prefix_len + answer_len
-    seg = {
-        "token_ids": torch.randint(1, vocab, (n,), generator=gen, dtype=torch.int64),
-        "token_mask": torch.cat([torch.zeros(prefix_len, dtype=torch.bool), torch.ones(answer_len, dtype=torch.bool)]),
-        "generation_logprobs": torch.cat([torch.zeros(prefix_len), -torch.rand(answer_len, generator=gen) * 4]).to(
-            torch.float32
-        ),
-    }
-    if experts_k:
-        seg["routed_experts"] = torch.randint(0, 64, (n, experts_k), generator=gen, dtype=torch.int32)
-    return seg
-
-
-def _calls(
+def _turn(
     rng: random.Random,
     gen: torch.Generator,
-    rollout_id: str,
+    prefix_len: int,
+    answer_len: int,
     weight_version: int,
     shape: SyntheticShape,
     prompt: torch.Tensor | None,
-) -> tuple[list[dict[str, torch.Tensor]], list[CallRecord]]:
-    """A chain of calls: call 0 is prompt + answer, each later one an observation + the next answer."""
-    segments, calls, cum = [], [], 0
-    parent = None
+) -> Turn:
+    """One model call: `prefix_len` input ids (the prompt, or an observation) and `answer_len` output ids."""
+    ids = torch.randint(1, shape.vocab, (prefix_len + answer_len,), generator=gen, dtype=torch.int64)
+    logprobs = (-torch.rand(answer_len, generator=gen) * 4).to(torch.float32)
+    routed = None
+    if shape.routed_experts_k:
+        routed = torch.randint(
+            0, 64, (prefix_len + answer_len, shape.routed_experts_k), generator=gen, dtype=torch.int32
+        )
+    if prompt is not None:
+        ids[:prefix_len] = prompt
+    return Turn(
+        input_ids=ids[:prefix_len],
+        output_ids=ids[prefix_len:],
+        output_logprobs=logprobs,
+        weight_version=weight_version,
+        invalid_tool_call=rng.random() < shape.violation_rate,
+        malformed_thinking=rng.random() < shape.violation_rate,
+        routed_experts=routed,
+    )
+
+
+def _turns(
+    rng: random.Random, gen: torch.Generator, weight_version: int, shape: SyntheticShape, prompt: torch.Tensor | None
+) -> list[Turn]:
+    """A chain of turns: turn 0 is prompt + answer, each later one an observation + the next answer."""
+    turns = []
     for c in range(rng.randint(*shape.calls)):
         if c == 0:
             prefix = len(prompt) if prompt is not None else rng.randint(*shape.prompt_len)
         else:
             prefix = rng.randint(*shape.observation_len)
-        seg = _segment(rng, gen, prefix, rng.randint(*shape.answer_len), shape.vocab, shape.routed_experts_k)
-        if c == 0 and prompt is not None:
-            seg["token_ids"][:prefix] = prompt
-        n = int(seg["token_ids"].numel())
-        call_id = f"c{c}"
-        calls.append(
-            CallRecord(
-                staging_key=f"{rollout_id}/{call_id}",
-                call_id=call_id,
-                parent_call_id=parent,
-                prev_len=cum,
-                delta_len=n,
-                cum_len=cum + n,
-                weight_version=weight_version,
-                digest=token_digest(seg["token_ids"]),
-                invalid_tool_call=rng.random() < shape.violation_rate,
-                malformed_thinking=rng.random() < shape.violation_rate,
-            )
-        )
-        segments.append(seg)
-        parent, cum = call_id, cum + n
-    return segments, calls
+        answer = rng.randint(*shape.answer_len)
+        turns.append(_turn(rng, gen, prefix, answer, weight_version, shape, prompt if c == 0 else None))
+    return turns
 
 
 def make_rollout(
@@ -104,23 +94,13 @@ def make_rollout(
     rng = random.Random(f"{group_id}/{rollout_index}/{seed}")
     gen = torch.Generator().manual_seed(rng.getrandbits(63))
     rollout_id = f"{group_id}-r{rollout_index}"
-    failed = rng.random() < shape.failure_rate
-    segments, calls = ([], []) if failed else _calls(rng, gen, rollout_id, weight_version, shape, prompt)
-    receipt = Receipt(
-        rollout_id=rollout_id,
-        group_id=group_id,
-        prompt_idx=prompt_idx,
-        rollout_index=rollout_index,
-        group_size=shape.group_size,
+    ids = dict(rollout_id=rollout_id, group_id=group_id, prompt_idx=prompt_idx, rollout_index=rollout_index)
+    if rng.random() < shape.failure_rate:
         # A failed rollout has no calls and no reward: the environment crashed before scoring it.
-        reward=0.0 if failed else round(rng.uniform(-1, 1), 4),
-        mask_sample=True,
-        loss_multiplier=1.0,
-        environment="synthetic",
-        failure_reason="env_crashed" if failed else None,
-        manifest=tuple(calls),
-    )
-    return StagedRollout(receipt, segments)
+        return failed_rollout(**ids, group_size=shape.group_size, environment="synthetic", failure_reason="env_crashed")
+    turns = _turns(rng, gen, weight_version, shape, prompt)
+    reward = round(rng.uniform(-1, 1), 4)
+    return staged_rollout(turns, **ids, group_size=shape.group_size, reward=reward, environment="synthetic")
 
 
 def make_group(

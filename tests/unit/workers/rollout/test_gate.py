@@ -1,0 +1,95 @@
+"""The admission gate's arithmetic: AReaL's staleness capacity, the counters, and waiting for capacity."""
+
+import threading
+import time
+
+import pytest
+
+from schemas.errors import InvalidArgument
+from workers.rollout.gate import StalenessBudget, staleness_capacity
+
+
+def cap(**kw):
+    args = dict(version=0, max_staleness=2, batch_groups=8, accepted=0, running=0, max_concurrent=1000)
+    args.update(kw)
+    return staleness_capacity(**args)
+
+
+def test_capacity_is_eta_plus_version_plus_one_batches_minus_accepted_and_running():
+    assert cap() == 24  # (2 + 0 + 1) * 8
+    assert cap(version=1) == 32
+    assert cap(version=1, accepted=20, running=5) == 7
+    assert cap(max_staleness=0, accepted=8) == 0
+    # Over the budget (the trainer restarted lower, or a worker overshot) is negative, not clamped.
+    assert cap(accepted=30) == -6
+
+
+def test_concurrency_limits_capacity_too():
+    assert cap(max_concurrent=4, running=1) == 3
+    assert cap(version=10, max_concurrent=4, running=4) == 0
+
+
+def test_a_share_of_the_batch_scales_the_staleness_term():
+    assert cap(batch_groups=8 * 0.5) == 12
+
+
+def test_no_capacity_before_a_version_is_seen_then_counted_from_the_first_version():
+    b = StalenessBudget(2)
+    assert b.capacity() == 0 and b.version is None
+    b.observe(40, 8)  # joining late: (eta + 1) * B ahead, not 41 * B
+    assert b.capacity() == 24 and b.version == 40
+    b.observe(41, 8)
+    assert b.capacity() == 32
+
+
+def test_started_groups_run_until_finished_and_accepted_ones_keep_counting():
+    b = StalenessBudget(1)
+    b.observe(0, 4)
+    assert b.acquire(3, timeout=0)
+    b.on_started(1)
+    assert b.capacity() == 4  # (1 + 0 + 1) * 4 - 4 running
+    b.on_finished(accepted=True)
+    b.on_finished(accepted=False)  # dropped before the trainer: frees its slot for good
+    assert b.capacity() == 5
+    c = b.counts()
+    assert (c.started, c.running, c.accepted, c.rejected) == (4, 2, 1, 1)
+    with pytest.raises(InvalidArgument):
+        StalenessBudget(1).on_finished(accepted=True)
+
+
+def test_acquire_times_out_while_full_and_wakes_on_a_new_version():
+    b = StalenessBudget(0)
+    b.observe(0, 2)
+    assert b.acquire(2, timeout=0)
+    b.on_finished(True)
+    b.on_finished(True)
+    t0 = time.monotonic()
+    assert not b.acquire(1, timeout=0.2)
+    assert time.monotonic() - t0 >= 0.19
+    got = []
+    waiter = threading.Thread(target=lambda: got.append(b.acquire(1, timeout=10)))
+    waiter.start()
+    time.sleep(0.1)
+    assert not got  # still blocked: the trainer has not moved
+    b.observe(1, 2)
+    waiter.join(timeout=5)
+    assert got == [True]
+
+
+def test_close_releases_waiters():
+    b = StalenessBudget(0)
+    got = []
+    waiter = threading.Thread(target=lambda: got.append(b.acquire(1, timeout=10)))
+    waiter.start()
+    time.sleep(0.05)
+    b.close()
+    waiter.join(timeout=5)
+    assert got == [False]
+
+
+@pytest.mark.parametrize("kw", [{"max_staleness": -1}, {"max_concurrent": 0}, {"batch_share": 0}, {"batch_share": 2}])
+def test_bad_parameters_are_refused_by_name(kw):
+    args = {"max_staleness": 1, **kw}
+    eta = args.pop("max_staleness")
+    with pytest.raises(InvalidArgument, match=next(iter(kw))):
+        StalenessBudget(eta, **args)

@@ -1,0 +1,258 @@
+"""Admission control for rollout workers: how many new prompt groups they may start, given the trainer's version.
+
+In the manner of AReaL's staleness manager: with the trainer at version v consuming B groups per
+version, a worker may have at most (eta + v + 1) * B groups accepted or running, and at most
+`max_concurrent` running, so
+
+    capacity = min(max_concurrent - running, (eta + v + 1) * B - (accepted + running))
+
+where eta is the staleness bound in versions. If groups finish roughly in the order they start,
+a group started at version v is consumed by version v + eta at the latest, so the trainer's
+staleness bound never has to evict it.
+
+`StalenessBudget` is that arithmetic and its counters, thread-safe and free of I/O. `AdmissionGate`
+feeds it from the trainer's compacted version topic (`workers/trainer/version_topic.py`) in a
+background thread. A worker calls `acquire(n, timeout)` before starting n groups (or checks
+`capacity()` itself and calls `on_started(n)`), then `on_finished(accepted)` once per group:
+accepted when the group goes to the trainer, not when it was dropped before publishing (all its
+rollouts failed, filtered out).
+
+Versions count from the first one a budget sees: a worker joining a trainer at version 40 may run
+(eta + 1) * B groups ahead of it, not 41 * B.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
+
+from schemas.errors import InvalidArgument, SchemaError
+from schemas.trainer_version import TrainerVersion
+from streams.config import KafkaConfig
+from streams.consumer import partitions_of
+
+log = logging.getLogger("rlstream.rollout.gate")
+
+
+def staleness_capacity(
+    *, version: int, max_staleness: int, batch_groups: float, accepted: int, running: int, max_concurrent: int
+) -> int:
+    """min(max_concurrent - running, floor((eta + v + 1) * B) - (accepted + running)); may be negative."""
+    by_staleness = math.floor((max_staleness + version + 1) * batch_groups) - (accepted + running)
+    return min(max_concurrent - running, by_staleness)
+
+
+@dataclass(frozen=True)
+class GateCounts:
+    """A snapshot of a budget: groups started, running, accepted and rejected, and the version it sees."""
+
+    started: int
+    running: int
+    accepted: int
+    rejected: int
+    version: int | None
+    batch_groups: int | None
+
+
+class StalenessBudget:
+    """The gate's arithmetic and counters; no capacity until a trainer version has been observed.
+
+    `batch_share` scales B for a worker that is one of several sharing a trainer (1/N each).
+    """
+
+    def __init__(self, max_staleness: int, *, max_concurrent: int = 1_000_000, batch_share: float = 1.0):
+        if max_staleness < 0:
+            raise InvalidArgument(f"max_staleness must be >= 0, got {max_staleness}")
+        if max_concurrent < 1:
+            raise InvalidArgument(f"max_concurrent must be >= 1, got {max_concurrent}")
+        if not 0 < batch_share <= 1:
+            raise InvalidArgument(f"batch_share must be in (0, 1], got {batch_share}")
+        self.max_staleness = max_staleness
+        self.max_concurrent = max_concurrent
+        self.batch_share = batch_share
+        self._cond = threading.Condition()
+        self._closed = False
+        self._base: int | None = None
+        self._version: int | None = None
+        self._batch: int | None = None
+        self._started = self._running = self._accepted = self._rejected = 0
+
+    def observe(self, version: int, batch_groups: int) -> None:
+        """The trainer is at `version`, consuming `batch_groups` groups per version; wakes waiters."""
+        if version < 0 or batch_groups < 1:
+            raise InvalidArgument(f"bad trainer version {version} / batch_groups {batch_groups}")
+        with self._cond:
+            if self._base is None:
+                self._base = version
+            self._version, self._batch = version, batch_groups
+            self._cond.notify_all()
+
+    @property
+    def version(self) -> int | None:
+        """The trainer version last observed (absolute), None before the first."""
+        with self._cond:
+            return self._version
+
+    def capacity(self) -> int:
+        """How many groups may start now (0 or less: none); 0 until a version has been observed."""
+        with self._cond:
+            return self._capacity()
+
+    def _capacity(self) -> int:
+        if self._version is None or self._batch is None or self._base is None:
+            return 0
+        return staleness_capacity(
+            version=self._version - self._base,
+            max_staleness=self.max_staleness,
+            batch_groups=self._batch * self.batch_share,
+            accepted=self._accepted,
+            running=self._running,
+            max_concurrent=self.max_concurrent,
+        )
+
+    def acquire(self, n: int = 1, timeout: float | None = None) -> bool:
+        """Wait until n groups may start and count them as running; False on timeout or once closed."""
+        if n < 1:
+            raise InvalidArgument(f"acquire needs n >= 1, got {n}")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while not self._closed and self._capacity() < n:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._cond.wait(left)
+            if self._closed:
+                return False
+            self._start(n)
+            return True
+
+    def on_started(self, n: int = 1) -> None:
+        """Count n groups as running without waiting (for callers that checked `capacity()` themselves)."""
+        with self._cond:
+            self._start(n)
+
+    def _start(self, n: int) -> None:
+        self._started += n
+        self._running += n
+
+    def on_finished(self, accepted: bool) -> None:
+        """One running group ended: accepted (it goes to the trainer) or rejected (dropped before it)."""
+        with self._cond:
+            if self._running <= 0:
+                raise InvalidArgument("on_finished called with no group running")
+            self._running -= 1
+            if accepted:
+                self._accepted += 1
+            else:
+                self._rejected += 1
+            self._cond.notify_all()
+
+    def counts(self) -> GateCounts:
+        with self._cond:
+            return GateCounts(self._started, self._running, self._accepted, self._rejected, self._version, self._batch)
+
+    def close(self) -> None:
+        """Release every waiter (their `acquire` returns False)."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+
+class AdmissionGate(StalenessBudget):
+    """A `StalenessBudget` following one trainer's records on the version topic in a daemon thread.
+
+    `trainer_id` None follows whichever trainer wrote last (one trainer per topic prefix).
+    """
+
+    def __init__(
+        self,
+        kafka: KafkaConfig,
+        topic: str,
+        *,
+        max_staleness: int,
+        trainer_id: str | None = None,
+        max_concurrent: int = 1_000_000,
+        batch_share: float = 1.0,
+        poll_s: float = 0.1,
+    ):
+        super().__init__(max_staleness, max_concurrent=max_concurrent, batch_share=batch_share)
+        self._topic = topic
+        self._trainer_id = trainer_id
+        self._poll_s = poll_s
+        self._stop = threading.Event()
+        self._consumer = Consumer(kafka.consumer(f"rlstream-gate-{uuid.uuid4().hex[:12]}", read_committed=False))
+        self._thread = threading.Thread(target=self._follow, name="admission-gate", daemon=True)
+        self._thread.start()
+
+    def wait_for_version(self, timeout: float) -> int | None:
+        """Block until a trainer version has been read (or `timeout`); returns it, or None."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self._version is None and not self._closed and time.monotonic() < deadline:
+                self._cond.wait(max(0.0, deadline - time.monotonic()))
+            return self._version
+
+    def _assign(self) -> dict[int, int] | None:
+        """Assign every partition from its beginning; returns each one's end offset now, None if no topic yet."""
+        try:
+            parts = partitions_of(self._consumer, self._topic, timeout_s=5.0)
+            ends = {p: self._consumer.get_watermark_offsets(TopicPartition(self._topic, p), timeout=5.0) for p in parts}
+        except KafkaException as exc:  # topic not created yet: the trainer creates it
+            log.debug("version topic %s not readable yet: %s", self._topic, exc)
+            return None
+        self._consumer.assign([TopicPartition(self._topic, p, OFFSET_BEGINNING) for p in parts])
+        return {p: high for p, (low, high) in ends.items() if high > low}
+
+    def _follow(self) -> None:
+        # The history up to the end offsets found at assignment is read first and only its latest
+        # record applied: compaction is lazy, and counting from an old version would over-admit.
+        try:
+            behind = None
+            while not self._stop.is_set() and (behind := self._assign()) is None:
+                self._stop.wait(0.5)
+            latest: tuple[bytes | None, bytes] | None = None
+            while not self._stop.is_set():
+                for msg in self._consumer.consume(100, timeout=self._poll_s):
+                    if msg.error() is not None or msg.value() is None:
+                        continue
+                    if not behind:
+                        self._apply(msg.key(), msg.value())
+                        continue
+                    if self._matches(msg.value()):
+                        latest = (msg.key(), msg.value())
+                    if msg.offset() + 1 >= behind.get(msg.partition(), 0):
+                        behind.pop(msg.partition(), None)
+                    if not behind and latest is not None:
+                        self._apply(*latest)
+        except Exception:  # noqa: BLE001 - a dead follower must not pass silently; waiters time out
+            log.exception("admission gate stopped following %s", self._topic)
+        finally:
+            self._consumer.close()
+
+    def _matches(self, value: bytes) -> bool:
+        try:
+            return self._trainer_id is None or TrainerVersion.from_bytes(value).trainer_id == self._trainer_id
+        except SchemaError:
+            return False
+
+    def _apply(self, key: bytes | None, value: bytes) -> None:
+        try:
+            record = TrainerVersion.from_bytes(value)
+        except SchemaError as exc:
+            log.warning("ignoring a bad record on %s (key %r): %s", self._topic, key, exc)
+            return
+        if self._trainer_id is None or record.trainer_id == self._trainer_id:
+            self.observe(record.version, record.batch_groups)
+
+    def close(self) -> None:
+        """Stop following the topic and release every waiter."""
+        super().close()
+        self._stop.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=10)
