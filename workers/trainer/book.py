@@ -9,6 +9,7 @@ is a duplicate waiting for its original; the consumer's dead-letter outbox holds
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
@@ -29,6 +30,7 @@ class Pending:
     partition: int
     offset: int
     state: str  # "held" | "ready" | "yielded" | "duplicate" (waits for its original)
+    arrival: int = 0  # read order across partitions, for policies that keep arrival order
 
 
 @dataclass
@@ -57,6 +59,7 @@ class GroupBook:
         # Group ids already taken in, the oldest resolved forgotten first past max_seen_groups.
         self._seen: OrderedDict[str, _Seen] = OrderedDict()
         self._duplicates: dict[str, list[Pending]] = {}  # group id -> duplicates waiting for it
+        self._arrivals = itertools.count()
 
     # ----- partitions ---------------------------------------------------------------------------
 
@@ -104,7 +107,7 @@ class GroupBook:
             # The same record again, after a rebalance, is no duplicate.
             return (REREAD if (first.partition, first.offset) == (partition, offset) else DUPLICATE), None
         self._remember(group.group_id, _Seen(partition, offset))
-        pending = Pending(group, partition, offset, "held")
+        pending = Pending(group, partition, offset, "held", next(self._arrivals))
         self.pending.setdefault(partition, {})[offset] = pending
         return NEW, pending
 

@@ -18,7 +18,6 @@ import msgspec
 
 from schemas.errors import InvalidArgument
 from streams.tq import KVStore
-from workers.trainer.ledger import Range
 
 STATE_VERSION = 1
 
@@ -27,7 +26,9 @@ class PartitionMark(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """One partition at the cut: its first record not yet trained, and later records trained already."""
 
     offset: int
-    trained: list[tuple[int, int]] = []  # inclusive offset ranges past `offset`
+    # Inclusive offset ranges at or past `offset` of records resolved already (trained, evicted,
+    # dead-lettered, duplicates).
+    trained: list[tuple[int, int]] = []
 
 
 class ConsumerState(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -48,22 +49,28 @@ def encode_state(state: ConsumerState) -> dict[str, Any]:
 
 def decode_state(data: Any, *, topic: str, consumer_group: str) -> ConsumerState:
     """Validate a state dict from a checkpoint; errors name the field path and what was wrong."""
+    got = data.get("schema_version") if isinstance(data, dict) else None
+    if got != STATE_VERSION:  # before the fields: a newer state's are not ours to judge
+        raise InvalidArgument(f"trainer consumer state: schema_version {got!r}, expected {STATE_VERSION}")
     try:
         state = msgspec.convert(data, ConsumerState, strict=False)
     except msgspec.ValidationError as exc:
         raise InvalidArgument(f"trainer consumer state: {exc}") from None
-    if state.schema_version != STATE_VERSION:
-        raise InvalidArgument(
-            f"trainer consumer state: schema_version {state.schema_version}, expected {STATE_VERSION}"
-        )
     if (state.topic, state.consumer_group) != (topic, consumer_group):
         raise InvalidArgument(
             f"trainer consumer state is of topic {state.topic!r}, consumer group {state.consumer_group!r};"
             f" this consumer reads {topic!r} as {consumer_group!r}"
         )
     for part, mark in state.partitions.items():
-        if mark.offset < 0 or any(first < mark.offset or last < first for first, last in mark.trained):
-            raise InvalidArgument(f"trainer consumer state: partitions.{part}: ranges must lie at or past its offset")
+        where = f"trainer consumer state: partitions.{part}"
+        if part < 0 or mark.offset < 0:
+            raise InvalidArgument(f"{where}: partition and offset must be >= 0")
+        prev = mark.offset - 1
+        for first, last in mark.trained:
+            # The ledger bisects them and the commit metadata counts gaps from one to the next.
+            if first <= prev or last < first:
+                raise InvalidArgument(f"{where}.trained: ranges must be sorted, disjoint and at or past the offset")
+            prev = last
     return state
 
 
@@ -100,13 +107,8 @@ class DeferredClears:
 
     def release_through(self, cut: int) -> int:
         """Clear the rows deferred up to `cut` (a durable checkpoint covers them); returns how many."""
-        due = [ids for seq, ids in self._kept if seq <= cut]
-        self._kept = [(seq, ids) for seq, ids in self._kept if seq > cut]
-        flat = [s for ids in due for s in ids]
+        flat = [s for seq, ids in self._kept if seq <= cut for s in ids]
         if flat:
-            self._store.clear(self._partition, flat)
+            self._store.clear(self._partition, flat)  # first: if it fails they are still due
+        self._kept = [(seq, ids) for seq, ids in self._kept if seq > cut]
         return len(flat)
-
-
-def marks_from_ranges(offset: int, ranges: list[Range]) -> PartitionMark:
-    return PartitionMark(offset, [(first, last) for first, last in ranges])

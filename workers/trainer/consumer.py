@@ -10,6 +10,7 @@ The Kafka side (reading, policy decisions, dead letters, commits) is `intake.py`
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -25,6 +26,8 @@ from workers.trainer.checkpoint import STATE_VERSION, ConsumerState, PartitionMa
 from workers.trainer.config import ConsumerConfig
 from workers.trainer.intake import ConsumerCounts, FinalizedIntake
 from workers.trainer.ledger import encode_ranges
+
+log = logging.getLogger("rlstream.trainer")
 
 __all__ = ["BatchMeta", "ConsumerConfig", "ConsumerCounts", "ExperienceConsumer", "TrainBatch"]
 
@@ -50,7 +53,7 @@ class ExperienceConsumer(FinalizedIntake):
         self._apply_backpressure()
 
     def _ready(self) -> list[Pending]:
-        ready = [p for p in self._book.all_pending() if p.state == "ready"]
+        ready = sorted((p for p in self._book.all_pending() if p.state == "ready"), key=lambda p: p.arrival)
         by_id = {p.group.group_id: p for p in ready}
         return [by_id[g.group_id] for g in self.policy.order([p.group for p in ready])]
 
@@ -78,6 +81,11 @@ class ExperienceConsumer(FinalizedIntake):
         most = min_groups if max_groups is None else max_groups
         if min_groups < 1 or most < min_groups:
             raise InvalidArgument(f"need 1 <= min_groups <= max_groups, got {min_groups} and {max_groups}")
+        if min_groups > self.config.max_waiting_groups:
+            # Fetching pauses at that many waiting groups: more could never be ready at once.
+            raise InvalidArgument(
+                f"min_groups ({min_groups}) is above max_waiting_groups ({self.config.max_waiting_groups})"
+            )
         self.set_version(version)
         deadline = time.monotonic() + timeout_s
         while (ready := self._wait_ready(min_groups, min_groups, deadline)) is not None:
@@ -114,8 +122,27 @@ class ExperienceConsumer(FinalizedIntake):
     def materialize(
         self, meta: BatchMeta, fields: Sequence[str] | None = None, layout: Layout = "padded"
     ) -> TensorDict:
-        """The rows of a selected batch from TQ, padded (pad values from the config) or jagged as packed."""
-        return materialize(self._store, meta, fields=fields, layout=layout, pad_value_dict=self.config.pad_value_dict)
+        """The rows of a selected batch from TQ, padded (pad values from the config) or jagged as packed.
+
+        Rows gone since `select` (cleared by someone else, a TQ fault) withdraw the batch: groups
+        missing rows are dead-lettered, the others wait to be selected again, and `MissingKeysError`
+        tells the trainer to select again instead of acking.
+        """
+        try:
+            return materialize(
+                self._store, meta, fields=fields, layout=layout, pad_value_dict=self.config.pad_value_dict
+            )
+        except MissingKeysError as exc:
+            self._withdraw(meta, set(exc.missing))
+            raise
+
+    def _withdraw(self, meta: BatchMeta, missing: set[str]) -> None:
+        handed = [self._book.pending.get(part, {}).get(offset) for part, offset in meta.positions]
+        handed = [p for p in handed if p is not None and p.state == "yielded"]
+        self._missing_rows(handed, missing)
+        for p in handed:
+            if not missing.intersection(p.group.sample_ids):
+                p.state = "ready"
 
     def next_batch(self, num_groups: int, timeout_s: float) -> TrainBatch | None:
         """Up to num_groups usable groups with their padded tensors, waiting at most timeout_s for any."""
@@ -146,8 +173,8 @@ class ExperienceConsumer(FinalizedIntake):
     def ack(self, meta: BatchMeta) -> None:
         """The trainer is done with these groups: their records resolve and, unless checkpointed, their
         rows are cleared and the offsets committed (with checkpoints both wait for `checkpoint_durable`)."""
+        self._clears.clear(list(meta.sample_ids))
         for group, (part, offset) in zip(meta.groups, meta.positions, strict=True):
-            self._clears.clear(list(group.sample_ids))
             self._book.release(group, part, offset)
         self._commit_resolved()
 
@@ -166,10 +193,10 @@ class ExperienceConsumer(FinalizedIntake):
                 "state_dict needs ConsumerConfig(checkpointed=True): without it acked rows are cleared at once"
                 " and a trainer restored from this state would find them gone"
             )
-        marks = {
-            part: PartitionMark(offset, [tuple(r) for r in ranges])
-            for part, (offset, ranges) in self._book.snapshot(self._letters.offsets).items()
-        }
+        # Partitions of a restored state not assigned yet keep their marks.
+        marks = dict(self._restored)
+        for part, (offset, ranges) in self._book.snapshot(self._letters.offsets).items():
+            marks[part] = PartitionMark(offset, [tuple(r) for r in ranges])
         state = ConsumerState(
             STATE_VERSION,
             self.config.finalized_topic,
@@ -185,12 +212,24 @@ class ExperienceConsumer(FinalizedIntake):
         """The checkpoint holding `state` is safely stored: clear the rows it covers, commit its offsets."""
         st = decode_state(state, topic=self.config.finalized_topic, consumer_group=self.config.consumer_group)
         if st.run == self._run:  # a predecessor's cut numbers other acks
+            if st.cut < self._durable_cut:
+                log.warning("a checkpoint older than the last durable one was declared durable: ignored")
+                return
             self._clears.release_through(st.cut)
+            self._durable_cut = st.cut
         topic = self.config.finalized_topic
-        self._durable = [
-            TopicPartition(topic, part, mark.offset, metadata=encode_ranges(mark.offset, mark.trained)[0])
-            for part, mark in st.partitions.items()
-        ]
+        self._durable = []
+        for part, mark in st.partitions.items():
+            metadata, truncated = encode_ranges(mark.offset, mark.trained)
+            if truncated:
+                log.warning(
+                    "%s[%d]: too many trained records past offset %d for the commit metadata; a trainer"
+                    " restarted without its checkpoint would report some as missing rows",
+                    topic,
+                    part,
+                    mark.offset,
+                )
+            self._durable.append(TopicPartition(topic, part, mark.offset, metadata=metadata))
         self._commit_durable()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -200,6 +239,6 @@ class ExperienceConsumer(FinalizedIntake):
         if not self._clears.deferred:
             raise InvalidArgument("load_state_dict needs ConsumerConfig(checkpointed=True)")
         if self._book.ledgers:
-            raise InvalidArgument("load_state_dict must come before the consumer reads anything")
-        self._restored = st
+            raise InvalidArgument("load_state_dict must come before the first select, next_batch or poll")
+        self._restored = dict(st.partitions)
         self.version = max(self.version, st.version)

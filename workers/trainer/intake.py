@@ -23,7 +23,7 @@ from streams.producer import AckedProducer, Outgoing
 from streams.tq import KVStore
 from workers.telemetry.sensors import TrainerSensor
 from workers.trainer.book import DUPLICATE, NEW, REREAD, GroupBook, Pending
-from workers.trainer.checkpoint import ConsumerState, DeferredClears
+from workers.trainer.checkpoint import DeferredClears, PartitionMark
 from workers.trainer.config import ConsumerConfig
 from workers.trainer.deadletters import MISSING_ROWS, UNDECODABLE_FINALIZED, Outbox, make_letter
 from workers.trainer.errors import PollErrors
@@ -92,7 +92,9 @@ class FinalizedIntake:
         self._clears = DeferredClears(store, config.train_partition, deferred=config.checkpointed)
         self._book = GroupBook(store, config.train_partition, config.max_seen_groups, clear=self._clears.clear)
         self._run = uuid.uuid4().hex  # tells this consumer's states from a predecessor's
-        self._restored: ConsumerState | None = None
+        # A restored checkpoint's marks, per partition, until that partition is first assigned.
+        self._restored: dict[int, PartitionMark] = {}
+        self._durable_cut = -1  # the last durable cut of this run: an older one never moves commits back
         self._durable: list[TopicPartition] = []  # a durable checkpoint's offsets, until committed
         self._paused: set[int] = set()
         self._errors = PollErrors(config.finalized_topic, config.consumer_group, config.max_poll_interval_ms)
@@ -112,7 +114,7 @@ class FinalizedIntake:
         # librdkafka keeps a partition's paused state across revoke and re-assign.
         consumer.resume(partitions)
         topic = self.config.finalized_topic
-        if self._restored is not None:
+        if self._restored:
             partitions = self._start_from_state(consumer, partitions)
             if not partitions:
                 return
@@ -225,7 +227,9 @@ class FinalizedIntake:
         decision = self.policy.decide(p.group, self.version)
         if decision is Decision.YIELD:
             p.state = "ready"
-        elif decision is Decision.EVICT:
+        elif decision is Decision.HOLD:
+            p.state = "held"
+        else:
             self._evict(p)
 
     def _evict(self, p: Pending) -> None:
@@ -291,19 +295,29 @@ class FinalizedIntake:
         self._durable = []
 
     def _start_from_state(self, consumer, partitions: list[TopicPartition]) -> list[TopicPartition]:
-        """Seek the partitions the restored state names to its offsets; the rest start from their commits.
+        """Seek the partitions a restored state names to where it says; the rest start from their commits.
 
-        Only at the first assignment after `load_state_dict`: later ones (a rebalance, a rejoin after a
-        long step) resume from the commits, and what this consumer trained since is known to it as seen.
+        A mark applies at its partition's first assignment only: later ones (a rebalance, a rejoin
+        after a long step) resume from the commits, and what this consumer trained since is known to
+        it as seen. Records between the last commit and the mark were resolved before the state was
+        cut, but a crash between saving the checkpoint and `checkpoint_durable` would leave their rows:
+        they are read again as resolved, and their rows cleared with the next durable checkpoint.
         """
-        named, self._restored = self._restored.partitions, None
-        for tp in partitions:
-            if tp.partition in named:
-                mark = named[tp.partition]
-                self._book.restore(tp.partition, mark.offset, list(mark.trained))
-                tp.offset = mark.offset
+        named = [tp for tp in partitions if tp.partition in self._restored]
+        try:
+            committed = {tp.partition: tp.offset for tp in consumer.committed(named, timeout=30)}
+        except KafkaException as exc:
+            log.warning("committed offsets unreadable (%s): rows of groups trained before the checkpoint may stay", exc)
+            committed = {}
+        for tp in named:
+            mark = self._restored.pop(tp.partition)
+            start = min(mark.offset, max(0, committed.get(tp.partition, mark.offset)))
+            before = [(start, mark.offset - 1)] if start < mark.offset else []
+            self._book.restore(tp.partition, start, before + list(mark.trained))
+            tp.offset = start
         consumer.assign(partitions)
-        return [tp for tp in partitions if tp.partition not in named]
+        restored = {tp.partition for tp in named}
+        return [tp for tp in partitions if tp.partition not in restored]
 
     def _commit_resolved(self) -> None:
         if self._clears.deferred:  # offsets move with durable checkpoints only

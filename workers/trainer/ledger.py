@@ -27,6 +27,8 @@ Range = tuple[int, int]  # first and last offset, inclusive
 
 
 def _b36(n: int) -> str:
+    if n < 0:
+        raise ValueError(f"commit metadata cannot count {n} (ranges must be sorted and past the offset)")
     digits = "0123456789abcdefghijklmnopqrstuvwxyz"
     out = ""
     while True:

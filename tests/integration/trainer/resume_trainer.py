@@ -1,8 +1,10 @@
 """A trainer process the resume test can kill: it trains through a checkpointed `ExperienceConsumer`.
 
 `first`: trains `--before` batches, saves a checkpoint (its "model", the group ids it trained, and
-the consumer's state_dict) and declares it durable, trains `--after` more batches, then SIGKILLs
-itself. `resume`: restores from that checkpoint and trains until `--total` groups are in its model.
+the consumer's state_dict) and declares it durable; trains `--mid` batches and saves a second
+checkpoint over the first, but dies before declaring it durable; so it trains `--after` more
+batches, then SIGKILLs itself. `resume`: restores from the checkpoint file and trains until `--total`
+groups are in its model.
 Each trained batch is journaled, so the test knows what the killed run trained after its checkpoint.
 
     python -m tests.integration.trainer.resume_trainer first|resume --bootstrap-servers B --prefix P ...
@@ -40,12 +42,21 @@ def train_one(consumer: ExperienceConsumer, model: list[str], journal, kind: str
     return True
 
 
+def save(checkpoint: Path, model: list[str], consumer: ExperienceConsumer) -> dict:
+    state = consumer.state_dict()
+    tmp = checkpoint.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"model": model, "consumer": state}))
+    os.replace(tmp, checkpoint)
+    return state
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("phase", choices=["first", "resume"])
     for flag in ("--bootstrap-servers", "--prefix", "--consumer-group", "--ray-address", "--checkpoint", "--journal"):
         ap.add_argument(flag, required=True)
     ap.add_argument("--before", type=int, default=2)
+    ap.add_argument("--mid", type=int, default=1)
     ap.add_argument("--after", type=int, default=2)
     ap.add_argument("--total", type=int, default=0)
     args = ap.parse_args()
@@ -58,11 +69,10 @@ def main() -> None:
             model: list[str] = []
             for _ in range(args.before):
                 assert train_one(consumer, model, journal, "before")
-            state = consumer.state_dict()
-            tmp = checkpoint.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"model": model, "consumer": state}))
-            os.replace(tmp, checkpoint)
-            consumer.checkpoint_durable(state)
+            consumer.checkpoint_durable(save(checkpoint, model, consumer))
+            for _ in range(args.mid):
+                assert train_one(consumer, model, journal, "mid")
+            save(checkpoint, model, consumer)  # ... and no checkpoint_durable: the crash comes first
             for _ in range(args.after):
                 assert train_one(consumer, model, journal, "after")
             os.kill(os.getpid(), signal.SIGKILL)

@@ -78,3 +78,10 @@ def test_a_ledger_from_a_mark_starts_there_and_knows_the_trained_records_past_it
     assert ledger.read(7) and ledger.read(8)
     ledger.resolve(5)
     assert ledger.snapshot([6]) == (6, [(7, 9)])
+
+
+@pytest.mark.parametrize("trained", [[[30, 40], [10, 20]], [[10, 20], [15, 25]], [[6, 5]]])
+def test_trained_ranges_out_of_order_or_overlapping_are_refused(trained):
+    data = _state(partitions={"0": {"offset": 5, "trained": trained}})
+    with pytest.raises(InvalidArgument, match=r"partitions\.0\.trained"):
+        decode_state(data, topic="t", consumer_group="g")
