@@ -46,5 +46,11 @@ chaos: jars
 drills: jars
 	$(BIN)/python -m pytest -q -rs -m drill
 
+# A tiny GRPO run on CPU through the whole pipeline (broker, TQ, reassemblers, Ray rollout actors);
+# writes grpo.png and exits 1 if the reward did not rise. Tune it with GRPO_ARGS="--steps 100".
+.PHONY: example-grpo
+example-grpo: jars
+	$(BIN)/rlstream example grpo $(GRPO_ARGS)
+
 clean-venv:
 	rm -rf $(VENV)

@@ -1,0 +1,270 @@
+"""`rlstream example grpo`: a tiny GRPO run whose experience flows through rlstream, on CPU.
+
+`run_grpo` starts (or uses the caller's) Kafka broker and Ray/TQ, creates the pipeline topics under
+a fresh prefix, runs reassembler workers in threads of this process, rollout workers as Ray actors
+and the GRPO trainer here, until `steps` trainer steps or the time budget; then it evaluates the
+untrained and the final policy on the same prompts, writes the PNG and stops what it started.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from streams.admin import create_topics
+from streams.broker import BrokerConfig, LocalBroker
+from streams.config import KafkaConfig
+from streams.tq import STAGING, TRAIN, KVStore, TQConfig, TQStore, init_tq
+from workers.examples.grpo.policy import PolicyShape, TinyPolicy
+from workers.examples.grpo.rollout import RolloutSpec, RolloutWorker, WeightBoard
+from workers.examples.grpo.task import CopyTask
+from workers.examples.grpo.train import GrpoTrainer, StepStats
+from workers.reassembler.config import ReassemblerConfig
+from workers.reassembler.worker import ReassemblerWorker
+from workers.topics import TopicNames, pipeline_topics
+
+
+@dataclass(frozen=True)
+class GrpoConfig:
+    """Sizes of the run; the defaults learn the copy task clearly within 5 minutes on 2 cores."""
+
+    steps: int = 60
+    batch_groups: int = 8
+    group_size: int = 8
+    rollout_workers: int = 2
+    reassemblers: int = 1
+    max_staleness: int = 1
+    lr: float = 0.02
+    seed: int = 0
+    time_budget_s: float = 300.0
+    eval_prompts: int = 512
+    partitions: int = 2
+    task: CopyTask = CopyTask()
+    png: Path | None = Path("grpo.png")
+    ray_address: str | None = None
+
+
+@dataclass
+class GrpoResult:
+    """What the run measured: evaluated rewards before and after, and every trainer step."""
+
+    prefix: str
+    untrained_reward: float = 0.0
+    final_reward: float = 0.0
+    steps: list[StepStats] = field(default_factory=list)
+    evicted_stale: int = 0
+    groups_published: int = 0
+    wall_s: float = 0.0
+    png: Path | None = None
+    timed_out: bool = False
+
+    def summary(self) -> str:
+        trained = sum(s.groups for s in self.steps)
+        first = _mean([s.mean_reward for s in self.steps[:5]])
+        last = _mean([s.mean_reward for s in self.steps[-5:]])
+        return (
+            f"GRPO through rlstream: {len(self.steps)} steps, {trained} groups trained "
+            f"({self.groups_published} published, {self.evicted_stale} evicted as stale) in {self.wall_s:.1f}s\n"
+            f"  evaluated reward: untrained {self.untrained_reward:.3f} -> final {self.final_reward:.3f}\n"
+            f"  batch reward: first 5 steps {first:.3f} -> last 5 steps {last:.3f}"
+            + (f"\n  figure: {self.png}" if self.png else "")
+            + ("\n  stopped by the time budget" if self.timed_out else "")
+        )
+
+
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs) if xs else 0.0
+
+
+@torch.no_grad()
+def evaluate(policy: TinyPolicy, task: CopyTask, n: int, seed: int) -> float:
+    """Mean reward of sampled answers on `n` fixed prompts (same prompts and draws for every policy)."""
+    gen = torch.Generator().manual_seed(10_000 + seed)
+    prompts = task.prompts(n, gen)
+    answers, _ = policy.sample(prompts, task.answer_len, gen)
+    return float(task.reward(prompts, answers).mean())
+
+
+def progress_line(s: StepStats) -> str:
+    return (
+        f"step {s.step:3d}  v{s.version:<3d} reward {s.mean_reward:.3f}  staleness {s.mean_staleness:.2f}"
+        f" (max {s.max_staleness})  {s.groups_per_s:5.1f} groups/s  loss {s.loss:+.4f}"
+        f"  clipped {s.clipped_fraction:.2f}  t={s.seconds:.1f}s"
+    )
+
+
+class _Reassemblers:
+    """Reassembler workers in threads of this process (one consumer group), stopped together."""
+
+    def __init__(self, kafka: KafkaConfig, store: KVStore, prefix: str, n: int):
+        self._stop = threading.Event()
+        self._errors: list[BaseException] = []
+        self._threads = []
+        for i in range(n):
+            cfg = ReassemblerConfig(prefix=prefix, worker_id=f"grpo-{i}", consumer_group=f"reassemblers.{prefix}")
+            worker = ReassemblerWorker(kafka, store, cfg)
+            t = threading.Thread(target=self._run, args=(worker,), name=f"reassembler-{i}", daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def _run(self, worker: ReassemblerWorker) -> None:
+        try:
+            worker.run(self._stop)
+        except BaseException as exc:  # noqa: BLE001 - reported by failure(), which the trainer loop checks
+            self._errors.append(exc)
+
+    def failure(self) -> str | None:
+        return f"a reassembler failed: {self._errors[0]!r}" if self._errors else None
+
+    def stop(self) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=30)
+
+
+class _Rollouts:
+    """The weight board and the rollout workers, as Ray actors."""
+
+    def __init__(self, spec: RolloutSpec, max_groups: int):
+        import ray
+
+        self._ray = ray
+        self.board = ray.remote(num_cpus=0)(WeightBoard).remote()
+        actor = ray.remote(num_cpus=0)(RolloutWorker)
+        self.actors = [actor.remote(spec, i, self.board) for i in range(spec.workers)]
+        self.runs = [a.run.remote(max_groups) for a in self.actors]
+
+    def failure(self) -> str | None:
+        done, _ = self._ray.wait(self.runs, num_returns=len(self.runs), timeout=0)
+        for ref in done:
+            try:
+                self._ray.get(ref)
+            except Exception as exc:  # noqa: BLE001 - the actor's error, reported as the run's problem
+                return f"a rollout worker failed: {type(exc).__name__}: {str(exc).strip()[-500:]}"
+        return None
+
+    def stop(self) -> list[dict]:
+        self.board.stop.remote()
+        try:
+            return self._ray.get(self.runs, timeout=60)
+        finally:
+            for a in [*self.actors, self.board]:
+                self._ray.kill(a)
+
+
+def _train(
+    trainer: GrpoTrainer, cfg: GrpoConfig, health: list[Callable[[], str | None]], log: Callable[[str], None]
+) -> bool:
+    """Train until `cfg.steps` steps or the time budget; False when the budget ran out first."""
+    deadline = time.monotonic() + cfg.time_budget_s
+    while len(trainer.steps) < cfg.steps:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        stats = trainer.step(timeout_s=min(5.0, left))
+        if stats is not None:
+            log(progress_line(stats))
+            continue
+        problem = next((p for p in (check() for check in health) if p), None)
+        if problem is not None:
+            raise RuntimeError(problem)
+    return True
+
+
+def run_grpo(
+    cfg: GrpoConfig = GrpoConfig(),
+    *,
+    kafka: KafkaConfig | None = None,
+    store: KVStore | None = None,
+    prefix: str | None = None,
+    log: Callable[[str], None] = print,
+) -> GrpoResult:
+    """Run GRPO through the pipeline; uses `kafka` / `store` (TQ already up) when given, else starts them.
+
+    Stops everything it started, also on failure or Ctrl-C.
+    """
+    torch.manual_seed(cfg.seed)
+    torch.set_num_threads(1)  # a tiny model: extra threads only contend with the workers for the cores
+    result = GrpoResult(prefix=prefix or f"grpo-{uuid.uuid4().hex[:8]}")
+    policy = TinyPolicy(PolicyShape(vocab=cfg.task.vocab))
+    result.untrained_reward = evaluate(policy, cfg.task, cfg.eval_prompts, cfg.seed)
+    log(f"untrained policy: mean reward {result.untrained_reward:.3f} on {cfg.eval_prompts} prompts")
+    cleanups: list[Callable[[], None]] = []
+    t0 = time.monotonic()
+    try:
+        kafka = kafka or _start_broker(cleanups, log)
+        if store is None:
+            cleanups.append(init_tq(TQConfig(address=cfg.ray_address)).close)
+            store = TQStore()
+        names = TopicNames(result.prefix)
+        create_topics(kafka, pipeline_topics(names, cfg.partitions))
+        # Runs last: groups still in flight when training stops leave rows that nobody will consume.
+        cleanups.append(lambda: _clear_rows(store, f"{result.prefix}-"))
+        reassemblers = _Reassemblers(kafka, store, result.prefix, cfg.reassemblers)
+        cleanups.append(reassemblers.stop)
+        trainer_id = f"trainer.{result.prefix}"
+        spec = RolloutSpec(
+            kafka, result.prefix, trainer_id, cfg.task, policy.shape, cfg.group_size,
+            cfg.max_staleness, cfg.rollout_workers, cfg.seed,
+        )  # fmt: skip
+        rollouts = _Rollouts(spec, max_groups=10_000_000)
+        cleanups.append(lambda: _stop_rollouts(rollouts, result))
+        trainer = GrpoTrainer(
+            kafka, store, result.prefix, policy, rollouts.board, batch_groups=cfg.batch_groups,
+            max_staleness=cfg.max_staleness, lr=cfg.lr, trainer_id=trainer_id,
+        )  # fmt: skip
+        cleanups.append(trainer.close)
+        log(
+            f"pipeline up in {time.monotonic() - t0:.1f}s (prefix {result.prefix}): {cfg.rollout_workers} rollout"
+            f" actors, {cfg.reassemblers} reassembler(s), trainer weight_fifo({cfg.max_staleness}),"
+            f" {cfg.batch_groups} groups x {cfg.group_size} rollouts per step"
+        )
+        result.timed_out = not _train(trainer, cfg, [reassemblers.failure, rollouts.failure], log)
+        result.steps, result.evicted_stale = list(trainer.steps), trainer.evicted
+    finally:
+        _cleanup(cleanups, log)
+        result.wall_s = time.monotonic() - t0
+    result.final_reward = evaluate(policy, cfg.task, cfg.eval_prompts, cfg.seed)
+    if cfg.png is not None and result.steps:
+        result.png = _plot(result, cfg.png)
+    return result
+
+
+def _plot(result: GrpoResult, path: Path) -> Path:
+    from workers.examples.grpo.plot import write_png
+
+    return write_png(result.steps, path, untrained=result.untrained_reward, final=result.final_reward)
+
+
+def _stop_rollouts(rollouts: _Rollouts, result: GrpoResult) -> None:
+    result.groups_published = sum(int(t["groups"]) for t in rollouts.stop())
+
+
+def _clear_rows(store: KVStore, key_prefix: str) -> None:
+    """Clear this run's staged and train rows from TQ (group ids, hence every key, start with its prefix)."""
+    for partition in (STAGING, TRAIN):
+        store.clear(partition, [k for k in store.list(partition) if k.startswith(key_prefix)])
+
+
+def _start_broker(cleanups: list[Callable[[], None]], log: Callable[[str], None]) -> KafkaConfig:
+    tmp = tempfile.TemporaryDirectory(prefix="rlstream-grpo-")
+    cleanups.append(tmp.cleanup)
+    log("starting a local Kafka broker (KRaft, single node) ...")
+    broker = LocalBroker(BrokerConfig(data_dir=Path(tmp.name)), log=log).start()
+    cleanups.append(broker.stop)
+    return KafkaConfig(broker.bootstrap_servers)
+
+
+def _cleanup(cleanups: list[Callable[[], None]], log: Callable[[str], None]) -> None:
+    for fn in reversed(cleanups):
+        try:
+            fn()
+        except Exception as exc:  # noqa: BLE001 - keep stopping the rest
+            log(f"cleanup: {type(exc).__name__}: {exc}")
