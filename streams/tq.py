@@ -18,8 +18,9 @@ from tensordict import TensorDict
 from schemas.errors import RlstreamError
 from streams.pids import record_pid
 
-STAGING = "staging"
-TRAIN = "train"
+# Prefixed, so rlstream's rows never share a partition with a framework's own "train" (verl's, ...).
+STAGING = "rlstream.staging"
+TRAIN = "rlstream.train"
 
 
 class TQError(RlstreamError, RuntimeError):

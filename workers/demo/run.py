@@ -21,7 +21,7 @@ from pathlib import Path
 from streams.admin import create_topics
 from streams.broker import BrokerConfig, LocalBroker
 from streams.config import KafkaConfig
-from streams.tq import TQConfig, init_tq
+from streams.tq import STAGING, TRAIN, TQConfig, init_tq
 from workers.demo.config import DemoConfig
 from workers.demo.producers import SharedState, start_producers
 from workers.demo.report import DemoReport, summary_table, write_json
@@ -120,7 +120,7 @@ def _start_pipeline(
     kafka: KafkaConfig, names: TopicNames, cfg: DemoConfig, report: DemoReport, cleanups: list, log
 ) -> _Reassemblers | None:
     tq = TQConfig(address=cfg.ray_address, storage_node_resource=cfg.placement_resource)
-    log("starting Ray and TransferQueue (partitions 'staging' and 'train') ...")
+    log(f"starting Ray and TransferQueue (partitions {STAGING!r} and {TRAIN!r}) ...")
     session = init_tq(tq)
     cleanups.append(session.close)
     _stop_on_sigterm()

@@ -14,6 +14,7 @@ import msgspec
 from schemas.errors import InvalidArgument
 from streams.admin import create_topics, partition_count
 from streams.config import KafkaConfig
+from streams.tq import TRAIN
 from workers.reassembler.config import DEFAULT_CONSUMER_GROUP as PRODUCTION_GROUP
 from workers.reassembler.config import ReassemblerConfig
 from workers.topics import REPLAY_PREFIX, is_replay_topic, pipeline_topics
@@ -28,7 +29,7 @@ def replay_source_prefix(replay_topic: str) -> str:
 
 def replay_train_partition(prefix: str) -> str:
     """The TQ partition a replay run under `prefix` writes its packed rows to."""
-    return f"train@{prefix}"
+    return f"{TRAIN}@{prefix}"
 
 
 def prepare_replay_run(kafka: KafkaConfig, config: ReassemblerConfig, *, create: bool = True) -> ReassemblerConfig:

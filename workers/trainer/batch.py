@@ -19,7 +19,7 @@ from tensordict import TensorDict
 from schemas.errors import InvalidArgument
 from schemas.finalized import FinalizedGroup
 from schemas.payload import unpack_payload
-from streams.tq import KVStore
+from streams.tq import TRAIN, KVStore
 
 Layout = Literal["padded", "jagged"]
 
@@ -64,7 +64,7 @@ class TrainBatch:
     tags: tuple[dict, ...]
     tensors: dict[str, torch.Tensor]
     positions: tuple[tuple[int, int], ...]  # (partition, offset) of each group's record
-    train_partition: str = "train"
+    train_partition: str = TRAIN
 
     @property
     def staleness(self) -> list[int]:

@@ -19,6 +19,7 @@ from confluent_kafka import TopicPartition
 from tensordict import TensorDict
 
 from schemas.errors import InvalidArgument
+from schemas.finalized import FinalizedGroup
 from streams.tq import MissingKeysError
 from workers.trainer.batch import BatchMeta, Layout, TrainBatch, materialize
 from workers.trainer.book import Pending
@@ -56,6 +57,10 @@ class ExperienceConsumer(FinalizedIntake):
         ready = sorted((p for p in self._book.all_pending() if p.state == "ready"), key=lambda p: p.arrival)
         by_id = {p.group.group_id: p for p in ready}
         return [by_id[g.group_id] for g in self.policy.order([p.group for p in ready])]
+
+    def ready_groups(self) -> list[FinalizedGroup]:
+        """The groups usable now at the trainer's version, in the order `select` would take them."""
+        return [p.group for p in self._ready()]
 
     def _wait_ready(self, want: int, at_deadline: int, deadline: float) -> list[Pending] | None:
         """Groups ready at the current version once `want` are (or `at_deadline` by the deadline); else None."""

@@ -5,7 +5,7 @@ import time
 from streams.admin import TopicSpec, create_topics, partition_count
 from streams.consumer import committed_offsets, end_offsets, read_topic
 from streams.producer import AckedProducer, Outgoing
-from streams.tq import STAGING
+from streams.tq import STAGING, TRAIN
 from tests.integration.helpers import drive, finalized_records, publish_groups, setup_topics
 from workers.ops.replay import parse_partition_offsets, replay
 from workers.ops.replay_run import prepare_replay_run, replay_train_partition
@@ -201,12 +201,12 @@ def test_replay_run_reproduces_finalized_records_without_touching_production(kaf
     for gid in chosen:
         a, b = replayed[gid], original[gid]
         assert _outcome(a) == _outcome(b)
-        assert a.partition_id == replay_train_partition(run_names.prefix) and b.partition_id == "train"
+        assert a.partition_id == replay_train_partition(run_names.prefix) and b.partition_id == TRAIN
         assert a.source.topic == report.dest_topic
     first = sorted(chosen)[0]
     rows = _rows(tq_store, replay_train_partition(run_names.prefix), replayed[first])
-    assert all(x.equal(y) for x, y in zip(rows, _rows(tq_store, "train", original[first])))
-    tq_store.clear("train", [s for r in original.values() for s in r.sample_ids])
+    assert all(x.equal(y) for x, y in zip(rows, _rows(tq_store, TRAIN, original[first])))
+    tq_store.clear(TRAIN, [s for r in original.values() for s in r.sample_ids])
     tq_store.clear(replay_train_partition(run_names.prefix), [s for r in replayed.values() for s in r.sample_ids])
 
 
