@@ -1,0 +1,173 @@
+"""rlstream's packed rows as verl v1 trajectories: field names, keys and tags (mirrors verl 0.9.1).
+
+verl's v1 trainer reads one TQ row per trajectory, key ``{uid}_{session_id}_{index}``, jagged
+fields as written by ``AgentLoopWorkerTQ._agent_loop_postprocess`` and ``AgentLoopOutput.as_dict``
+(verl/trainer/ppo/v1/agent_loop_tq.py, verl/experimental/agent_loop/agent_loop.py). One rlstream
+row is one whole rollout (all turns concatenated), so it becomes one verl trajectory with index 0.
+With P = the row's prompt length (its ``prompt_ids_for_adv`` row) and L = ``input_lengths``:
+
+| verl field          | from rlstream                      | dtype   | notes                                   |
+| ------------------- | ---------------------------------- | ------- | --------------------------------------- |
+| prompts             | input_ids[:P]                      | int64   | checked equal to prompt_ids_for_adv     |
+| responses           | input_ids[P:L]                     | int64   | generated and tool/environment tokens   |
+| input_ids           | input_ids[:L]                      | int64   | prompts + responses                     |
+| attention_mask      | ones(L)                            | int64   | rows are unpadded                       |
+| position_ids        | arange(L)                          | int64   | text only                               |
+| response_mask       | token_mask[P:L]                    | int64   | 1 generated, 0 tool; 0s if sample_mask 0 |
+| loss_mask           | = response_mask                    | int64   | verl stores both                        |
+| rollout_log_probs   | generation_logprobs[P:L]           | float32 |                                         |
+| rm_scores           | total_reward at the last token     | float32 | 0 elsewhere (verl's as_dict convention) |
+| routed_experts      | routed_experts, row shape from its tag | int16 | only when the rows carry it       |
+| sample_mask         | sample_mask                        | float32 | per row, for losses that scale by it    |
+| uid                 | group_id (percent-encoded "_")     | str     | verl groups GRPO rows by it             |
+
+Tags: ``status`` "success", ``prompt_len``, ``response_len``, ``seq_len``, ``global_steps`` (the
+step of the group's oldest weights), ``min_global_steps``/``max_global_steps`` (the row's weight
+version as a step), and ``rlstream_group_id``/``rlstream_sample_id`` to trace a row back.
+Rows with a rejection reason (rlstream's one-pad-token placeholders) are left out: verl has no
+placeholder row, and its own async buffer evicts failed trajectories rather than train on them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from tensordict import NonTensorStack, TensorDict
+
+from schemas.payload import ROW_SHAPES_SUFFIX
+from workers.trainer.batch import BatchMeta
+
+# What the mapping reads from rlstream's rows (routed_experts too when the rows carry it).
+RLSTREAM_FIELDS = (
+    "input_ids",
+    "input_lengths",
+    "prompt_ids_for_adv",
+    "token_mask",
+    "generation_logprobs",
+    "total_reward",
+    "sample_mask",
+)
+VERL_TOKEN_FIELDS = (
+    "prompts",
+    "responses",
+    "input_ids",
+    "attention_mask",
+    "position_ids",
+    "response_mask",
+    "loss_mask",
+    "rollout_log_probs",
+    "rm_scores",
+)
+VERL_FIELDS = (*VERL_TOKEN_FIELDS, "sample_mask", "uid")
+
+
+def verl_uid(group_id: str) -> str:
+    """The group id as a verl uid: verl splits keys on "_", so "%" and "_" are percent-encoded (reversible)."""
+    return group_id.replace("%", "%25").replace("_", "%5F")
+
+
+def verl_key(group_id: str, session_id: int) -> str:
+    """verl's trajectory key: one session per rollout, one agent-loop output (index 0) per session."""
+    return f"{verl_uid(group_id)}_{session_id}_0"
+
+
+@dataclass(frozen=True)
+class VerlRows:
+    """What one TQ put into verl's partition takes, and the rlstream rows left out as rejected."""
+
+    keys: list[str]
+    fields: TensorDict | None  # None when every row was rejected
+    tags: list[dict[str, Any]]
+    rejected: int
+
+
+def _kept_rows(meta: BatchMeta) -> list[tuple[int, int, int]]:
+    """(batch row, group index, session id) of the rows verl gets: those without a rejection reason."""
+    kept, row = [], 0
+    for g_index, group in enumerate(meta.groups):
+        reasons = group.rejection_reasons if len(group.rejection_reasons) == len(group.sample_ids) else ()
+        for session in range(len(group.sample_ids)):
+            if not reasons or reasons[session] is None:
+                kept.append((row, g_index, session))
+            row += 1
+    return kept
+
+
+def _one_row(rows: dict[str, list[torch.Tensor]], values: dict[str, torch.Tensor], tag: dict[str, Any]) -> dict:
+    """The verl fields of one rlstream row (`values`: its jagged rows and scalars) and its sizes."""
+    length = int(values["input_lengths"])
+    ids = values["input_ids"][:length].to(torch.int64)
+    prompt = values["prompt_ids_for_adv"].to(torch.int64)
+    p = int(prompt.shape[0])
+    if p >= length or not torch.equal(ids[:p], prompt):
+        raise ValueError(f"row {tag.get('group_id')!r}: input_ids do not start with its {p}-token prompt")
+    mask = values["token_mask"][p:length].to(torch.int64)
+    if float(values["sample_mask"]) == 0.0:
+        mask = torch.zeros_like(mask)  # a masked-out sample must contribute no loss
+    scores = torch.zeros(length - p, dtype=torch.float32)
+    scores[-1] = float(values["total_reward"])
+    out = {
+        "prompts": ids[:p],
+        "responses": ids[p:],
+        "input_ids": ids,
+        "attention_mask": torch.ones(length, dtype=torch.int64),
+        "position_ids": torch.arange(length, dtype=torch.int64),
+        "response_mask": mask,
+        "loss_mask": mask.clone(),
+        "rollout_log_probs": values["generation_logprobs"][p:length].to(torch.float32),
+        "rm_scores": scores,
+    }
+    if "routed_experts" in values:
+        # Packed rows are flattened to 1-D; the tag holds each row's full shape (pack_payload).
+        shape = tag.get("routed_experts" + ROW_SHAPES_SUFFIX)
+        flat = values["routed_experts"]
+        experts = flat.reshape(*shape) if shape else flat.reshape(length, -1)
+        out["routed_experts"] = experts[:length].to(torch.int16)
+    for name, value in out.items():
+        rows.setdefault(name, []).append(value)
+    return {"prompt_len": p, "response_len": length - p, "seq_len": length}
+
+
+def _row_values(rows: TensorDict, names: Sequence[str]) -> dict[str, list[torch.Tensor]]:
+    # unbind once per field: indexing a nested tensor row by row costs a dispatch each time.
+    return {name: list(rows[name].unbind(0)) for name in names}
+
+
+def to_verl_rows(meta: BatchMeta, rows: TensorDict, *, version_offset: int = 0) -> VerlRows:
+    """rlstream's jagged rows of `meta` (from `materialize(..., layout="jagged")`) in verl's names.
+
+    A weight version w is verl step ``w - version_offset``.
+    """
+    names = [n for n in (*RLSTREAM_FIELDS, "routed_experts") if n in set(rows.keys())]
+    values = _row_values(rows, names)
+    kept = _kept_rows(meta)
+    out: dict[str, list[torch.Tensor]] = {}
+    keys, tags, uids = [], [], []
+    for row, g_index, session in kept:
+        group = meta.groups[g_index]
+        tag = dict(group.tags[session])
+        sizes = _one_row(out, {n: values[n][row] for n in names}, tag)
+        step = int(tag.get("weight_version", group.group_min_wv)) - version_offset
+        keys.append(verl_key(group.group_id, session))
+        uids.append(verl_uid(group.group_id))
+        tags.append(
+            {
+                "status": "success",
+                **sizes,
+                "global_steps": group.group_min_wv - version_offset,
+                "min_global_steps": step,
+                "max_global_steps": step,
+                "rlstream_group_id": group.group_id,
+                "rlstream_sample_id": group.sample_ids[session],
+            }
+        )
+    rejected = len(meta.sample_ids) - len(kept)
+    if not keys:
+        return VerlRows([], None, [], rejected)
+    fields: dict[str, Any] = {n: torch.nested.as_nested_tensor(v, layout=torch.jagged) for n, v in out.items()}
+    fields["sample_mask"] = torch.stack([values["sample_mask"][row].to(torch.float32) for row, _, _ in kept])
+    fields["uid"] = NonTensorStack(*uids)
+    return VerlRows(keys, TensorDict(fields, batch_size=[len(keys)]), tags, rejected)
