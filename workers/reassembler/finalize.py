@@ -166,44 +166,29 @@ def finalize_groups(
 ) -> list[GroupOutcome]:
     """Finalize ready groups; rows go to TQ train now, staging is cleared by the caller after commit.
 
-    `lease()` is asked before every put and names why the caller may no longer own its partitions
-    (None while it does): a zombie's put could overwrite rows a successor committed, or recreate
-    rows a trainer already released. Then nothing more is put and `LeaseExpired` is raised.
+    The rows of every group built go to TQ in one put per field layout, not one per group: TQ's cost
+    is mostly per call (bench/bench_dataplane.py). `lease()` is asked before the puts and names why
+    the caller may no longer own its partitions (None while it does): a zombie's put could overwrite
+    rows a successor committed, or recreate rows a trainer already released. Then nothing is put
+    and `LeaseExpired` is raised.
     """
     t0 = time.perf_counter()
     owned = owned_keys(store, config.staging_partition, groups) if groups else {}
     keys = [k for keys in owned.values() for k in keys]
     fetched = fetch_segments(store, config.staging_partition, keys, routed_experts=config.router_replay_enabled)
     fetch_ms = (time.perf_counter() - t0) * 1000.0
+    results = [_build_or_letter(group, owned[group.group_id], fetched, config) for group in groups]
+    builds = [r[1] for r in results if not isinstance(r, GroupOutcome)]
+    put_ms = _put_rows(store, config.partition_id, builds, lease) / max(1, len(builds))
     outcomes = []
-    for group in groups:
-        t1 = time.perf_counter()
-        mine = owned[group.group_id]
-        # Only the group's own rows are cleared after the commit: a foreign key stays with its owner.
-        staging = tuple(k for k in dict.fromkeys(group.staging_keys()) if k in mine)
-        try:
-            build = build_one(group, {k: v for k, v in fetched.items() if k in mine}, config)
-        except Exception as exc:  # noqa: BLE001 - input the checks missed must not crash-loop the worker
-            # The build is pure: whatever it raises comes from this group's receipts and tensors (a
-            # routed-experts width that differs between calls, say). The group is dead-lettered
-            # whole, with the error, and the partition keeps flowing.
-            message = f"group {group.group_id}: building its rows failed ({type(exc).__name__}: {exc})"
-            outcomes.append(GroupOutcome(group, None, INCONSISTENT_GROUP, message, staging))
+    for r in results:
+        if isinstance(r, GroupOutcome):
+            outcomes.append(r)
             continue
-        if build.valid_row_count == 0:
-            reasons = sorted({r for r in build.rejection_reasons if r})
-            kind = ALL_ROLLOUTS_FAILED if reasons == ["rollout_failed"] else INCONSISTENT_GROUP
-            outcomes.append(
-                GroupOutcome(group, None, kind, f"group {group.group_id}: no valid row ({', '.join(reasons)})", staging)
-            )
-            continue
-        expired = lease()
-        if expired is not None:
-            raise LeaseExpired(f"not putting the rows of group {group.group_id}: {expired}")
-        store.put(config.partition_id, build.sample_ids, build.fields, build.tags)
+        group, build, staging, build_ms = r
         metrics = {
             "fetch_ms": fetch_ms,
-            "build_put_ms": (time.perf_counter() - t1) * 1000.0,
+            "build_put_ms": build_ms + put_ms,
             "receipts": float(len(group.receipts)),
             "timed_out": float(not group.complete),
             "open_ms": float(max(0, now_ms - group.first_seen_ms)),
@@ -212,3 +197,53 @@ def finalize_groups(
             GroupOutcome(group, _finalized_record(group, build, config, receipts_topic, metrics), None, None, staging)
         )
     return outcomes
+
+
+_Built = tuple[OpenGroup, GroupBuild, tuple[str, ...], float]  # group, its rows, staging keys, build ms
+
+
+def _build_or_letter(
+    group: OpenGroup, mine: set[str], fetched: Segments, config: RolloutReassemblerActorConfig
+) -> GroupOutcome | _Built:
+    """The group's rows, or its dead-letter outcome when it has no valid row or its build fails."""
+    t1 = time.perf_counter()
+    # Only the group's own rows are cleared after the commit: a foreign key stays with its owner.
+    staging = tuple(k for k in dict.fromkeys(group.staging_keys()) if k in mine)
+    try:
+        build = build_one(group, {k: v for k, v in fetched.items() if k in mine}, config)
+    except Exception as exc:  # noqa: BLE001 - input the checks missed must not crash-loop the worker
+        # The build is pure: whatever it raises comes from this group's receipts and tensors (a
+        # routed-experts width that differs between calls, say). The group is dead-lettered
+        # whole, with the error, and the partition keeps flowing.
+        message = f"group {group.group_id}: building its rows failed ({type(exc).__name__}: {exc})"
+        return GroupOutcome(group, None, INCONSISTENT_GROUP, message, staging)
+    if build.valid_row_count == 0:
+        reasons = sorted({r for r in build.rejection_reasons if r})
+        kind = ALL_ROLLOUTS_FAILED if reasons == ["rollout_failed"] else INCONSISTENT_GROUP
+        return GroupOutcome(group, None, kind, f"group {group.group_id}: no valid row ({', '.join(reasons)})", staging)
+    return group, build, staging, (time.perf_counter() - t1) * 1000.0
+
+
+def _put_rows(store: KVStore, partition: str, builds: list[GroupBuild], lease: Callable[[], str | None]) -> float:
+    """Put the rows of `builds`, one put per set of fields; returns the milliseconds it took."""
+    if not builds:
+        return 0.0
+    expired = lease()
+    if expired is not None:
+        names = ", ".join(b.sample_ids[0].rsplit("_g", 1)[0] for b in builds[:3])
+        raise LeaseExpired(f"not putting the rows of group(s) {names}{' ...' if len(builds) > 3 else ''}: {expired}")
+    t0 = time.perf_counter()
+    by_layout: dict[tuple[str, ...], list[GroupBuild]] = {}
+    for b in builds:
+        by_layout.setdefault(tuple(sorted(b.fields.keys())), []).append(b)
+    for same in by_layout.values():
+        try:
+            fields = same[0].fields if len(same) == 1 else torch.cat([b.fields for b in same])
+        except (RuntimeError, TypeError, ValueError):
+            # Fields that do not concatenate (dtypes or per-token shapes differing between groups):
+            # one put per group, as the rows are alike within a group.
+            for b in same:
+                store.put(partition, b.sample_ids, b.fields, b.tags)
+            continue
+        store.put(partition, [s for b in same for s in b.sample_ids], fields, [t for b in same for t in b.tags])
+    return (time.perf_counter() - t0) * 1000.0
