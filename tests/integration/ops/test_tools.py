@@ -6,6 +6,7 @@ import sys
 import time
 
 import msgpack
+import pytest
 import torch
 
 from schemas.deadletter import DECODE_ERROR, INCONSISTENT_GROUP, METADATA_VIOLATION, VALIDATION_ERROR
@@ -80,6 +81,8 @@ def test_tail_of_the_dead_letter_topic_shows_each_poison_receipts_reason(kafka, 
     assert res.returncode == 1 and res.stderr.strip().splitlines()[-1].startswith("rlstream tail:")
 
 
+# About a minute (CLI runs that each attach to Ray): in make drills, to keep make test under 20 minutes.
+@pytest.mark.drill
 def test_redrive_of_a_fixed_group_finalizes_it_and_a_failing_one_is_not_redriven_in_a_loop(kafka, tq_store, unique):
     names = setup_topics(kafka, f"rd-{unique}", partitions=2)
     fixed, broken = make_group(f"{unique}-fixed", 0, 2, shape=SMALL), make_group(f"{unique}-broken", 1, 2, shape=SMALL)
@@ -165,6 +168,9 @@ def test_redrive_of_a_fixed_group_finalizes_it_and_a_failing_one_is_not_redriven
     tq_store.clear(TRAIN, list(rec.sample_ids))
 
 
+# About 90 s (a TQ checkpoint of the whole session's TQ, two CLI runs each loading it into a TQ of their
+# own): in make drills, to keep make test under 20 minutes.
+@pytest.mark.drill
 def test_refinalize_finds_no_difference_then_exactly_the_changed_staged_tensor(kafka, tq_store, unique, tmp_path):
     import transfer_queue as tq
 
