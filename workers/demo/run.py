@@ -11,18 +11,16 @@ from __future__ import annotations
 
 import logging
 import signal
-import tempfile
 import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from pathlib import Path
 
 from streams.admin import create_topics
-from streams.broker import BrokerConfig, LocalBroker
 from streams.config import KafkaConfig
 from streams.tq import STAGING, TRAIN, TQConfig, init_tq
 from workers.demo.config import DemoConfig
+from workers.demo.local import start_local_broker, stop_all
 from workers.demo.producers import SharedState, start_producers
 from workers.demo.report import DemoReport, summary_table, write_json
 from workers.demo.trainer_loop import TrainerLoop
@@ -104,14 +102,7 @@ def _stop_on_sigterm() -> None:
 def _start_kafka(
     cfg: DemoConfig, client_settings: Mapping[str, str], cleanups: list, log: Callable[[str], None]
 ) -> KafkaConfig:
-    bootstrap = cfg.bootstrap_servers
-    if bootstrap is None:
-        tmp = tempfile.TemporaryDirectory(prefix="rlstream-demo-")
-        cleanups.append(tmp.cleanup)
-        log("starting a local Kafka broker (KRaft, single node) ...")
-        broker = LocalBroker(BrokerConfig(data_dir=Path(tmp.name)), log=log).start()
-        cleanups.append(broker.stop)
-        bootstrap = broker.bootstrap_servers
+    bootstrap = cfg.bootstrap_servers or start_local_broker(cleanups, log, name="demo")
     log(f"broker: bootstrap.servers={bootstrap}")
     return KafkaConfig(bootstrap, dict(client_settings))
 
@@ -141,14 +132,6 @@ def _start_pipeline(
         f"in consumer group {pool.group}"
     )
     return pool
-
-
-def _cleanup(cleanups: list[Callable[[], None]], log: Callable[[str], None]) -> None:
-    for fn in reversed(cleanups):
-        try:
-            fn()
-        except Exception as exc:  # noqa: BLE001 - keep stopping the rest
-            log(f"cleanup: {type(exc).__name__}: {exc}")
 
 
 def run_demo(
@@ -194,7 +177,7 @@ def run_demo(
         raise
     finally:
         stop.set()
-        _cleanup(cleanups, log)
+        stop_all(cleanups, log)
         report.elapsed_s = round(time.monotonic() - t_start, 2)
     # Only a run that got this far filled in the accounting: any failure before it raised.
     report.accounted = not report.problems

@@ -89,11 +89,21 @@ def materialize(
     """
     if layout not in ("padded", "jagged"):
         raise InvalidArgument(f"layout must be 'padded' or 'jagged', got {layout!r}")
+    if layout == "jagged":
+        return _rows(store, meta, fields)
+    tensors = padded(store, meta, fields=fields, pad_value_dict=pad_value_dict)
+    return TensorDict(tensors, batch_size=[len(meta.sample_ids)])
+
+
+def padded(
+    store: KVStore, meta: BatchMeta, *, fields: Sequence[str] | None = None, pad_value_dict: Mapping[str, int]
+) -> dict[str, torch.Tensor]:
+    """`materialize`'s padded tensors as a plain dict (what `TrainBatch.tensors` holds)."""
+    return unpack_payload(_rows(store, meta, fields), meta.tags, pad_value_dict=pad_value_dict)
+
+
+def _rows(store: KVStore, meta: BatchMeta, fields: Sequence[str] | None) -> TensorDict:
     ids = list(meta.sample_ids)
     if not ids:
         raise InvalidArgument("materialize needs a batch with at least one row")
-    rows = store.get(meta.train_partition, ids, select=list(fields) if fields is not None else None)
-    if layout == "jagged":
-        return rows
-    tensors = unpack_payload(rows, meta.tags, pad_value_dict=pad_value_dict)
-    return TensorDict(tensors, batch_size=[len(ids)])
+    return store.get(meta.train_partition, ids, select=list(fields) if fields is not None else None)

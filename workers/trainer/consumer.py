@@ -21,7 +21,7 @@ from tensordict import TensorDict
 from schemas.errors import InvalidArgument
 from schemas.finalized import FinalizedGroup
 from streams.tq import MissingKeysError
-from workers.trainer.batch import BatchMeta, Layout, TrainBatch, materialize
+from workers.trainer.batch import BatchMeta, Layout, TrainBatch, materialize, padded
 from workers.trainer.book import Pending
 from workers.trainer.checkpoint import STATE_VERSION, ConsumerState, PartitionMark, decode_state, encode_state
 from workers.trainer.config import ConsumerConfig
@@ -159,7 +159,7 @@ class ExperienceConsumer(FinalizedIntake):
             # One fetch, no metadata call first: rows found missing are dead-lettered, then retried.
             meta = BatchMeta(self.version, tuple(p.group for p in chosen), (), self.config.train_partition)
             try:
-                tensors = self.materialize(meta)
+                tensors = padded(self._store, meta, pad_value_dict=self.config.pad_value_dict)
             except MissingKeysError as exc:
                 self._missing_rows(chosen, set(exc.missing))
                 continue
@@ -169,7 +169,7 @@ class ExperienceConsumer(FinalizedIntake):
                 meta.groups,
                 meta.sample_ids,
                 meta.tags,
-                tensors.to_dict(),
+                tensors,
                 meta.positions,
                 meta.train_partition,
             )

@@ -8,7 +8,6 @@ untrained and the final policy on the same prompts, writes the PNG and stops wha
 
 from __future__ import annotations
 
-import tempfile
 import threading
 import time
 import uuid
@@ -19,9 +18,9 @@ from pathlib import Path
 import torch
 
 from streams.admin import create_topics
-from streams.broker import BrokerConfig, LocalBroker
 from streams.config import KafkaConfig
 from streams.tq import STAGING, TRAIN, KVStore, TQConfig, TQStore, init_tq
+from workers.demo.local import start_local_broker, stop_all
 from workers.examples.grpo.policy import PolicyShape, TinyPolicy
 from workers.examples.grpo.rollout import RolloutSpec, RolloutWorker, WeightBoard
 from workers.examples.grpo.task import CopyTask
@@ -199,7 +198,7 @@ def run_grpo(
     cleanups: list[Callable[[], None]] = []
     t0 = time.monotonic()
     try:
-        kafka = kafka or _start_broker(cleanups, log)
+        kafka = kafka or KafkaConfig(start_local_broker(cleanups, log, name="grpo"))
         if store is None:
             cleanups.append(init_tq(TQConfig(address=cfg.ray_address)).close)
             store = TQStore()
@@ -229,7 +228,7 @@ def run_grpo(
         result.timed_out = not _train(trainer, cfg, [reassemblers.failure, rollouts.failure], log)
         result.steps, result.evicted_stale = list(trainer.steps), trainer.evicted
     finally:
-        _cleanup(cleanups, log)
+        stop_all(cleanups, log)
         result.wall_s = time.monotonic() - t0
     result.final_reward = evaluate(policy, cfg.task, cfg.eval_prompts, cfg.seed)
     if cfg.png is not None and result.steps:
@@ -251,20 +250,3 @@ def _clear_rows(store: KVStore, key_prefix: str) -> None:
     """Clear this run's staged and train rows from TQ (group ids, hence every key, start with its prefix)."""
     for partition in (STAGING, TRAIN):
         store.clear(partition, [k for k in store.list(partition) if k.startswith(key_prefix)])
-
-
-def _start_broker(cleanups: list[Callable[[], None]], log: Callable[[str], None]) -> KafkaConfig:
-    tmp = tempfile.TemporaryDirectory(prefix="rlstream-grpo-")
-    cleanups.append(tmp.cleanup)
-    log("starting a local Kafka broker (KRaft, single node) ...")
-    broker = LocalBroker(BrokerConfig(data_dir=Path(tmp.name)), log=log).start()
-    cleanups.append(broker.stop)
-    return KafkaConfig(broker.bootstrap_servers)
-
-
-def _cleanup(cleanups: list[Callable[[], None]], log: Callable[[str], None]) -> None:
-    for fn in reversed(cleanups):
-        try:
-            fn()
-        except Exception as exc:  # noqa: BLE001 - keep stopping the rest
-            log(f"cleanup: {type(exc).__name__}: {exc}")
