@@ -48,6 +48,13 @@ def smoke(target: KafkaTarget) -> int:
     help="serve Prometheus /metrics on this port (0: a free one, logged); with --workers N, worker i uses "
     "PORT+i (or a free one each for 0)",
 )
+@click.option(
+    "--spare/--no-spare",
+    default=True,
+    show_default=True,
+    help="with --workers N: keep one more process attached to Ray that takes over a crashed worker's id and "
+    "partitions at once (the workers join with static membership)",
+)
 @click.option("--log-json", is_flag=True, help="log one JSON object per line")
 @click.option("--config-stdin", is_flag=True, hidden=True, help="internal: read the whole worker spec from stdin")
 @click.pass_context
@@ -58,6 +65,7 @@ def reassemble(
     workers: int,
     ray_address: str,
     metrics_port: int | None,
+    spare: bool,
     log_json: bool,
     config_stdin: bool,
 ) -> int:
@@ -84,7 +92,15 @@ def reassemble(
     if workers == 1:
         return _serve_one(target.kafka, config, tq, metrics_port, say)
     return run_pool(
-        target.kafka, config, tq, workers, log=say, metrics_port=metrics_port, log_json=log_json, debug=debug
+        target.kafka,
+        config,
+        tq,
+        workers,
+        log=say,
+        metrics_port=metrics_port,
+        log_json=log_json,
+        debug=debug,
+        spare=spare,
     )
 
 
@@ -99,14 +115,19 @@ def _configure_logging(log_json: bool, debug: bool) -> Callable[[str], None]:
 
 def _run_child(ctx: click.Context) -> int:
     """A worker started by `run_pool`: its whole spec is on stdin, so no other flag may be given."""
-    from workers.reassembler.run import FENCED_EXIT, read_spec
+    from workers.reassembler.pool import FENCED_EXIT
+    from workers.reassembler.run import await_promotion, read_spec
     from workers.reassembler.worker import WorkerFenced
 
     extra = given_flags(ctx, ignore=("config_stdin",))
     if extra:
         raise click.UsageError(f"--config-stdin takes its settings from stdin only, not from {', '.join(extra)}")
-    spec = read_spec(sys.stdin.buffer.read())
+    spec = read_spec(sys.stdin.buffer.readline())
     say = _configure_logging(spec.log_json, spec.debug)
+    if spec.standby:
+        spec = await_promotion(spec, sys.stdin.buffer, log=say)
+        if spec is None:
+            return 0
     try:
         return _serve_one(spec.kafka, spec.reassembler, spec.tq, spec.metrics_port, say)
     except WorkerFenced as exc:  # its own exit code: the pool must not restart it (that would fence the twin)

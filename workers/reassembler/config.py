@@ -17,6 +17,7 @@ DEFAULT_CONSUMER_GROUP = "reassemblers"
 CrashPoint = Literal["after_tq_put", "before_commit", "after_commit"]
 CRASH_POINTS: tuple[str, ...] = CrashPoint.__args__
 StopPoint = Literal["before_put"]
+Assignment = Literal["cooperative-sticky", "range", "roundrobin"]
 
 
 def default_actor_config() -> RolloutReassemblerActorConfig:
@@ -103,6 +104,19 @@ class ReassemblerConfig(Settings, frozen=True):
     transaction_timeout_ms: Annotated[
         int, Meta(ge=1000, le=900_000, description="Kafka transaction timeout of one step")
     ] = 10_000
+    # Cooperative rebalancing moves only the partitions that change owner: a worker joining or dying
+    # does not stop the others' partitions to restore them all again (bench/bench_failover.py).
+    partition_assignment: Annotated[
+        Assignment,
+        Meta(description="how the consumer group spreads partitions: cooperative-sticky moves only what must move"),
+    ] = "cooperative-sticky"
+    static_membership: Annotated[
+        bool,
+        Meta(
+            description="join under the worker id (group.instance.id): a worker restarted within the session "
+            "timeout gets its partitions back without a rebalance"
+        ),
+    ] = False
     clear_staging: Annotated[
         bool,
         Meta(

@@ -13,10 +13,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections import Counter
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
+from collections.abc import Callable
+from typing import BinaryIO
 
 import msgspec
 
@@ -25,16 +23,11 @@ from streams.pids import die_with_parent
 from streams.settings import ConfigError
 from streams.tq import TQConfig, TQStore, init_tq
 from workers.reassembler.config import ReassemblerConfig
+from workers.reassembler.pool import STOP_GRACE_S, Pool, RestartPolicy, Spare
 from workers.telemetry.sensors import ReassemblerSensor, ReassemblerStats, fan_out
 
 # How a child is started; everything else it needs arrives on its stdin.
 CHILD_ARGS = ("-m", "workers.cli.main", "reassemble", "--config-stdin")
-# How long a pool's children have to stop after a forwarded SIGINT/SIGTERM before they are killed.
-STOP_GRACE_S = 30.0
-# A child's exit code when it stopped because a live twin holds its transactional id (sysexits'
-# EX_CONFIG: two workers with one id is a configuration error). The pool does not restart it: the
-# restart would fence the twin, which is what a fenced worker must never do.
-FENCED_EXIT = 78
 
 
 class WorkerSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -46,6 +39,15 @@ class WorkerSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     metrics_port: int | None = None
     log_json: bool = False
     debug: bool = False  # log at debug level (the parent's `rlstream --debug`)
+    # A pool's warm spare: attach to Ray and TQ now, then wait on stdin for a `Promotion`.
+    standby: bool = False
+
+
+class Promotion(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """What a pool writes to its spare's stdin when a worker dies: become that worker."""
+
+    worker_id: str
+    metrics_port: int | None = None
 
 
 def child_process(
@@ -78,22 +80,61 @@ def spawn_worker(
     metrics_port: int | None = None,
     log_json: bool = False,
     debug: bool = False,
+    standby: bool = False,
     **popen_kwargs,
 ) -> subprocess.Popen:
-    """Start one worker process (`rlstream reassemble --config-stdin`) and hand it its settings."""
+    """Start one worker process (`rlstream reassemble --config-stdin`) and hand it its settings.
+
+    A `standby` process keeps its stdin open, as `proc.stdin`, for its `Promotion` (see `promote`).
+    """
     argv, document = child_process(kafka, config, tq, metrics_port=metrics_port, log_json=log_json, debug=debug)
+    if standby:
+        document = msgspec.json.encode(msgspec.structs.replace(read_spec(document), standby=True))
     proc = subprocess.Popen(argv, stdin=subprocess.PIPE, **popen_kwargs)
-    pipe, proc.stdin = proc.stdin, None  # written and closed here; communicate() must not touch it
+    pipe, proc.stdin = proc.stdin, None  # written here; communicate() must not touch it
     try:
-        pipe.write(document)
+        pipe.write(document + b"\n")  # one line: a standby reads its promotion from the next one
+        pipe.flush()
     except BrokenPipeError:
         pass  # the child died before reading; its exit code says why
-    finally:
-        try:
-            pipe.close()
-        except BrokenPipeError:
-            pass  # flushing the rest failed the same way; the pipe is closed all the same
+    if standby and proc.poll() is None:
+        proc.stdin = pipe
+        return proc
+    try:
+        pipe.close()
+    except BrokenPipeError:
+        pass  # flushing the rest failed the same way; the pipe is closed all the same
     return proc
+
+
+def promote(proc: subprocess.Popen, worker_id: str, metrics_port: int | None = None) -> None:
+    """Make a standby process worker `worker_id` (OSError if it is gone)."""
+    if proc.stdin is None:
+        raise BrokenPipeError(f"process {proc.pid} is not a standby")
+    try:
+        proc.stdin.write(msgspec.json.encode(Promotion(worker_id, metrics_port)) + b"\n")
+        proc.stdin.close()
+    finally:
+        proc.stdin = None
+
+
+def await_promotion(spec: WorkerSpec, stdin: BinaryIO, log: Callable[[str], None] = print) -> WorkerSpec | None:
+    """As a standby: attach to Ray and TQ and import the worker now, then wait for a `Promotion` on
+    stdin; the spec of the worker to become, or None if stdin closes first (the pool is stopping)."""
+    init_tq(spec.tq)
+    TQStore()  # TQ's client is ready before anyone waits on it
+    from workers.reassembler.worker import ReassemblerWorker  # noqa: F401 - imported now, not after a death
+
+    log(f"[standby] attached to Ray and TQ; waiting to take over a worker of {spec.reassembler.consumer_group!r}")
+    line = stdin.readline()
+    if not line.strip():
+        return None
+    try:
+        promotion = msgspec.json.decode(line, type=Promotion)
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise ConfigError(f"promotion from the parent process on stdin: {exc}") from None
+    config = msgspec.structs.replace(spec.reassembler, worker_id=promotion.worker_id)
+    return msgspec.structs.replace(spec, reassembler=config, metrics_port=promotion.metrics_port, standby=False)
 
 
 def rate_line(
@@ -164,6 +205,7 @@ def run_pool(
     debug: bool = False,
     stop_grace_s: float = STOP_GRACE_S,
     restart: RestartPolicy | None = None,
+    spare: bool = False,
 ) -> int:
     """Run num_workers child processes (ids `<worker_id>-<i>`) until interrupted; returns the worst exit code.
 
@@ -174,14 +216,32 @@ def run_pool(
     delay, logged by `warn` (default: the `rlstream.reassemble` logger at WARNING); children still
     running `stop_grace_s` after a forwarded stop are killed; and every child gets SIGTERM if this
     process dies. The exit code is the worst of each child's last exit.
+
+    With `spare`, one more child waits attached to Ray, and a child's first crash in a row hands its
+    worker id to it at once; the children then join with static membership, so the spare gets the
+    dead child's partitions back without waiting for the session timeout or a rebalance.
     """
     if num_workers <= 0:
         raise ValueError(f"num_workers must be > 0, got {num_workers}")
     ports = [None if metrics_port is None else (metrics_port + i if metrics_port else 0) for i in range(num_workers)]
+    if spare:
+        config = msgspec.structs.replace(config, static_membership=True)
     workers = {
         f"{config.worker_id}-{i}": (msgspec.structs.replace(config, worker_id=f"{config.worker_id}-{i}"), ports[i])
         for i in range(num_workers)
     }
+    standby = Spare(
+        spawn=lambda: spawn_worker(
+            kafka,
+            msgspec.structs.replace(config, worker_id=f"{config.worker_id}-spare"),
+            tq,
+            log_json=log_json,
+            debug=debug,
+            standby=True,
+            preexec_fn=die_with_parent,
+        ),
+        promote=lambda proc, worker_id: promote(proc, worker_id, workers[worker_id][1]),
+    )
 
     def spawn(worker_id: str) -> subprocess.Popen:
         worker, port = workers[worker_id]
@@ -190,7 +250,14 @@ def run_pool(
         )
 
     warn = warn or logging.getLogger("rlstream.reassemble").warning
-    pool = Pool(log=log, warn=warn, stop_grace_s=stop_grace_s, spawn=spawn, restart=restart or RestartPolicy())
+    pool = Pool(
+        log=log,
+        warn=warn,
+        stop_grace_s=stop_grace_s,
+        spawn=spawn,
+        restart=restart or RestartPolicy(),
+        spare=standby if spare else None,
+    )
     with pool.forwarding_signals():
         for worker_id in workers:
             if pool.stop_at is not None:
@@ -203,140 +270,3 @@ def run_pool(
         counts = ", ".join(f"{w} {n}" for w, n in sorted(pool.restarts.items()))
         log(f"worker processes restarted {pool.restarts.total()} time(s): {counts}")
     return code
-
-
-def exit_status(returncode: int) -> int:
-    """A child's exit code as a shell reports it: death by signal n is 128 + n."""
-    return 128 - returncode if returncode < 0 else returncode
-
-
-@dataclass(frozen=True)
-class RestartPolicy:
-    """When a crashed child starts again: after `initial_s`, doubling with each crash in a row up to
-    `max_s`; a child that ran `stable_s` or longer before it crashed starts the schedule over."""
-
-    initial_s: float = 1.0
-    max_s: float = 30.0
-    stable_s: float = 60.0
-
-    def delay(self, crashes_in_a_row: int) -> float:
-        """The wait before restart number `crashes_in_a_row` (1 for the first crash of a series)."""
-        if crashes_in_a_row < 1:
-            raise ValueError(f"crashes_in_a_row must be >= 1, got {crashes_in_a_row}")
-        return min(self.initial_s * 2 ** min(crashes_in_a_row - 1, 62), self.max_s)
-
-
-class Pool:
-    """Worker child processes: stop signals forwarded to them, exits reported as they happen, and a
-    crashed child started again (with `spawn`, under the same worker id) after a growing delay."""
-
-    def __init__(
-        self,
-        *,
-        log: Callable[[str], None],
-        stop_grace_s: float,
-        poll_s: float = 0.2,
-        warn: Callable[[str], None] | None = None,
-        spawn: Callable[[str], subprocess.Popen] | None = None,
-        restart: RestartPolicy = RestartPolicy(),
-    ) -> None:
-        self.log, self.stop_grace_s, self.poll_s = log, stop_grace_s, poll_s
-        self.warn = warn or log
-        self.spawn, self.restart = spawn, restart
-        self.procs: dict[str, subprocess.Popen] = {}
-        self.started: dict[str, float] = {}  # when each worker's current process started
-        self.crashes: Counter[str] = Counter()  # crashes in a row, per worker
-        self.restarts: Counter[str] = Counter()  # restarts so far, per worker
-        self.pending: dict[str, tuple[float, int]] = {}  # worker -> (when to restart it, its exit status)
-        self.stop_at: float | None = None  # when the first stop signal was forwarded
-        self.signum: int | None = None
-
-    def add(self, worker_id: str, proc: subprocess.Popen) -> None:
-        self.procs[worker_id] = proc
-        self.started[worker_id] = time.monotonic()
-        if self.signum is not None:  # the stop arrived while it was starting
-            proc.send_signal(self.signum)
-
-    def forward(self, signum: int, _frame=None) -> None:
-        self.stop_at = self.stop_at if self.stop_at is not None else time.monotonic()
-        self.signum = signum
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.send_signal(signum)
-
-    @contextmanager
-    def forwarding_signals(self) -> Iterator[Pool]:
-        previous = {sig: signal.signal(sig, self.forward) for sig in (signal.SIGINT, signal.SIGTERM)}
-        try:
-            yield self
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-
-    def wait(self) -> int:
-        """Until every child has exited for good; the worst last exit status of a child that failed, else 0."""
-        running, worst, killed = dict(self.procs), 0, False
-        while running or self.pending:
-            for worker_id, proc in list(running.items()):
-                if proc.poll() is not None:
-                    del running[worker_id]
-                    worst = max(worst, self._exited(worker_id, proc))
-            if self.stop_at is not None and self.pending:  # a stop cancels the restarts not yet done
-                worst = max([worst, *(code for _, code in self.pending.values())])
-                self.pending.clear()
-            running.update(self._restart_due())
-            overdue = self.stop_at is not None and time.monotonic() - self.stop_at > self.stop_grace_s
-            if running and overdue and not killed:
-                killed = True
-                self.log(
-                    f"killing {len(running)} worker process(es) still running {self.stop_grace_s:.0f}s after the stop"
-                )
-                for proc in running.values():
-                    proc.kill()
-            if running or self.pending:
-                time.sleep(self.poll_s)
-        return worst
-
-    def _exited(self, worker_id: str, proc: subprocess.Popen) -> int:
-        """Report one child's exit and schedule its restart if it crashed; its status if it counts as final."""
-        code = exit_status(proc.returncode)
-        stopped = self.signum is not None and code in (0, 128 + self.signum)
-        crashed = code not in (0, FENCED_EXIT) and self.stop_at is None and self.spawn is not None
-        if not crashed:
-            how = "stopped" if stopped else ("exited" if code == 0 or self.stop_at is not None else "died")
-            fenced = " (fenced: a live twin holds its id; not restarted)" if code == FENCED_EXIT else ""
-            self.log(f"[{worker_id}] worker process {proc.pid} {how} with exit code {code}{fenced}")
-            return 0 if stopped or code == 0 else code
-        uptime = time.monotonic() - self.started[worker_id]
-        if uptime >= self.restart.stable_s:
-            self.crashes[worker_id] = 0
-        self.crashes[worker_id] += 1
-        delay = self.restart.delay(self.crashes[worker_id])
-        self.pending[worker_id] = (time.monotonic() + delay, code)
-        self.warn(
-            f"[{worker_id}] worker process {proc.pid} died with exit code {code} after {uptime:.1f}s; "
-            f"restarting it in {delay:g}s (restart {self.restarts[worker_id] + 1})"
-        )
-        return 0
-
-    def _restart_due(self) -> dict[str, subprocess.Popen]:
-        """Start again the crashed children whose delay has passed (not after a stop)."""
-        started: dict[str, subprocess.Popen] = {}
-        now = time.monotonic()
-        for worker_id, (due, code) in list(self.pending.items()):
-            if due > now or self.stop_at is not None:
-                continue
-            del self.pending[worker_id]
-            try:
-                proc = self.spawn(worker_id)
-            except OSError as exc:  # no process to run it (fork or exec failed): counts as one more crash
-                self.crashes[worker_id] += 1
-                delay = self.restart.delay(self.crashes[worker_id])
-                self.pending[worker_id] = (time.monotonic() + delay, code)
-                self.warn(f"[{worker_id}] restarting the worker process failed ({exc}); next try in {delay:g}s")
-                continue
-            self.restarts[worker_id] += 1
-            self.add(worker_id, proc)
-            self.log(f"[{worker_id}] worker process restarted as pid {proc.pid} (restart {self.restarts[worker_id]})")
-            started[worker_id] = proc
-        return started

@@ -78,6 +78,8 @@ class ReassemblerWorker:
                     "heartbeat.interval.ms": max(100, config.session_timeout_ms // 6),
                     "max.poll.interval.ms": max_poll_interval_ms,
                     "client.id": config.transactional_id,
+                    "partition.assignment.strategy": config.partition_assignment,
+                    **({"group.instance.id": config.transactional_id} if config.static_membership else {}),
                 },
             )
         )
@@ -128,10 +130,13 @@ class ReassemblerWorker:
         for tp in partitions:
             self._tasks[tp.partition] = self._restore_task(tp.partition)
         # librdkafka keeps a partition's paused state across revoke and re-assign: assign (what the
-        # library would do after this callback) and resume, and let the next step pause again if
-        # the open-group cap still holds.
-        consumer.assign(partitions)
-        consumer.resume(partitions)
+        # library would do after this callback) and resume the whole assignment (a cooperative one
+        # keeps partitions paused before), and let the next step pause again if the cap still holds.
+        if self.config.partition_assignment == "cooperative-sticky":
+            consumer.incremental_assign(partitions)  # only these partitions move; the others keep flowing
+        else:
+            consumer.assign(partitions)
+        consumer.resume(consumer.assignment())
         self._paused = False
         log.info("%s assigned %s", self.config.worker_id, sorted(tp.partition for tp in partitions))
 
@@ -170,7 +175,11 @@ class ReassemblerWorker:
 
     def step(self) -> int:
         """Poll, finalize what is ready, commit one transaction; returns the number of records consumed."""
-        msgs = self._consumer.consume(self.config.max_poll_records, self.config.poll_timeout_s)
+        # Wait for the first receipt only, then take what else has arrived without waiting: a batch
+        # consume would hold a lone last receipt until the poll timeout ran out.
+        msgs = self._consumer.consume(1, self.config.poll_timeout_s)
+        if msgs and self.config.max_poll_records > 1:
+            msgs += self._consumer.consume(self.config.max_poll_records - 1, 0)
         self._lease.polled()
         now_ms = int(time.time() * 1000)
         consumed = 0
@@ -178,6 +187,10 @@ class ReassemblerWorker:
             if m.error() is not None:
                 # Transient client errors (a broker restarting, all brokers down for a moment) arrive
                 # as messages; librdkafka retries them itself. Only a fatal one ends the worker.
+                if m.error().code() == KafkaError.FENCED_INSTANCE_ID:
+                    # A newer process joined under this worker's static member id (a pool's spare
+                    # promoted while this one was frozen): the same verdict as a fenced producer.
+                    raise WorkerFenced(f"{self.config.worker_id}: another process joined as this static member")
                 if m.error().fatal():
                     raise KafkaException(m.error())
                 if m.error().code() != KafkaError._PARTITION_EOF:

@@ -1,5 +1,6 @@
-"""`rlstream reassemble --workers 2` supervises its children: one SIGKILLed is started again under the
-same worker id (logged at WARNING), and the pool keeps finalizing every group exactly once.
+"""`rlstream reassemble --workers 2` supervises its children: one SIGKILLed is replaced under the same
+worker id by the pool's warm spare (logged at WARNING), and the pool keeps finalizing every group
+exactly once.
 
 The pool is the real command, on the session's broker and Ray/TQ.
 """
@@ -33,7 +34,9 @@ def _parent(pid: int) -> int | None:
         return None
 
 
-def test_a_killed_child_is_restarted_under_its_worker_id_and_groups_keep_finalizing(kafka, tq_store, unique, tmp_path):
+def test_a_killed_child_is_replaced_by_the_spare_under_its_worker_id_and_groups_keep_finalizing(
+    kafka, tq_store, unique, tmp_path
+):
     names = setup_topics(kafka, f"pool-{unique}", partitions=4)
     log = tmp_path / "pool.log"
     argv = [
@@ -55,23 +58,29 @@ def test_a_killed_child_is_restarted_under_its_worker_id_and_groups_keep_finaliz
 
         pool_pid = pool.pid
         assert _parent(victim) == pool_pid
+        spare = int(
+            _wait_for(
+                "the spare", lambda: re.search(r"spare worker process started as pid (\d+)", log.read_text()), log
+            ).group(1)
+        )
         subprocess.run(["kill", "-KILL", str(victim)], check=True)
         restarted = _wait_for(
             "p-0's restart",
-            lambda: re.search(r"\[p-0\] worker process restarted as pid (\d+) \(restart 1\)", log.read_text()),
+            lambda: re.search(r"\[p-0\] spare pid (\d+) took over \(restart 1\)", log.read_text()),
             log,
         )
         successor = int(restarted.group(1))
+        assert successor == spare
         assert _parent(successor) == pool_pid  # running, and the pool's child
         text = log.read_text()
         assert re.search(
             rf"WARNING rlstream\.reassemble \[p-0\] worker process {victim} died with exit code 137 after "
-            r"[\d.]+s; restarting it in 1s \(restart 1\)",
+            r"[\d.]+s; handing its id to the spare \(restart 1\)",
             text,
         ), text
 
         # The successor joins the consumer group under the same id and takes partitions back.
-        after_kill = text.index("restarted as pid")
+        after_kill = text.index("took over (restart 1)")
         _wait_for(
             "the successor's partitions",
             lambda: (

@@ -16,7 +16,8 @@ from streams.config import KafkaConfig
 from streams.pids import die_with_parent, pid_alive
 from streams.tq import TQConfig
 from workers.reassembler.config import ReassemblerConfig
-from workers.reassembler.run import FENCED_EXIT, Pool, RestartPolicy, exit_status, run_pool
+from workers.reassembler.pool import FENCED_EXIT, Pool, RestartPolicy, exit_status
+from workers.reassembler.run import run_pool
 
 KAFKA = KafkaConfig("b:1")
 CONFIG = ReassemblerConfig(worker_id="w")
@@ -252,3 +253,47 @@ def test_the_pool_counts_restarts_per_worker_and_retries_a_failed_spawn():
     assert pool.wait() == 0  # crashed, a spawn failed, then the restarted child exited cleanly
     assert calls == ["a", "a"] and pool.restarts == {"a": 1}
     assert "restarting the worker process failed" in warnings[1] and "next try in 0.1s" in warnings[1]
+
+
+# A child that may be the pool's spare: its document says so, and its worker id comes on the next line.
+SPARE_CHILD = (
+    "import json, os, signal, sys, time\n"
+    "d = json.loads(sys.stdin.buffer.readline())\n"
+    "worker = d['reassembler']['worker_id']\n"
+    "if d['standby']:\n"
+    "    line = sys.stdin.buffer.readline()\n"
+    "    if not line.strip(): sys.exit(0)\n"
+    "    worker = json.loads(line)['worker_id']\n"
+    "open({starts!r}, 'a').write(f\"{{worker}} {{os.getpid()}} {{d['reassembler']['static_membership']}}\\n\")\n"
+    "if worker == 'w-0' and open({starts!r}).read().count('w-0 ') == 1: sys.exit(3)\n"
+    "time.sleep(20)\n"
+)
+
+
+def test_a_first_crash_hands_the_worker_id_to_the_warm_spare_at_once(monkeypatch, tmp_path, sigterm_outside_the_pool):
+    starts = tmp_path / "starts"
+    monkeypatch.setattr(run, "CHILD_ARGS", ("-c", SPARE_CHILD.format(starts=str(starts))))
+    lines, warnings = [], []
+    # A restart the usual way would wait 30 s: only the spare can be w-0's second run in time.
+    policy = RestartPolicy(initial_s=30.0)
+    took_over = []
+
+    def log(line):
+        lines.append(line)
+        if "took over" in line:
+            took_over.append(time.monotonic())
+
+    watcher = _stop_once(lambda: len(took_over) == 1 and sum("spare worker process started" in x for x in lines) == 2)
+    started = time.monotonic()
+    assert run_pool(KAFKA, CONFIG, TQ, 2, log=log, warn=warnings.append, restart=policy, spare=True) == 0
+    watcher.join()
+    assert took_over and took_over[0] - started < 15, lines
+    runs = [line.split() for line in starts.read_text().splitlines()]
+    assert [r[0] for r in runs].count("w-0") == 2 and [r[0] for r in runs].count("w-1") == 1
+    # The spare's pid is the one that became w-0; every worker joined with static membership.
+    spare_pid = next(x.split()[-1] for x in lines if x.startswith("spare worker process started as pid"))
+    assert [r[1] for r in runs if r[0] == "w-0"][1] == spare_pid
+    assert {r[2] for r in runs} == {"True"}
+    assert "handing its id to the spare (restart 1)" in warnings[0]
+    assert f"[w-0] spare pid {spare_pid} took over (restart 1)" in lines
+    assert sigterm_outside_the_pool == []
