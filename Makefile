@@ -35,6 +35,8 @@ bench: jars
 	$(BIN)/python bench/bench_pipeline.py
 	$(BIN)/python bench/bench_restore.py
 	$(BIN)/python bench/bench_dataplane.py
+	$(BIN)/python bench/bench_scaling.py
+	$(BIN)/python bench/bench_failover.py
 
 # The chaos drill, outside `make test`: 2,000 groups through SIGKILLed reassemblers (every crash point
 # and random instants), a zombie, a broker kill -9 and a trainer kill; exits 1 if any group is lost,
