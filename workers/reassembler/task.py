@@ -274,15 +274,21 @@ class PartitionTask:
         )
         return entry, letters
 
-    def post_commit(self, commit: PartitionCommit, written: StateWrites | None = None) -> None:
+    def post_commit(
+        self, commit: PartitionCommit, written: StateWrites | None = None, *, to_clear: list[str] | None = None
+    ) -> None:
         """After the transaction committed: clear the closed groups' staging, owe their cleared entries.
 
         `written` says where the step's state records landed; a group whose delivery report is
-        missing is placed at the partition's previous end, which is never after its entry.
+        missing is placed at the partition's previous end, which is never after its entry. With
+        `to_clear`, the staging keys are added to it instead, for the caller to clear in one call
+        with other partitions' keys (TQ's cost is per call).
         """
         # Only now: a crash before the commit re-finalizes these groups from the same staged tensors.
         keys = [k for entry in commit.closed for k in entry.staging_keys]
-        if keys:
+        if to_clear is not None:
+            to_clear.extend(keys)
+        elif keys:
             self.store.clear(self.config.actor.staging_partition, keys)
         if commit.strays and self.config.clear_staging:
             self._clear_strays(commit.strays)

@@ -267,8 +267,11 @@ class ReassemblerWorker:
             return
         crash_here(self.config.crash_point, "after_commit")
         self._report_commit(commits, time.perf_counter() - t0)
+        to_clear: list[str] = []
         for task, commit in zip(tasks, commits):
-            task.post_commit(commit, writes.get(task.partition))
+            task.post_commit(commit, writes.get(task.partition), to_clear=to_clear)
+        if to_clear:
+            self.store.clear(self.config.actor.staging_partition, to_clear)
 
     def _report_commit(self, commits: list[PartitionCommit], seconds: float) -> None:
         self.sensor.on_commit(
