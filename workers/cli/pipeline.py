@@ -79,6 +79,11 @@ def reassemble(
     debug = bool(ctx.find_root().params.get("debug"))
     say = _configure_logging(log_json, debug)
     config = load(ReassemblerConfig, file=target.config_file, overrides={**settings, "prefix": target.prefix})
+    if spare and workers > 1 and config.worker_id:
+        # Stable ids: a spare (or a whole pool started again) rejoins as the same static members.
+        # Not with random ones: static members do not leave on a clean stop, so a new pool's
+        # members would wait a session timeout for the old ones' partitions.
+        config = msgspec.structs.replace(config, static_membership=True)
     if not config.worker_id:
         config = msgspec.structs.replace(config, worker_id=f"w{uuid.uuid4().hex[:6]}")
     # A replay topic as input: refuse production's group and prefix, write rows to a TQ partition of its own.
@@ -115,9 +120,9 @@ def _configure_logging(log_json: bool, debug: bool) -> Callable[[str], None]:
 
 def _run_child(ctx: click.Context) -> int:
     """A worker started by `run_pool`: its whole spec is on stdin, so no other flag may be given."""
+    from workers.reassembler.poll_errors import WorkerFenced
     from workers.reassembler.pool import FENCED_EXIT
     from workers.reassembler.run import await_promotion, read_spec
-    from workers.reassembler.worker import WorkerFenced
 
     extra = given_flags(ctx, ignore=("config_stdin",))
     if extra:

@@ -125,7 +125,7 @@ class Pool:
                 worst = max([worst, *(code for _, code in self.pending.values())])
                 self.pending.clear()
             running.update(self._restart_due())
-            self._keep_spare()
+            self.keep_spare()
             overdue = self.stop_at is not None and time.monotonic() - self.stop_at > self.stop_grace_s
             if running and overdue and not killed:
                 killed = True
@@ -139,7 +139,7 @@ class Pool:
         self._retire_spare()
         return worst
 
-    def _keep_spare(self) -> None:
+    def keep_spare(self) -> None:
         """A spare ready unless stopping: started again (at a bounded rate) when it was used or died."""
         if self.spare is None or self.stop_at is not None:
             return
@@ -173,6 +173,11 @@ class Pool:
         proc, self.spare_proc = self.spare_proc, None
         if proc is None:
             return
+        if proc.stdin is not None:
+            try:
+                proc.stdin.close()  # end of its input: a waiting spare exits 0
+            except OSError:
+                pass
         if proc.poll() is None:
             proc.terminate()
         try:
@@ -197,12 +202,13 @@ class Pool:
         self.crashes[worker_id] += 1
         # The spare takes over at once unless the child is crash-looping (it died again soon after a
         # start): a loop waits out the growing delays instead of burning a spare per crash.
+        self.to_spare.discard(worker_id)
         spare = (
             (self.crashes[worker_id] == 1 or uptime >= SPARE_MIN_UPTIME_S)
+            and not self.to_spare  # one spare: a second worker dying with the first restarts the usual way
             and self.spare_proc is not None
             and self.spare_proc.poll() is None
         )
-        self.to_spare.discard(worker_id)
         if spare:
             self.to_spare.add(worker_id)
         delay = 0.0 if spare else self.restart.delay(self.crashes[worker_id])

@@ -125,6 +125,10 @@ def await_promotion(spec: WorkerSpec, stdin: BinaryIO, log: Callable[[str], None
     TQStore()  # TQ's client is ready before anyone waits on it
     from workers.reassembler.worker import ReassemblerWorker  # noqa: F401 - imported now, not after a death
 
+    # A stop while waiting (or while becoming a worker, before the worker's own handlers) is a clean
+    # exit, not Ray's exit code or a KeyboardInterrupt traceback.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: sys.exit(0))
     log(f"[standby] attached to Ray and TQ; waiting to take over a worker of {spec.reassembler.consumer_group!r}")
     line = stdin.readline()
     if not line.strip():
@@ -217,15 +221,13 @@ def run_pool(
     running `stop_grace_s` after a forwarded stop are killed; and every child gets SIGTERM if this
     process dies. The exit code is the worst of each child's last exit.
 
-    With `spare`, one more child waits attached to Ray, and a child's first crash in a row hands its
-    worker id to it at once; the children then join with static membership, so the spare gets the
-    dead child's partitions back without waiting for the session timeout or a rebalance.
+    With `spare`, one more child waits attached to Ray, and a child's crash hands its worker id to it
+    at once (not within a crash loop). With `config.static_membership` too, the spare gets the dead
+    child's partitions back without waiting for the session timeout or a rebalance.
     """
     if num_workers <= 0:
         raise ValueError(f"num_workers must be > 0, got {num_workers}")
     ports = [None if metrics_port is None else (metrics_port + i if metrics_port else 0) for i in range(num_workers)]
-    if spare:
-        config = msgspec.structs.replace(config, static_membership=True)
     workers = {
         f"{config.worker_id}-{i}": (msgspec.structs.replace(config, worker_id=f"{config.worker_id}-{i}"), ports[i])
         for i in range(num_workers)
@@ -259,6 +261,7 @@ def run_pool(
         spare=standby if spare else None,
     )
     with pool.forwarding_signals():
+        pool.keep_spare()  # before the workers: one that dies at once already finds it
         for worker_id in workers:
             if pool.stop_at is not None:
                 break

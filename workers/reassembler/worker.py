@@ -19,18 +19,20 @@ from typing import TypeVar
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
-from schemas.errors import InvalidArgument, RlstreamError
+from schemas.errors import InvalidArgument
 from streams.config import KafkaConfig
 from streams.consumer import ReadTimeout, Record
 from streams.producer import TransactionalProducer, is_fatal, is_fenced
 from streams.tq import KVStore
 from workers.reassembler.changelog import read_changelog
+from workers.reassembler.clearing import StagingClearer
 from workers.reassembler.commit import PartitionCommit, commit_transaction, dead_letter_counts
 from workers.reassembler.config import ReassemblerConfig
 from workers.reassembler.drills import crash_here, stop_here
 from workers.reassembler.finalize import StepAborted, finalize_groups
 from workers.reassembler.groups import OpenGroup
 from workers.reassembler.lease import Lease
+from workers.reassembler.poll_errors import WorkerFenced, check_poll_error
 from workers.reassembler.restore import restore_partition
 from workers.reassembler.task import PartitionTask
 from workers.telemetry.sensors import ReassemblerSensor
@@ -44,10 +46,6 @@ MAX_RETRY_DELAY_S = 30.0
 def retry_delay(attempt: int) -> float:
     """Seconds before retry `attempt` (0-based): 1, 2, 4 ... capped at MAX_RETRY_DELAY_S."""
     return min(MAX_RETRY_DELAY_S, 2.0 ** min(attempt, 16))
-
-
-class WorkerFenced(RlstreamError, RuntimeError):
-    """A newer worker with the same transactional id exists; this one must stop, not fence it back."""
 
 
 class ReassemblerWorker:
@@ -68,6 +66,7 @@ class ReassemblerWorker:
         self._lease = Lease(config.session_timeout_ms / 1000, max_poll_interval_ms / 1000)
         self._drilled = False  # the stop drill freezes a worker once
         self._paused = False
+        self._clearer = StagingClearer(store, config.actor.staging_partition)
         self._warned: dict[int, float] = {}
         self._producer = self._new_producer()
         self._consumer = Consumer(
@@ -185,14 +184,7 @@ class ReassemblerWorker:
         consumed = 0
         for m in msgs:
             if m.error() is not None:
-                # Transient client errors (a broker restarting, all brokers down for a moment) arrive
-                # as messages; librdkafka retries them itself. Only a fatal one ends the worker.
-                if m.error().code() == KafkaError.FENCED_INSTANCE_ID:
-                    # A newer process joined under this worker's static member id (a pool's spare
-                    # promoted while this one was frozen): the same verdict as a fenced producer.
-                    raise WorkerFenced(f"{self.config.worker_id}: another process joined as this static member")
-                if m.error().fatal():
-                    raise KafkaException(m.error())
+                check_poll_error(m.error(), self.config.worker_id, self.config.consumer_group)
                 if m.error().code() != KafkaError._PARTITION_EOF:
                     self._warn_once(m.error())
                 continue
@@ -245,6 +237,8 @@ class ReassemblerWorker:
                 else []
             )
             crash_here(self.config.crash_point, "after_tq_put")
+            # The previous step's clear is done before this transaction records it as done.
+            self._clearer.settle()
             by_partition: dict[int, list] = {}
             for o in outcomes:
                 by_partition.setdefault(o.group.partition, []).append(o)
@@ -270,8 +264,7 @@ class ReassemblerWorker:
         to_clear: list[str] = []
         for task, commit in zip(tasks, commits):
             task.post_commit(commit, writes.get(task.partition), to_clear=to_clear)
-        if to_clear:
-            self.store.clear(self.config.actor.staging_partition, to_clear)
+        self._clearer.submit(to_clear)
 
     def _report_commit(self, commits: list[PartitionCommit], seconds: float) -> None:
         self.sensor.on_commit(
@@ -387,3 +380,5 @@ class ReassemblerWorker:
         except RuntimeError:
             pass
         self._producer.flush(5)
+        # Last: a failed clear leaves rows that the partition's next owner clears when it restores.
+        self._clearer.close()

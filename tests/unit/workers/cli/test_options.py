@@ -249,3 +249,19 @@ def test_reassemble_keeps_debug_logging_and_hands_it_to_pool_children(runs, caps
     code, err = _main(capsys, "--debug", "reassemble", "--bootstrap-servers", "b:1", "--workers", "2")
     assert code == 0, err
     assert pools[0]["debug"] is True
+
+
+def test_a_pool_with_a_spare_joins_as_static_members_only_under_stable_worker_ids(runs, capsys, monkeypatch):
+    pools = []
+    monkeypatch.setattr(
+        workers.reassembler.run, "run_pool", lambda kafka, config, *a, **kw: pools.append((config, kw)) or 0
+    )
+    base = ("reassemble", "--bootstrap-servers", "b:1", "--workers", "2")
+    for extra in (("--worker-id", "p"), (), ("--worker-id", "p", "--no-spare")):
+        code, err = _main(capsys, *base, *extra)
+        assert code == 0, err
+    (named, named_kw), (random_id, random_kw), (no_spare, no_spare_kw) = pools
+    assert named.static_membership and named_kw["spare"]
+    # A random id is new at every start: old static members would hold their partitions a session timeout.
+    assert random_id.worker_id.startswith("w") and not random_id.static_membership and random_kw["spare"]
+    assert not no_spare.static_membership and not no_spare_kw["spare"]

@@ -264,7 +264,7 @@ SPARE_CHILD = (
     "    line = sys.stdin.buffer.readline()\n"
     "    if not line.strip(): sys.exit(0)\n"
     "    worker = json.loads(line)['worker_id']\n"
-    "open({starts!r}, 'a').write(f\"{{worker}} {{os.getpid()}} {{d['reassembler']['static_membership']}}\\n\")\n"
+    "open({starts!r}, 'a').write(f\"{{worker}} {{os.getpid()}}\\n\")\n"
     "if worker == 'w-0' and open({starts!r}).read().count('w-0 ') == 1: sys.exit(3)\n"
     "time.sleep(20)\n"
 )
@@ -290,10 +290,9 @@ def test_a_first_crash_hands_the_worker_id_to_the_warm_spare_at_once(monkeypatch
     assert took_over and took_over[0] - started < 15, lines
     runs = [line.split() for line in starts.read_text().splitlines()]
     assert [r[0] for r in runs].count("w-0") == 2 and [r[0] for r in runs].count("w-1") == 1
-    # The spare's pid is the one that became w-0; every worker joined with static membership.
+    # The spare's pid is the one that became w-0.
     spare_pid = next(x.split()[-1] for x in lines if x.startswith("spare worker process started as pid"))
     assert [r[1] for r in runs if r[0] == "w-0"][1] == spare_pid
-    assert {r[2] for r in runs} == {"True"}
     assert "handing its id to the spare (restart 1)" in warnings[0]
     assert f"[w-0] spare pid {spare_pid} took over (restart 1)" in lines
     assert sigterm_outside_the_pool == []
