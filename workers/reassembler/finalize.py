@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -86,13 +86,17 @@ def owned_keys(store: KVStore, staging_partition: str, groups: Sequence[OpenGrou
     claims = [
         (g.group_id, r.rollout_id, c.staging_key) for g in groups for r in g.receipts.values() for c in r.manifest
     ]
-    tags = store.tags(staging_partition, list(dict.fromkeys(key for _, _, key in claims)))
+    tags = store.tags(staging_partition, list(dict.fromkeys(_claimed_keys(groups))))
     owned: dict[str, set[str]] = {g.group_id: set() for g in groups}
     for gid, rid, key in claims:
         tag = tags.get(key)
         if tag is not None and tag.get("group_id") == gid and tag.get("rollout_id") == rid:
             owned[gid].add(key)
     return owned
+
+
+def _claimed_keys(groups: Sequence[OpenGroup]) -> Iterator[str]:
+    return (c.staging_key for g in groups for r in g.receipts.values() for c in r.manifest)
 
 
 def _unflatten_experts(flat: torch.Tensor, tokens: int) -> torch.Tensor:
@@ -174,7 +178,10 @@ def finalize_groups(
     """
     t0 = time.perf_counter()
     owned = owned_keys(store, config.staging_partition, groups) if groups else {}
-    keys = [k for keys in owned.values() for k in keys]
+    # In the order owned_keys looked them up: a store that keeps that lookup's row locations
+    # (TQStore) then fetches the rows without looking them up again.
+    mine = set().union(*owned.values())
+    keys = [k for k in dict.fromkeys(_claimed_keys(groups)) if k in mine]
     fetched = fetch_segments(store, config.staging_partition, keys, routed_experts=config.router_replay_enabled)
     fetch_ms = (time.perf_counter() - t0) * 1000.0
     results = [_build_or_letter(group, owned[group.group_id], fetched, config) for group in groups]

@@ -42,3 +42,40 @@ def test_a_store_that_keeps_losing_keys_aborts_the_step_instead_of_finalizing_wi
     keys = _staged(store)
     with pytest.raises(StagingUnstable, match="kept vanishing"):
         fetch_segments(store, STAGING, keys)
+
+
+class _Recording(InMemoryStore):
+    """Records the keys of each tags lookup and each get."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[str, list[str]]] = []
+
+    def tags(self, partition, keys):
+        self.calls.append(("tags", list(keys)))
+        return super().tags(partition, keys)
+
+    def get(self, partition, keys, select=None):
+        self.calls.append(("get", list(keys)))
+        return super().get(partition, keys, select)
+
+
+def test_rows_are_fetched_by_exactly_the_keys_and_order_their_tags_were_looked_up_by():
+    # TQStore fetches a get of the very keys of its last tags lookup without a second lookup.
+    from tests.unit.workers.reassembler.test_task import CONFIG, TIMEOUT_MS, make_task, record, staged
+    from workers.reassembler.finalize import finalize_groups
+
+    store = _Recording()
+    task = make_task(store)
+    offset = 0
+    for gid in ("a", "b", "c"):
+        for r in staged(store, gid):
+            task.intake(record(offset, r.to_bytes()), 5_000)
+            offset += 1
+    ready = task.ready(5_000, TIMEOUT_MS)
+    assert len(ready) == 3
+    store.calls.clear()
+    finalize_groups(store, ready, CONFIG.actor, receipts_topic=CONFIG.receipts_topic, now_ms=5_000)
+    (kind1, looked_up), (kind2, fetched) = store.calls[:2]
+    assert (kind1, kind2) == ("tags", "get") and len(looked_up) > 3
+    assert fetched == looked_up
