@@ -6,8 +6,11 @@ tests of pure logic use a dict-backed store of the same interface, in tests/unit
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
+import threading
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -186,13 +189,25 @@ def ray_address() -> str:
     return ray.get_runtime_context().gcs_address
 
 
+# Row lookups `TQStore.tags` keeps for a `get` of the same keys; a trainer has a batch or two in flight.
+_LOCATED_BATCHES = 32
+
+
 class TQStore:
-    """KVStore over TQ's module-level KV API (the process must have called `init_tq`)."""
+    """KVStore over TQ's module-level KV API (the process must have called `init_tq`).
+
+    TQ finds rows by a metadata call to its controller (keys -> storage locations), then fetches
+    them from the storage units. `tags` keeps the locations of the keys it found all present, so a
+    `get` of exactly those keys (a trainer's select, then materialize) sends its check of them
+    alongside the data instead of before it: one round trip instead of two.
+    """
 
     def __init__(self) -> None:
         import transfer_queue as tq
 
         self._tq = tq
+        self._located: OrderedDict[tuple[str, tuple[str, ...]], Any] = OrderedDict()
+        self._lock = threading.Lock()
 
     def put(self, partition: str, keys: Sequence[str], fields: TensorDict, tags: Sequence[Mapping[str, Any]]) -> None:
         if not keys:
@@ -204,13 +219,66 @@ class TQStore:
         keys = list(keys)
         if not keys:
             raise ValueError("get needs at least one key")
-        meta = self._tq.get_client().kv_retrieve_meta(keys=keys, partition_id=partition, create=False)
+        client = self._tq.get_client()
+        with self._lock:
+            located = self._located.get((partition, tuple(keys)))
+        if located is not None:
+            data = client._run_coroutine(self._fetch_located(client, partition, keys, located, select))
+            if data is not None:
+                return data
+            self._forget(partition, keys)
+        # Both calls in one coroutine on TQ's loop, as its own kv_batch_get: one thread hop, not two.
+        data = client._run_coroutine(self._look_up_and_fetch(client, partition, keys, select))
+        if data is None:
+            raise MissingKeysError(partition, self._missing(partition, keys))
+        return data
+
+    async def _look_up_and_fetch(self, client, partition: str, keys: list[str], select: Sequence[str] | None):
+        """The rows, or None if some key is absent (or cleared between the lookup and the fetch, which TQ allows)."""
+        meta = await client.async_kv_retrieve_meta(keys=keys, partition_id=partition, create=False)
         if meta.size != len(keys):
-            present = self.present(partition, keys)
-            raise MissingKeysError(partition, [k for k in keys if k not in present])
-        return self._tq.kv_batch_get(
-            keys=keys, partition_id=partition, select_fields=list(select) if select is not None else None
+            return None
+        try:
+            return await client.async_get_data(_fields(meta, select))
+        except self._tq.StorageKeyNotFoundError:
+            return None
+
+    async def _fetch_located(self, client, partition: str, keys: list[str], located: Any, select):
+        """The rows by the locations `tags` found, checked by a lookup sent alongside; None: look them up again.
+
+        A lookup still naming the same locations means the rows read are those keys' rows: TQ reuses
+        the locations of cleared rows for the next rows put, so data fetched by stale locations
+        could be other rows, and is never returned.
+        """
+        fresh, data = await asyncio.gather(
+            client.async_kv_retrieve_meta(keys=keys, partition_id=partition, create=False),
+            client.async_get_data(_fields(located, select)),
+            return_exceptions=True,
         )
+        if isinstance(fresh, BaseException):
+            raise fresh
+        if isinstance(data, self._tq.StorageKeyNotFoundError):
+            return None
+        if isinstance(data, BaseException):
+            raise data
+        return data if fresh.size == len(keys) and fresh.global_indexes == located.global_indexes else None
+
+    def _missing(self, partition: str, keys: list[str]) -> list[str]:
+        present = self.present(partition, keys)
+        return [k for k in keys if k not in present]
+
+    def _remember(self, partition: str, keys: list[str], meta: Any) -> None:
+        with self._lock:
+            self._located[(partition, tuple(keys))] = meta
+            self._located.move_to_end((partition, tuple(keys)))
+            while len(self._located) > _LOCATED_BATCHES:
+                self._located.popitem(last=False)
+
+    def _forget(self, partition: str, keys: Sequence[str]) -> None:
+        gone = set(keys)
+        with self._lock:
+            for key in [k for k in self._located if k[0] == partition and not gone.isdisjoint(k[1])]:
+                del self._located[key]
 
     def present(self, partition: str, keys: Sequence[str]) -> set[str]:
         listed = self.list(partition)
@@ -226,10 +294,22 @@ class TQStore:
         # One metadata call when every key is present (the common case); the tags are its custom meta.
         meta = self._tq.get_client().kv_retrieve_meta(keys=keys, partition_id=partition, create=False)
         if meta.size == len(keys):
-            return {k: dict(t) for k, t in zip(keys, meta.get_all_custom_meta())}
+            self._remember(partition, keys, meta)
+            # The tags as TQ sent them, copied per key (get_all_custom_meta deep-copies: ~6 ms for 64 rows).
+            return {k: dict(t) for k, t in zip(keys, meta.custom_meta)}
         listed = self.list(partition)
         return {k: dict(listed[k]) for k in keys if k in listed}
 
     def clear(self, partition: str, keys: Sequence[str]) -> None:
         if keys:
+            self._forget(partition, keys)
             self._tq.kv_clear(keys=list(keys), partition_id=partition)
+
+
+def _fields(meta: Any, select: Sequence[str] | None) -> Any:
+    """TQ metadata cut to the `select`ed fields (None: all), checked ready as TQ's own get does."""
+    if select is not None:
+        meta = meta.select_fields(list(select))
+    if not meta.is_ready:
+        raise ValueError("some fields are not ready in all the requested keys")
+    return meta

@@ -100,7 +100,11 @@ class ExperienceConsumer(FinalizedIntake):
         return None
 
     def _with_rows(self, chosen: list[Pending]) -> list[Pending]:
-        """The chosen groups whose rows are all in TQ (one metadata call); the others are dead-lettered."""
+        """The chosen groups whose rows are all in TQ (one metadata call); the others are dead-lettered.
+
+        The store keeps where it found the rows, so `materialize` of the batch sends its own check
+        alongside the data rather than a second lookup before it (`TQStore`).
+        """
         ids = [s for p in chosen for s in p.group.sample_ids]
         present = self._store.tags(self.config.train_partition, ids)
         missing = {s for s in ids if s not in present}

@@ -5,7 +5,7 @@ import torch
 
 from schemas.errors import InvalidArgument
 from schemas.metadata_guard import assert_metadata_only
-from streams.tq import TRAIN
+from streams.tq import TRAIN, MissingKeysError
 from tests.integration.trainer.staging import committed_at_end, finalize_groups
 from workers.trainer.batch import BatchMeta
 from workers.trainer.config import ConsumerConfig
@@ -47,6 +47,36 @@ def test_select_hands_out_metadata_that_materializes_padded_or_jagged_and_ack_se
         with pytest.raises(InvalidArgument, match="checkpointed"):
             consumer.state_dict()
     finally:
+        consumer.close()
+
+
+def test_rows_cleared_by_someone_else_after_select_withdraw_the_batch_even_with_their_places_reused(
+    kafka, tq_store, unique
+):
+    import transfer_queue as tq
+
+    names, finalized = finalize_groups(kafka, tq_store, f"se-{unique}", versions=range(1), per_version=3)
+    consumer = _consumer(kafka, tq_store, names, unique)
+    others = []
+    try:
+        meta = consumer.select(1, min_groups=1, max_groups=1, timeout_s=30.0)
+        lost = list(meta.sample_ids)
+        rows = tq.kv_batch_get(lost, TRAIN)
+        # Another client clears them (the consumer's store cannot know), then puts rows that TQ
+        # places where the cleared ones were.
+        tq.kv_clear(lost, TRAIN)
+        others = [f"other-{unique}_g{i}" for i in range(len(lost))]
+        tq.kv_batch_put(others, TRAIN, rows, [{"group_id": f"other-{unique}"}] * len(lost))
+        with pytest.raises(MissingKeysError) as err:
+            consumer.materialize(meta)
+        assert sorted(err.value.missing) == sorted(lost)
+        assert consumer.counts.missing_rows == 1
+        rest = consumer.select(1, min_groups=2, max_groups=2, timeout_s=30.0)
+        assert rest is not None and {g.group_id for g in rest.groups} == set(finalized) - {meta.groups[0].group_id}
+        assert consumer.materialize(rest).batch_size[0] == len(rest.sample_ids)
+        consumer.ack(rest)
+    finally:
+        tq_store.clear(TRAIN, others)
         consumer.close()
 
 
