@@ -9,14 +9,16 @@ One run, one Ray/TQ and one local broker, the shapes of `bench_pipeline.py` (gro
   (c) rlstream: `RolloutPublisher` -> reassembler process(es) -> `ExperienceConsumer` select,
       materialize and ack, 8 groups per publish and per select, first publish to last ack
       (`dataplane_e2e.py`);
-  (d) the memcpy of the same bytes (each of the cycle's four moves as one copy).
+  (d) the memcpy of the same bytes (each of the cycle's four moves as one copy);
+  (f) fetch: the trainer's select + materialize against a raw TQ get of the same rows, 8 groups
+      per call (`dataplane_fetch.py`); the ratio is the trainer's share of the raw get's throughput.
 
 The bounds and the end-to-end run alternate in rounds, so load that drifts during the run touches
 them alike; each figure is the median over rounds and the ratios are per round, then their median.
 The machine is shared and loaded: compare ratios from one run, not figures across runs. Per-call
 breakdowns (seconds in each TQ operation per role, Kafka commit steps) follow the summary.
 
-    .venv/bin/python bench/bench_dataplane.py [--quick] [--rounds 3] [--only raw,rpc,memcpy,e2e]
+    .venv/bin/python bench/bench_dataplane.py [--quick] [--rounds 3] [--only raw,rpc,memcpy,e2e,fetch]
 """
 
 from __future__ import annotations
@@ -31,13 +33,17 @@ from pathlib import Path
 
 from dataplane_cycles import OPS, TOKENS_PER_GROUP, CycleResult, make_payload, memcpy_cycle, raw_tq_cycle, ray_rpc_cycle
 from dataplane_e2e import E2EResult, EndToEnd
+from dataplane_fetch import FetchBench, FetchRound, print_round
+from dataplane_fetch import print_summary as print_fetch_summary
 from dataplane_profile import Profiler, summarize
 
 from streams.broker import BrokerConfig, LocalBroker
 from streams.config import KafkaConfig
 from streams.tq import TQConfig, init_tq
 
-PHASES = ("raw", "rpc", "memcpy", "e2e")
+PHASES = ("raw", "rpc", "memcpy", "e2e", "fetch")
+KAFKA_PHASES = ("e2e", "fetch")
+Measured = tuple[dict, list[E2EResult], list[FetchRound], int]  # bounds, e2e rounds, fetch rounds, bytes per group
 CYCLES = {"raw": raw_tq_cycle, "rpc": ray_rpc_cycle, "memcpy": memcpy_cycle}
 
 
@@ -47,33 +53,38 @@ def _args() -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=3, help="rounds of every phase, alternating")
     parser.add_argument("--groups", type=int, default=32, help="groups per bound and round (a multiple of 8)")
     parser.add_argument("--e2e-groups", type=int, default=128, help="groups per end-to-end round (multiple of 8)")
+    parser.add_argument("--fetch-groups", type=int, default=128, help="groups per fetch round (multiple of 8)")
     parser.add_argument("--workers", type=int, default=1, help="reassembler processes of the end-to-end run")
     parser.add_argument("--only", default=",".join(PHASES), help=f"comma-separated subset of {','.join(PHASES)}")
     parser.add_argument("--json", type=Path, help="also write every measurement there")
     parser.add_argument("--profile", type=Path, help="py-spy every phase into this directory, then summarize")
     args = parser.parse_args()
     if args.quick:
-        args.rounds, args.groups, args.e2e_groups = 1, 16, 32
+        args.rounds, args.groups, args.e2e_groups, args.fetch_groups = 1, 16, 32, 16
     args.only = [p for p in args.only.split(",") if p]
     args.profiler = Profiler(args.profile) if args.profile is not None else None
     if unknown := set(args.only) - set(PHASES):
         parser.error(f"unknown phase(s) {sorted(unknown)}; choose from {PHASES}")
-    if args.groups % 8 or args.e2e_groups % 8:
-        parser.error("--groups and --e2e-groups must be multiples of 8")
+    if args.groups % 8 or args.e2e_groups % 8 or args.fetch_groups % 8:
+        parser.error("--groups, --e2e-groups and --fetch-groups must be multiples of 8")
     return args
 
 
-def _measure(args: argparse.Namespace, kafka: KafkaConfig | None) -> tuple[dict, list[E2EResult], int]:
+def _measure(args: argparse.Namespace, kafka: KafkaConfig | None) -> Measured:
     payloads = {k: make_payload(k) for k in (1, 8)}
     bytes_per_group = (payloads[8].staging_bytes + payloads[8].train_bytes) // 8
     cycles: dict[tuple[str, int], list[CycleResult]] = {}
     e2e: list[E2EResult] = []
+    fetches: list[FetchRound] = []
     pipeline = EndToEnd(kafka, 8, workers=args.workers) if "e2e" in args.only else None
+    fetch = FetchBench(kafka, 8) if "fetch" in args.only else None
     try:
         if pipeline is not None:
             pipeline.warm_up()
+        if fetch is not None:
+            fetch.warm_up()
         for r in range(args.rounds):
-            for phase in (p for p in PHASES if p in args.only and p != "e2e"):
+            for phase in (p for p in PHASES if p in args.only and p in CYCLES):
                 for k, payload in payloads.items():
                     with _profiled(args, f"{phase}@{k}-r{r}-{args.groups}g", args.groups, {}):
                         cycles.setdefault((phase, k), []).append(CYCLES[phase](payload, args.groups // k))
@@ -81,11 +92,17 @@ def _measure(args: argparse.Namespace, kafka: KafkaConfig | None) -> tuple[dict,
                 children = {f"reassembler-{p.pid}": p.pid for p in pipeline.procs}
                 with _profiled(args, f"e2e@8-r{r}-{args.e2e_groups}g", args.e2e_groups, children):
                     e2e.append(pipeline.run_round(args.e2e_groups))
+            if fetch is not None:
+                with _profiled(args, f"fetch@8-r{r}-{args.fetch_groups}g", args.fetch_groups, {}):
+                    fetches.append(fetch.run_round(args.fetch_groups))
+                print_round(fetches[-1])
             print(f"round {r + 1}/{args.rounds} done, load average {os.getloadavg()[0]:.1f}", flush=True)
     finally:
         if pipeline is not None:
             pipeline.close()
-    return cycles, e2e, bytes_per_group
+        if fetch is not None:
+            fetch.close()
+    return cycles, e2e, fetches, bytes_per_group
 
 
 def _profiled(args: argparse.Namespace, name: str, groups: int, clients: dict[str, int]):
@@ -104,6 +121,8 @@ def _row(name: str, k: int, rates: list[float], bytes_per_group: int) -> str:
 
 
 def _print_summary(cycles: dict, e2e: list[E2EResult], bytes_per_group: int) -> None:
+    if not cycles and not e2e:
+        return
     print(
         f"\ndata plane: groups of 8 rollouts x 2048 tokens (4 calls); {bytes_per_group / 1e3:.0f} kB per group "
         f"(staged deltas + packed rows); median over rounds, spread = min-max"
@@ -122,6 +141,8 @@ def _print_summary(cycles: dict, e2e: list[E2EResult], bytes_per_group: int) -> 
 
 
 def _print_cycle_ops(cycles: dict) -> None:
+    if not cycles:
+        return
     print("\nbounds, ms per call in each operation (median round):")
     print(f"{'':<22} {'grp/c':>5} " + " ".join(f"{op:>12}" for op in OPS))
     for (_, k), results in cycles.items():
@@ -156,13 +177,14 @@ def main() -> None:
     load_before = os.getloadavg()
     with contextlib.ExitStack() as stack:
         kafka = None
-        if "e2e" in args.only:
+        if any(p in args.only for p in KAFKA_PHASES):
             tmp = stack.enter_context(tempfile.TemporaryDirectory())
             kafka = KafkaConfig(stack.enter_context(LocalBroker(BrokerConfig(data_dir=Path(tmp)))).bootstrap_servers)
         # 4 CPUs: TQ's controller and 2 storage units take one each; Ray prestarts a worker per CPU.
         stack.callback(init_tq(TQConfig(num_cpus=4)).close)
-        cycles, e2e, bytes_per_group = _measure(args, kafka)
+        cycles, e2e, fetches, bytes_per_group = _measure(args, kafka)
     _print_summary(cycles, e2e, bytes_per_group)
+    print_fetch_summary(fetches)
     _print_cycle_ops(cycles)
     _print_e2e_ops(e2e)
     load = ", ".join(f"{x:.1f}" for x in load_before)
@@ -173,6 +195,7 @@ def main() -> None:
         data = {
             "cycles": {f"{p}@{k}": [vars(r) for r in rs] for (p, k), rs in cycles.items()},
             "e2e": [vars(r) for r in e2e],
+            "fetch": [vars(r) for r in fetches],
             "bytes_per_group": bytes_per_group,
         }
         args.json.write_text(json.dumps(data, indent=1))
