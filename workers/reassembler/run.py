@@ -221,9 +221,8 @@ def run_pool(
     running `stop_grace_s` after a forwarded stop are killed; and every child gets SIGTERM if this
     process dies. The exit code is the worst of each child's last exit.
 
-    With `spare`, one more child waits attached to Ray, and a child's crash hands its worker id to it
-    at once (not within a crash loop). With `config.static_membership` too, the spare gets the dead
-    child's partitions back without waiting for the session timeout or a rebalance.
+    With `spare`, a child's crash (not within a crash loop) hands its id at once to one more child
+    waiting attached to Ray; with `config.static_membership`, its partitions follow without a rebalance.
     """
     if num_workers <= 0:
         raise ValueError(f"num_workers must be > 0, got {num_workers}")
@@ -232,18 +231,8 @@ def run_pool(
         f"{config.worker_id}-{i}": (msgspec.structs.replace(config, worker_id=f"{config.worker_id}-{i}"), ports[i])
         for i in range(num_workers)
     }
-    standby = Spare(
-        spawn=lambda: spawn_worker(
-            kafka,
-            msgspec.structs.replace(config, worker_id=f"{config.worker_id}-spare"),
-            tq,
-            log_json=log_json,
-            debug=debug,
-            standby=True,
-            preexec_fn=die_with_parent,
-        ),
-        promote=lambda proc, worker_id: promote(proc, worker_id, workers[worker_id][1]),
-    )
+    ports_of = {w: port for w, (_, port) in workers.items()}
+    standby = _spare(kafka, config, tq, ports=ports_of, log_json=log_json, debug=debug) if spare else None
 
     def spawn(worker_id: str) -> subprocess.Popen:
         worker, port = workers[worker_id]
@@ -252,14 +241,8 @@ def run_pool(
         )
 
     warn = warn or logging.getLogger("rlstream.reassemble").warning
-    pool = Pool(
-        log=log,
-        warn=warn,
-        stop_grace_s=stop_grace_s,
-        spawn=spawn,
-        restart=restart or RestartPolicy(),
-        spare=standby if spare else None,
-    )
+    restart = restart or RestartPolicy()
+    pool = Pool(log=log, warn=warn, stop_grace_s=stop_grace_s, spawn=spawn, restart=restart, spare=standby)
     with pool.forwarding_signals():
         pool.keep_spare()  # before the workers: one that dies at once already finds it
         for worker_id in workers:
@@ -273,3 +256,21 @@ def run_pool(
         counts = ", ".join(f"{w} {n}" for w, n in sorted(pool.restarts.items()))
         log(f"worker processes restarted {pool.restarts.total()} time(s): {counts}")
     return code
+
+
+def _spare(
+    kafka: KafkaConfig, config: ReassemblerConfig, tq: TQConfig, *, ports: dict, log_json: bool, debug: bool
+) -> Spare:
+    """How a pool starts its spare and makes it worker w (serving metrics on w's port)."""
+    return Spare(
+        spawn=lambda: spawn_worker(
+            kafka,
+            msgspec.structs.replace(config, worker_id=f"{config.worker_id}-spare"),
+            tq,
+            log_json=log_json,
+            debug=debug,
+            standby=True,
+            preexec_fn=die_with_parent,
+        ),
+        promote=lambda proc, worker_id: promote(proc, worker_id, ports[worker_id]),
+    )

@@ -6,6 +6,8 @@ import pytest
 
 from streams.tq import STAGING
 from tests.unit.memory_store import InMemoryStore
+from tests.unit.workers.reassembler.fixtures import record
+from tests.unit.workers.reassembler.test_task import make_task, staged, step
 from workers.reassembler.clearing import StagingClearer
 from workers.rollout.publisher import stage_rollouts
 from workers.rollout.synthetic import SyntheticShape, make_group
@@ -52,3 +54,20 @@ def test_a_failed_clear_surfaces_at_the_next_settle():
         clearer.settle()
     clearer.settle()  # reported once
     clearer.close()
+
+
+def test_post_commit_can_hand_its_staging_keys_to_the_caller_to_clear_with_other_partitions():
+    store = InMemoryStore()
+    task = make_task(store)
+    receipts = staged(store, "g")
+    keys = [c.staging_key for r in receipts for c in r.manifest]
+    for offset, r in enumerate(receipts, start=10):
+        task.intake(record(offset, r.to_bytes()), 5_000)
+    commit = step(task, store)
+    to_clear = ["other-partition-key"]
+    task.post_commit(commit, to_clear=to_clear)
+    # Not cleared here (the worker clears every partition's keys in one call), but handed over.
+    assert store.present(STAGING, keys) == set(keys)
+    assert sorted(to_clear) == sorted(["other-partition-key", *keys])
+    # Owed all the same: the next step records the entry cleared.
+    assert [(s.group_id, s.staging_cleared) for s in task.prepare([], 6_000).state] == [("g", True)]

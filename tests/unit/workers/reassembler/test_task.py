@@ -76,23 +76,6 @@ def test_a_complete_group_commits_its_record_state_progress_and_offset_then_clea
     assert not task.has_work and task.prepare([], 7_000).empty
 
 
-def test_post_commit_can_hand_its_staging_keys_to_the_caller_to_clear_with_other_partitions():
-    store = InMemoryStore()
-    task = make_task(store)
-    receipts = staged(store, "g")
-    keys = [c.staging_key for r in receipts for c in r.manifest]
-    for offset, r in enumerate(receipts, start=10):
-        task.intake(record(offset, r.to_bytes()), 5_000)
-    commit = step(task, store)
-    to_clear = ["other-partition-key"]
-    task.post_commit(commit, to_clear=to_clear)
-    # Not cleared here (the worker clears every partition's keys in one call), but handed over.
-    assert store.present(STAGING, keys) == set(keys)
-    assert sorted(to_clear) == sorted(["other-partition-key", *keys])
-    # Owed all the same: the next step records the entry cleared.
-    assert [(s.group_id, s.staging_cleared) for s in task.prepare([], 6_000).state] == [("g", True)]
-
-
 def test_the_commit_offset_stays_at_the_first_receipt_of_an_open_group():
     store = InMemoryStore()
     task = make_task(store)
