@@ -35,7 +35,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from confluent_kafka import Consumer
+from bench_pipeline import _Arrivals
 
 from streams.admin import create_topics
 from streams.broker import BrokerConfig, LocalBroker
@@ -63,21 +63,19 @@ class Kill:
 
 
 class Timeline:
-    """When each group was published and when its finalized record became visible."""
+    """When each group was published and when its finalized record became visible (wall-clock times)."""
 
     def __init__(self, kafka: KafkaConfig, names: TopicNames, rate: float):
         self.published: dict[str, float] = {}
-        self.finalized: dict[str, float] = {}
+        self._arrivals = _Arrivals(kafka, names.finalized)
+        self.finalized = self._arrivals.seen
         self._stop = threading.Event()
-        self._threads = [
-            threading.Thread(target=self._publish, args=(kafka, names, rate), daemon=True),
-            threading.Thread(target=self._observe, args=(kafka, names), daemon=True),
-        ]
+        self._publisher = threading.Thread(target=self._publish, args=(kafka, names, rate), daemon=True)
         self.error: BaseException | None = None
 
     def start(self) -> None:
-        for t in self._threads:
-            t.start()
+        self._arrivals.start()
+        self._publisher.start()
 
     def _publish(self, kafka: KafkaConfig, names: TopicNames, rate: float) -> None:
         pub = RolloutPublisher(kafka, TQStore(), names.receipts)
@@ -85,26 +83,15 @@ class Timeline:
             for i in range(1_000_000):
                 if self._stop.is_set():
                     return
-                t_next = time.monotonic() + 1.0 / rate
+                t_next = time.time() + 1.0 / rate
                 gid = f"f{i:06d}"
                 pub.publish(make_group(gid, i, 1, shape=SHAPE))
-                self.published[gid] = time.monotonic()
-                self._stop.wait(max(0.0, t_next - time.monotonic()))
+                self.published[gid] = time.time()
+                self._stop.wait(max(0.0, t_next - time.time()))
         except BaseException as exc:  # noqa: BLE001 - reported by the main thread
             self.error = exc
         finally:
             pub.close()
-
-    def _observe(self, kafka: KafkaConfig, names: TopicNames) -> None:
-        consumer = Consumer(kafka.consumer(f"observer-{uuid.uuid4().hex[:6]}", **{"auto.offset.reset": "earliest"}))
-        consumer.subscribe([names.finalized])
-        try:
-            while not self._stop.is_set():
-                for m in consumer.consume(100, 0.05):
-                    if m.error() is None and m.key() is not None:
-                        self.finalized.setdefault(m.key().decode(), time.monotonic())
-        finally:
-            consumer.close()
 
     def settled(self, until: float) -> bool:
         """Whether every group published before `until` is finalized."""
@@ -115,7 +102,8 @@ class Timeline:
 
     def stop(self) -> None:
         self._stop.set()
-        for t in self._threads:
+        self._arrivals.stop.set()
+        for t in (self._publisher, self._arrivals):
             t.join(timeout=30)
 
     def recovery(self, t_kill: float, until: float) -> tuple[float, int]:
@@ -179,19 +167,19 @@ def _wait(what: str, holds, timeout_s: float, timeline: Timeline, pool: PoolProc
         time.sleep(0.02)
 
 
-def _kill(pool: PoolProcess, timeline: Timeline, args: argparse.Namespace, rng: random.Random) -> Kill | None:
+def _kill(variant: str, pool: PoolProcess, timeline: Timeline, args: argparse.Namespace, rng: random.Random) -> Kill:
     before = pool.assignments("p-1")
     victim = pool.pid_of("p-1")
     time.sleep(rng.uniform(0.0, 1.0))
     os.kill(victim, signal.SIGKILL)
-    t_kill = time.monotonic()
+    t_kill = time.time()
     _wait("p-1's successor", lambda: pool.assignments("p-1") > before, 180, timeline, pool)
-    back = time.monotonic() - t_kill
+    back = time.time() - t_kill
     until = t_kill + args.window
-    time.sleep(max(0.0, until - time.monotonic()))
+    time.sleep(max(0.0, until - time.time()))
     _wait("the window's groups", lambda: timeline.settled(until), 120, timeline, pool)
     recovery, stalled = timeline.recovery(t_kill, until)
-    return Kill("", recovery, back, stalled)
+    return Kill(variant, recovery, back, stalled)
 
 
 def run_variant(kafka: KafkaConfig, variant: str, args: argparse.Namespace, workdir: Path) -> list[Kill]:
@@ -209,8 +197,7 @@ def run_variant(kafka: KafkaConfig, variant: str, args: argparse.Namespace, work
             _wait("the spare", lambda: "[standby] attached" in pool.text(), 300, timeline, pool)
         rng = random.Random(args.seed)
         for i in range(args.kills):
-            kill = _kill(pool, timeline, args, rng)
-            kill.variant = variant
+            kill = _kill(variant, pool, timeline, args, rng)
             kills.append(kill)
             print(
                 f"  {variant:<12} kill {i + 1}/{args.kills}: recovery {kill.recovery_s:5.1f}s, "

@@ -58,9 +58,10 @@ def child_process(
     metrics_port: int | None = None,
     log_json: bool = False,
     debug: bool = False,
+    standby: bool = False,
 ) -> tuple[list[str], bytes]:
     """The argv that runs one worker of `config` in a child process, and the document for its stdin."""
-    spec = WorkerSpec(kafka, config, tq, metrics_port=metrics_port, log_json=log_json, debug=debug)
+    spec = WorkerSpec(kafka, config, tq, metrics_port=metrics_port, log_json=log_json, debug=debug, standby=standby)
     return [sys.executable, *CHILD_ARGS], msgspec.json.encode(spec)
 
 
@@ -87,9 +88,9 @@ def spawn_worker(
 
     A `standby` process keeps its stdin open, as `proc.stdin`, for its `Promotion` (see `promote`).
     """
-    argv, document = child_process(kafka, config, tq, metrics_port=metrics_port, log_json=log_json, debug=debug)
-    if standby:
-        document = msgspec.json.encode(msgspec.structs.replace(read_spec(document), standby=True))
+    argv, document = child_process(
+        kafka, config, tq, metrics_port=metrics_port, log_json=log_json, debug=debug, standby=standby
+    )
     proc = subprocess.Popen(argv, stdin=subprocess.PIPE, **popen_kwargs)
     pipe, proc.stdin = proc.stdin, None  # written here; communicate() must not touch it
     try:

@@ -6,8 +6,7 @@ import pytest
 
 from streams.tq import STAGING
 from tests.unit.memory_store import InMemoryStore
-from tests.unit.workers.reassembler.fixtures import record
-from tests.unit.workers.reassembler.test_task import make_task, staged, step
+from tests.unit.workers.reassembler.test_task import make_task, received, step
 from workers.reassembler.clearing import StagingClearer
 from workers.rollout.publisher import stage_rollouts
 from workers.rollout.synthetic import SyntheticShape, make_group
@@ -59,10 +58,7 @@ def test_a_failed_clear_surfaces_at_the_next_settle():
 def test_post_commit_can_hand_its_staging_keys_to_the_caller_to_clear_with_other_partitions():
     store = InMemoryStore()
     task = make_task(store)
-    receipts = staged(store, "g")
-    keys = [c.staging_key for r in receipts for c in r.manifest]
-    for offset, r in enumerate(receipts, start=10):
-        task.intake(record(offset, r.to_bytes()), 5_000)
+    keys = received(task, store, "g")
     commit = step(task, store)
     to_clear = ["other-partition-key"]
     task.post_commit(commit, to_clear=to_clear)

@@ -36,6 +36,14 @@ def staged(store, group_id):
     return [r.receipt for r in rollouts]
 
 
+def received(task, store, group_id):
+    """A staged group's receipts taken in by `task` from offset 10 on; returns the group's staging keys."""
+    receipts = staged(store, group_id)
+    for offset, r in enumerate(receipts, start=10):
+        task.intake(record(offset, r.to_bytes()), 5_000)
+    return [c.staging_key for r in receipts for c in r.manifest]
+
+
 def step(task, store, now_ms=5_000, clock_ms=None, config=CONFIG):
     """Ready groups -> finalize into the store -> prepare, as the worker does for one partition."""
     ready = task.ready(now_ms if clock_ms is None else clock_ms, TIMEOUT_MS)
@@ -46,10 +54,7 @@ def step(task, store, now_ms=5_000, clock_ms=None, config=CONFIG):
 def test_a_complete_group_commits_its_record_state_progress_and_offset_then_clears_staging():
     store = InMemoryStore()
     task = make_task(store)
-    receipts = staged(store, "g")
-    keys = [c.staging_key for r in receipts for c in r.manifest]
-    for offset, r in enumerate(receipts, start=10):
-        task.intake(record(offset, r.to_bytes()), 5_000)
+    keys = received(task, store, "g")
     commit = step(task, store)
     assert [f.group_id for f in commit.finalized] == ["g"] and commit.dead_letters == ()
     # Opened and closed in one step: the closing entry alone (an OPEN one would be superseded at once).
