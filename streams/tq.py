@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import numpy as np
 import psutil
 from tensordict import TensorDict
 
@@ -73,6 +74,10 @@ class TQConfig:
     # TQ pins its storage units round-robin over the alive Ray nodes (sorted by node id) that offer
     # this custom resource; None: every alive node, so N units on k nodes put N/k on each.
     storage_node_resource: str | None = None
+    # The longest one storage-unit request (put, get, clear) of this process may take, all of its
+    # attempts together; None keeps TQ's own (200 s, three times). A reassembler bounds it so that a
+    # put it was allowed to start lands while it still owns its partitions (reassembler/lease.py).
+    call_budget_s: float | None = None
 
 
 def _tq_threads() -> str:
@@ -98,9 +103,26 @@ class TQSession:
             ray.shutdown()
 
 
+# Attempts of one storage-unit request when its budget is bounded: one retry on a fresh connection.
+BOUNDED_ATTEMPTS = 2
+
+
+def bound_tq_calls(budget_s: float) -> None:
+    """Make every storage-unit request of this process give up within `budget_s`, retries included.
+
+    TQ reads these when its client is created, so this must run before `init_tq` in that process.
+    """
+    if budget_s <= 0:
+        raise ValueError(f"a TQ call budget must be positive, got {budget_s}")
+    os.environ["TQ_SIMPLE_STORAGE_MAX_ATTEMPTS"] = str(BOUNDED_ATTEMPTS)
+    os.environ["TQ_SIMPLE_STORAGE_SEND_RECV_TIMEOUT"] = str(max(1, int(budget_s / BOUNDED_ATTEMPTS)))
+
+
 def init_tq(config: TQConfig = TQConfig()) -> TQSession:
     """Start or attach to Ray, then create or attach to the TQ controller and its storage units."""
     os.environ.setdefault("TQ_NUM_THREADS", _tq_threads())
+    if config.call_budget_s is not None:
+        bound_tq_calls(config.call_budget_s)
     import ray
 
     started_ray = False
@@ -239,7 +261,7 @@ class TQStore:
         if meta.size != len(keys):
             return None
         try:
-            return await client.async_get_data(_fields(meta, select))
+            return await client.async_get_data(_fields(meta, select, partition, keys))
         except self._tq.StorageKeyNotFoundError:
             return None
 
@@ -252,7 +274,7 @@ class TQStore:
         """
         fresh, data = await asyncio.gather(
             client.async_kv_retrieve_meta(keys=keys, partition_id=partition, create=False),
-            client.async_get_data(_fields(located, select)),
+            client.async_get_data(_fields(located, select, partition, keys)),
             return_exceptions=True,
         )
         if isinstance(fresh, BaseException):
@@ -306,10 +328,16 @@ class TQStore:
             self._tq.kv_clear(keys=list(keys), partition_id=partition)
 
 
-def _fields(meta: Any, select: Sequence[str] | None) -> Any:
-    """TQ metadata cut to the `select`ed fields (None: all), checked ready as TQ's own get does."""
+def _fields(meta: Any, select: Sequence[str] | None, partition: str, keys: Sequence[str]) -> Any:
+    """TQ metadata cut to the `select`ed fields (None: all), checked ready as TQ's own get does.
+
+    A row not ready is one being cleared (TQ marks it before it deletes it): to the caller it is
+    as good as gone, so it is reported missing, which every caller handles, rather than as an error.
+    """
     if select is not None:
         meta = meta.select_fields(list(select))
     if not meta.is_ready:
-        raise ValueError("some fields are not ready in all the requested keys")
+        status = np.asarray(meta.production_status)
+        ready = status.reshape(len(keys), -1).min(axis=1) == 1 if status.size else np.zeros(len(keys), bool)
+        raise MissingKeysError(partition, [k for k, ok in zip(keys, ready) if not ok] or list(keys))
     return meta
