@@ -8,6 +8,7 @@ the reassembler reads back.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -49,7 +50,12 @@ def segments_to_fields(segments: Sequence[Mapping[str, torch.Tensor]]) -> tuple[
 
 
 def stage_rollouts(store: KVStore, rollouts: Sequence[StagedRollout], staging_partition: str = STAGING) -> None:
-    """Put every call segment of the rollouts into TQ staging (one put per field layout)."""
+    """Put every call segment of the rollouts into TQ staging (one put per field layout).
+
+    Each row's tags name its group and rollout (the reassembler checks them before using or clearing
+    a row) and when it was staged (`staged_at_ms`, by which the sweeper ages rows no receipt names).
+    """
+    staged_at = int(time.time() * 1000)
     by_layout: dict[bool, list[tuple[str, Mapping[str, torch.Tensor], Mapping]]] = {}
     for r in rollouts:
         if len(r.segments) != len(r.receipt.manifest):
@@ -63,6 +69,7 @@ def stage_rollouts(store: KVStore, rollouts: Sequence[StagedRollout], staging_pa
                 "call_id": call.call_id,
                 "group_id": r.receipt.group_id,
                 "weight_version": call.weight_version,
+                "staged_at_ms": staged_at,
             }
             by_layout.setdefault(ROUTED_EXPERTS in seg, []).append((call.staging_key, seg, tag))
     for rows in by_layout.values():

@@ -81,6 +81,11 @@ class _ReassemblerFamilies:
             ["what"],
             registry=r,
         )
+        self.staging_swept = Counter(
+            "rlstream_reassembler_staging_swept_total",
+            "Staged rows no receipt would ever use (a failed publish, a lost clear), cleared by the sweeper",
+            registry=r,
+        )
         self.consumer_lag = Gauge(
             "rlstream_consumer_lag_records",
             "Input records between the worker's position and the partition end",
@@ -147,6 +152,9 @@ class PrometheusReassemblerSensor(ReassemblerSensor):
     def on_open_groups(self, n: int, *, paused: bool) -> None:
         self._m.open_groups.set(n)
         self._m.fetch_paused.set(1 if paused else 0)
+
+    def on_swept(self, n: int) -> None:
+        self._m.staging_swept.inc(n)
 
     def on_lag(self, topic: str, lags: Mapping[int, int]) -> None:
         """Replace this sensor's lag series of `topic` with `lags`, removing partitions no longer listed."""

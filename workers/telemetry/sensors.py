@@ -32,6 +32,9 @@ class ReassemblerSensor:
     def on_lag(self, topic: str, lags: Mapping[int, int]) -> None:
         """Records between the worker's position and the end, per assigned partition (others dropped)."""
 
+    def on_swept(self, n: int) -> None:
+        """A sweep of the staging partition cleared `n` staged rows no receipt will use (0: none found)."""
+
 
 class TrainerSensor:
     """Readings of the trainer's experience consumer; the base class ignores them all."""
@@ -65,6 +68,7 @@ class ReassemblerStats(ReassemblerSensor):
         self.open_groups = 0
         self.paused = False
         self.commit_seconds_total = 0.0
+        self.swept = 0
 
     def on_receipts(self, n: int) -> None:
         self.receipts += n
@@ -85,6 +89,9 @@ class ReassemblerStats(ReassemblerSensor):
     def on_open_groups(self, n: int, *, paused: bool) -> None:
         self.open_groups, self.paused = n, paused
 
+    def on_swept(self, n: int) -> None:
+        self.swept += n
+
     def snapshot(self) -> dict[str, object]:
         """Plain totals (what a Ray actor returns)."""
         return {
@@ -95,6 +102,7 @@ class ReassemblerStats(ReassemblerSensor):
             "aborts": self.aborts,
             "retries": self.retries,
             "open_groups": self.open_groups,
+            "swept": self.swept,
         }
 
 

@@ -10,6 +10,7 @@ def test_base_sensors_accept_every_reading_and_keep_nothing():
     r.on_abort()
     r.on_open_groups(4, paused=True)
     r.on_lag("t", {0: 5})
+    r.on_swept(2)
     t.on_yield(3, 1)
     t.on_evict(2)
     t.on_duplicate()
@@ -27,6 +28,8 @@ def test_reassembler_stats_fold_readings_into_totals():
     s.on_retry("producer")
     s.on_open_groups(7, paused=True)
     s.on_open_groups(4, paused=False)
+    s.on_swept(2)
+    s.on_swept(0)
     assert s.snapshot() == {
         "receipts": 8,
         "finalized": 3,
@@ -35,6 +38,7 @@ def test_reassembler_stats_fold_readings_into_totals():
         "aborts": 1,
         "retries": 2,
         "open_groups": 4,
+        "swept": 2,
     }
     assert s.commit_seconds_total == 0.75 and s.paused is False
     snap = s.snapshot()

@@ -1,0 +1,106 @@
+"""Staged rows that no receipt will ever use, found and cleared: the leak no commit cycle can close.
+
+Two kinds of staged rows outlive their use with nothing left to clear them: those of a publish
+that failed after staging (a `DeliveryError`, a cancelled task, a producer that died between the
+two), which no receipt names; and those of a refused receipt whose clear a crash lost after the
+commit that moved the offset past it, so no restart reads it again. Every staged row's tags name
+its prompt group, and the group names its receipts partition (`streams.partitioner`), so the worker
+that owns that partition can judge the row. It clears a row only when all of these hold:
+
+- it was staged more than `staging_sweep_age_s` ago (tag `staged_at_ms`; a row staged without
+  one is timed from when this worker first saw it), which is above `group_timeout_s`;
+- its partition is read to its end, so any receipt naming it that was published has been read;
+- no open group of that partition names it, and its group is not open there.
+
+A receipt published later than that age after its rows were staged finds them gone, and its row
+is rejected as a missing staging row: a bounded age, as the horizon's retention is.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from streams.partitioner import partition_of
+from streams.tq import KVStore
+from workers.reassembler.config import ReassemblerConfig
+
+log = logging.getLogger("rlstream.reassembler")
+
+# The tag `stage_rollouts` writes: wall-clock milliseconds when the row was staged.
+STAGED_AT_TAG = "staged_at_ms"
+
+
+class StagingSweeper:
+    """One worker's periodic sweep of the staging partition, for the receipts partitions it owns."""
+
+    def __init__(
+        self,
+        store: KVStore,
+        config: ReassemblerConfig,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        wall_ms: Callable[[], int] = lambda: int(time.time() * 1000),
+    ):
+        self._store = store
+        self._partition = config.actor.staging_partition
+        self._age_ms = int(config.staging_sweep_age_s * 1000)
+        self._interval_s = config.staging_sweep_interval_s
+        self._enabled = config.clear_staging
+        self._clock, self._wall_ms = clock, wall_ms
+        self._next = clock() + self._interval_s
+        # Rows listed without a staging time, and when this sweeper first saw each (bounded by
+        # what the partition holds: keys no longer listed are dropped at each sweep).
+        self._first_seen: dict[str, int] = {}
+
+    def due(self) -> bool:
+        return self._enabled and self._clock() >= self._next
+
+    def sweep(self, tasks: Mapping[int, Any], *, caught_up: Mapping[int, bool], partitions: int) -> int:
+        """Clear the rows of `tasks`' partitions that no receipt will use; returns how many.
+
+        `tasks` maps each owned receipts partition to its `PartitionTask`; `partitions` is the
+        receipts topic's partition count, which places a row's group.
+        """
+        self._next = self._clock() + self._interval_s
+        now = self._wall_ms()
+        listed = self._store.list(self._partition)
+        self._first_seen = {k: t for k, t in self._first_seen.items() if k in listed}
+        in_use = {p: _open_keys(task) for p, task in tasks.items()}
+        stale = []
+        for key, tags in listed.items():
+            group_id = tags.get("group_id")
+            if not isinstance(group_id, str) or not group_id:
+                continue  # not a row rlstream's publisher staged: not ours to judge
+            part = partition_of(group_id.encode(), partitions)
+            task = tasks.get(part)
+            if task is None or not caught_up.get(part, False):
+                continue
+            staged_at = tags.get(STAGED_AT_TAG)
+            if not isinstance(staged_at, int):
+                staged_at = self._first_seen.setdefault(key, now)
+            if now - staged_at < self._age_ms:
+                continue
+            open_groups, open_keys = in_use[part]
+            if group_id in open_groups or key in open_keys:
+                continue
+            stale.append(key)
+        if stale:
+            self._store.clear(self._partition, stale)
+            for key in stale:
+                self._first_seen.pop(key, None)
+            log.warning(
+                "swept %d staged row(s) from %r that no receipt will use (staged over %.0fs ago, e.g. %s)",
+                len(stale),
+                self._partition,
+                self._age_ms / 1000,
+                ", ".join(stale[:3]),
+            )
+        return len(stale)
+
+
+def _open_keys(task: Any) -> tuple[set[str], set[str]]:
+    groups = task.groups.open
+    return set(groups), {k for g in groups.values() for k in g.staging_keys()}
