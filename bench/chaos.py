@@ -36,13 +36,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from chaos_check import DrillEvents, account, figures, read_journal, unfinished_batches
-from chaos_procs import Producer, Reassemblers, Trainer
+from chaos_procs import CRASH_POINTS, Producer, Reassemblers, Trainer
 
 from streams.admin import create_topics
 from streams.cluster import ClusterConfig, LocalCluster
 from streams.config import KafkaConfig
 from streams.tq import TQConfig, TQStore, init_tq, ray_address
-from workers.reassembler.config import CRASH_POINTS
 from workers.telemetry.logs import configure_logging
 from workers.topics import TopicNames, pipeline_topics
 

@@ -21,10 +21,15 @@ from streams.config import KafkaConfig
 from streams.pids import die_with_parent
 from streams.tq import TQConfig, TQStore
 from workers.reassembler.config import ReassemblerConfig
-from workers.reassembler.run import spawn_worker
+from workers.reassembler.run import CHILD_ARGS, spawn_worker
 from workers.rollout.publisher import RolloutPublisher
 from workers.rollout.synthetic import SyntheticShape, make_group
 from workers.topics import TopicNames
+
+# The drill worker, run from the repository root (the cwd of every drill).
+DRILL_WORKER = ("-m", "tests.tools.drill_worker")
+# Its crash points (tests/tools/faults.py, not imported: bench scripts do not see tests/).
+CRASH_POINTS = ("after_tq_put", "before_commit", "after_commit")
 
 SHAPE = SyntheticShape(group_size=8, calls=(1, 3), prompt_len=(4, 12), answer_len=(2, 16), observation_len=(1, 6))
 TRAINER = Path(__file__).resolve().with_name("chaos_trainer.py")
@@ -58,12 +63,15 @@ class Reassemblers:
         self._logs: list = []
 
     def _spawn(self, worker_id: str, crash_point: str | None = None) -> subprocess.Popen:
-        cfg = ReassemblerConfig(
-            prefix=self.names.prefix, worker_id=worker_id, consumer_group=self.group, crash_point=crash_point
-        )
+        cfg = ReassemblerConfig(prefix=self.names.prefix, worker_id=worker_id, consumer_group=self.group)
+        # A crash worker is the drills' own child (tests/tools/drill_worker.py): no production
+        # setting can make a worker kill itself.
+        args = (*DRILL_WORKER, "--crash-at", crash_point) if crash_point else CHILD_ARGS
         log = open(self.workdir / f"{worker_id}.log", "ab")  # noqa: SIM115 - the child writes it; closed at stop
         self._logs.append(log)
-        return spawn_worker(self.kafka, cfg, self.tq, stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
+        return spawn_worker(
+            self.kafka, cfg, self.tq, args=args, stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent
+        )
 
     def start(self) -> None:
         for wid in self.slots:

@@ -32,6 +32,8 @@ class InMemoryStore:
         names = list(select) if select is not None else list(part[keys[0]][0])
         out: dict[str, torch.Tensor] = {}
         for name in names:
+            if any(name not in part[k][0] for k in keys):
+                continue  # as TQ's select_fields: a field some of the rows lack is left out, silently
             rows = [part[k][0][name] for k in keys]
             if all(r.shape == rows[0].shape for r in rows):
                 out[name] = torch.stack(rows)

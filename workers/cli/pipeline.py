@@ -38,7 +38,7 @@ def smoke(target: KafkaTarget) -> int:
     "variables < flags; the cluster likewise from [kafka] and RLSTREAM_KAFKA_*."
 )
 @kafka_options()
-@settings_options(ReassemblerConfig, into="settings", exclude=("prefix",), hidden=("crash_point", "stop_point"))
+@settings_options(ReassemblerConfig, into="settings", exclude=("prefix",))
 @click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True, help="worker processes")
 @click.option("--ray-address", default="auto", show_default=True, help="Ray cluster holding TQ")
 @click.option(

@@ -114,6 +114,26 @@ def commit_transaction(
     return writes
 
 
+def confirm_membership(
+    producer: TransactionalProducer,
+    committed: dict[int, int | None],
+    *,
+    receipts_topic: str,
+    consumer_group_metadata,
+) -> None:
+    """A transaction of nothing but the partitions' committed offsets, sent again (KafkaException if refused).
+
+    The group coordinator checks the consumer-group metadata that comes with them (KIP-447): from a
+    member of an older generation, one whose partitions moved on, the commit fails. A partition
+    never committed sends offset 0, which resumes where no commit would (auto.offset.reset=earliest).
+    """
+    producer.begin()
+    offsets = [TopicPartition(receipts_topic, p, 0 if o is None else o) for p, o in sorted(committed.items())]
+    if offsets:
+        producer.send_offsets(offsets, consumer_group_metadata)
+    producer.commit()
+
+
 def dead_letter_counts(commits: Sequence[PartitionCommit]) -> dict[str, int]:
     """Dead letters of a step by error kind."""
     return dict(Counter(d.error_kind for c in commits for d in c.dead_letters))

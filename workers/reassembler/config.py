@@ -8,15 +8,12 @@ import msgspec
 from msgspec import Meta
 
 from schemas.request import RolloutReassemblerActorConfig
-from streams.settings import Settings
+from streams.settings import ConfigError, Settings
 from streams.tq import STAGING, TRAIN
 from workers.topics import TopicNames
 
 # The consumer group production reassemblers join unless told otherwise.
 DEFAULT_CONSUMER_GROUP = "reassemblers"
-CrashPoint = Literal["after_tq_put", "before_commit", "after_commit"]
-CRASH_POINTS: tuple[str, ...] = CrashPoint.__args__
-StopPoint = Literal["before_put"]
 Assignment = Literal["cooperative-sticky", "range", "roundrobin"]
 
 
@@ -101,6 +98,17 @@ class ReassemblerConfig(Settings, frozen=True):
             ge=1000, le=300_000, description="consumer-group session timeout: how soon a dead worker's partitions move"
         ),
     ] = 6000
+    # The longest a step may take between two polls before the consumer leaves its group; puts stop
+    # at 3/4 of it (lease.py), and a step that runs out of time is retried with fewer groups.
+    max_poll_interval_ms: Annotated[
+        int,
+        Meta(
+            ge=1000,
+            le=3_600_000,
+            description="longest step between polls before the worker leaves its consumer group "
+            "(at least session_timeout_ms); a slower step is retried with fewer groups",
+        ),
+    ] = 60_000
     transaction_timeout_ms: Annotated[
         int, Meta(ge=1000, le=900_000, description="Kafka transaction timeout of one step")
     ] = 10_000
@@ -124,13 +132,42 @@ class ReassemblerConfig(Settings, frozen=True):
             "for replay runs: the tensors belong to production)"
         ),
     ] = True
-    crash_point: Annotated[
-        CrashPoint | None, Meta(description="crash drills only: SIGKILL this process at that point of a step")
-    ] = None
-    stop_point: Annotated[
-        StopPoint | None, Meta(description="drills only: SIGSTOP this process once, at that point of a step (a zombie)")
-    ] = None
+    # Staged rows no receipt will use (a publish that failed after staging, a refused receipt whose
+    # clear a crash lost) are swept once this old, and only while their partition is read to its end
+    # and none of its open groups names them (sweeper.py).
+    staging_sweep_age_s: Annotated[
+        float,
+        Meta(
+            gt=0,
+            le=30 * 86_400,
+            description="seconds after staging that a staged row no open prompt group uses is swept "
+            "(above group_timeout_s; 0 < age)",
+        ),
+    ] = 3600.0
+    staging_sweep_interval_s: Annotated[
+        float, Meta(gt=0, le=86_400, description="seconds between two sweeps of the staging partition")
+    ] = 60.0
     actor: RolloutReassemblerActorConfig = msgspec.field(default_factory=default_actor_config)
+
+    def __post_init__(self) -> None:
+        if self.max_poll_interval_ms < self.session_timeout_ms:
+            raise ConfigError(
+                f"[reassembler] max_poll_interval_ms ({self.max_poll_interval_ms}) must be at least "
+                f"session_timeout_ms ({self.session_timeout_ms})"
+            )
+        # A group open longer than closed groups are remembered could outlive the memory of a group
+        # that closed while it was open, and a restart re-reading from its first receipt would then
+        # find that group forgotten and unprotected by the horizon.
+        if self.group_timeout_s >= self.closed_retention_s:
+            raise ConfigError(
+                f"[reassembler] group_timeout_s ({self.group_timeout_s:g}) must be below closed_retention_s "
+                f"({self.closed_retention_s:g})"
+            )
+        if self.staging_sweep_age_s <= self.group_timeout_s:
+            raise ConfigError(
+                f"[reassembler] staging_sweep_age_s ({self.staging_sweep_age_s:g}) must be above group_timeout_s "
+                f"({self.group_timeout_s:g}): a group's own rows must never be swept while it may still be open"
+            )
 
     @property
     def topics(self) -> TopicNames:

@@ -5,8 +5,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+from tensordict import TensorDict
 
 from schemas.deadletter import ALL_ROLLOUTS_FAILED, INCONSISTENT_GROUP
 from schemas.errors import RlstreamError
@@ -44,19 +46,40 @@ class GroupOutcome:
 
 
 def fetch_segments(
-    store: KVStore, staging_partition: str, keys: Sequence[str], *, routed_experts: bool = False
+    store: KVStore,
+    staging_partition: str,
+    keys: Sequence[str],
+    *,
+    routed_experts: bool = False,
+    tags: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> Segments:
-    """One batched get of the staged call deltas; absent keys are simply missing from the result."""
+    """Batched gets of the staged call deltas; absent keys are simply missing from the result.
+
+    With `routed_experts`, rows whose staging tags say they carry them (`routed_experts_k`) are
+    fetched with the field and the others without it, in one get per kind: TQ drops a field that
+    some of the requested rows lack, or refuses the read. A row left without experts is backfilled
+    by the build (`num_routed_experts_backfilled`), never a crash.
+    """
     keys = list(dict.fromkeys(keys))
+    if not routed_experts:
+        return _fetch(store, staging_partition, keys, SEGMENT_FIELDS)
+    tags = tags or {}
+    with_experts = [k for k in keys if "routed_experts_k" in tags.get(k, {})]
+    plain = [k for k in keys if "routed_experts_k" not in tags.get(k, {})]
+    out = _fetch(store, staging_partition, with_experts, (*SEGMENT_FIELDS, ROUTED_EXPERTS))
+    out.update(_fetch(store, staging_partition, plain, SEGMENT_FIELDS))
+    return out
+
+
+def _fetch(store: KVStore, staging_partition: str, keys: list[str], select: Sequence[str]) -> Segments:
     if not keys:
         return {}
-    select = list(SEGMENT_FIELDS) + ([ROUTED_EXPERTS] if routed_experts else [])
     # A key can vanish between tries (its owner cleared it after a rebalance): retry without the
     # absent ones (they become placeholder rows). Should keys keep vanishing, the step is aborted
     # rather than finalizing every group of it without rows it may yet find.
     for _ in range(3):
         try:
-            td = store.get(staging_partition, keys, select=select)
+            td = store.get(staging_partition, keys, select=list(select))
             break
         except MissingKeysError as exc:
             missing = set(exc.missing)
@@ -65,23 +88,31 @@ def fetch_segments(
                 return {}
     else:
         raise StagingUnstable(f"staged rows kept vanishing from {staging_partition!r} during three fetches")
-    columns = {name: tensor_rows(td.get(name)) for name in select}
+    columns = {name: tensor_rows(value) for name in select if (value := td.get(name, None)) is not None}
+    missing_fields = [name for name in SEGMENT_FIELDS if name not in columns]
+    if missing_fields:
+        # Rows staged without a field every call has: not this pipeline's rows. Their keys are
+        # left out, so their receipts' rows are rejected as missing staging rows.
+        return {}
     out: Segments = {}
     for i, key in enumerate(keys):
         seg = {name: columns[name][i] for name in SEGMENT_FIELDS}
-        if routed_experts:
+        if ROUTED_EXPERTS in columns:
             seg[ROUTED_EXPERTS] = _unflatten_experts(columns[ROUTED_EXPERTS][i], seg["token_ids"].numel())
         out[key] = seg
     return out
 
 
-def owned_keys(store: KVStore, staging_partition: str, groups: Sequence[OpenGroup]) -> dict[str, set[str]]:
+def owned_keys(
+    store: KVStore, staging_partition: str, groups: Sequence[OpenGroup]
+) -> tuple[dict[str, set[str]], dict[str, dict[str, Any]]]:
     """Per group, the staging keys of its receipts that were staged by that very group and rollout.
 
     A receipt is input: it could name another rollout's staged rows, whose tokens would become this
     group's rows and then be cleared under their owner. Staged rows carry the group and rollout they
     belong to in their tags (`stage_rollouts`); a row whose tags say otherwise is treated as missing.
-    Two groups of one step may name the same key: each is judged on its own claim.
+    Two groups of one step may name the same key: each is judged on its own claim. Returns the
+    owned keys per group and the tags looked up.
     """
     claims = [
         (g.group_id, r.rollout_id, c.staging_key) for g in groups for r in g.receipts.values() for c in r.manifest
@@ -92,7 +123,7 @@ def owned_keys(store: KVStore, staging_partition: str, groups: Sequence[OpenGrou
         tag = tags.get(key)
         if tag is not None and tag.get("group_id") == gid and tag.get("rollout_id") == rid:
             owned[gid].add(key)
-    return owned
+    return owned, tags
 
 
 def _claimed_keys(groups: Sequence[OpenGroup]) -> Iterator[str]:
@@ -166,23 +197,25 @@ def finalize_groups(
     *,
     receipts_topic: str,
     now_ms: int,
-    lease: Callable[[], str | None] = lambda: None,
+    lease: Callable[[int, list[str]], str | None] = lambda put, sample_ids: None,
 ) -> list[GroupOutcome]:
     """Finalize ready groups; rows go to TQ train now, staging is cleared by the caller after commit.
 
     The rows of every group built go to TQ in one put per field layout, not one per group: TQ's cost
-    is mostly per call (bench/bench_dataplane.py). `lease()` is asked before the puts and names why
+    is mostly per call (bench/bench_dataplane.py). `lease(i, sample_ids)` is asked before put i and names why
     the caller may no longer own its partitions (None while it does): a zombie's put could overwrite
-    rows a successor committed, or recreate rows a trainer already released. Then nothing is put
-    and `LeaseExpired` is raised.
+    rows a successor committed, or recreate rows a trainer already released. Then that put and the
+    rest are not made and `LeaseExpired` is raised.
     """
     t0 = time.perf_counter()
-    owned = owned_keys(store, config.staging_partition, groups) if groups else {}
+    owned, tags = owned_keys(store, config.staging_partition, groups) if groups else ({}, {})
     # In the order owned_keys looked them up: a store that keeps that lookup's row locations
     # (TQStore) then fetches the rows without looking them up again.
     mine = set().union(*owned.values())
     keys = [k for k in dict.fromkeys(_claimed_keys(groups)) if k in mine]
-    fetched = fetch_segments(store, config.staging_partition, keys, routed_experts=config.router_replay_enabled)
+    fetched = fetch_segments(
+        store, config.staging_partition, keys, routed_experts=config.router_replay_enabled, tags=tags
+    )
     fetch_ms = (time.perf_counter() - t0) * 1000.0
     results = [_build_or_letter(group, owned[group.group_id], fetched, config) for group in groups]
     builds = [r[1] for r in results if not isinstance(r, GroupOutcome)]
@@ -231,26 +264,32 @@ def _build_or_letter(
     return group, build, staging, (time.perf_counter() - t1) * 1000.0
 
 
-def _put_rows(store: KVStore, partition: str, builds: list[GroupBuild], lease: Callable[[], str | None]) -> float:
-    """Put the rows of `builds`, one put per set of fields; returns the milliseconds it took."""
-    if not builds:
-        return 0.0
-    expired = lease()
-    if expired is not None:
-        names = ", ".join(b.sample_ids[0].rsplit("_g", 1)[0] for b in builds[:3])
-        raise LeaseExpired(f"not putting the rows of group(s) {names}{' ...' if len(builds) > 3 else ''}: {expired}")
+def _put_rows(
+    store: KVStore, partition: str, builds: list[GroupBuild], lease: Callable[[int, list[str]], str | None]
+) -> float:
+    """Put the rows of `builds`, one put per set of fields, each once the lease allows it; returns the ms it took."""
     t0 = time.perf_counter()
+    for i, (same, fields) in enumerate(_puts(builds)):
+        sample_ids = [s for b in same for s in b.sample_ids]
+        refusal = lease(i, sample_ids)
+        if refusal is not None:
+            names = ", ".join(b.sample_ids[0].rsplit("_g", 1)[0] for b in same[:3])
+            raise LeaseExpired(f"not putting the rows of group(s) {names}{' ...' if len(same) > 3 else ''}: {refusal}")
+        store.put(partition, sample_ids, fields, [t for b in same for t in b.tags])
+    return (time.perf_counter() - t0) * 1000.0
+
+
+def _puts(builds: list[GroupBuild]) -> list[tuple[list[GroupBuild], TensorDict]]:
+    """The builds in as few puts as their fields allow: one per layout, else one per group."""
     by_layout: dict[tuple[str, ...], list[GroupBuild]] = {}
     for b in builds:
         by_layout.setdefault(tuple(sorted(b.fields.keys())), []).append(b)
+    puts = []
     for same in by_layout.values():
         try:
-            fields = same[0].fields if len(same) == 1 else torch.cat([b.fields for b in same])
+            puts.append((same, same[0].fields if len(same) == 1 else torch.cat([b.fields for b in same])))
         except (RuntimeError, TypeError, ValueError):
             # Fields that do not concatenate (dtypes or per-token shapes differing between groups):
             # one put per group, as the rows are alike within a group.
-            for b in same:
-                store.put(partition, b.sample_ids, b.fields, b.tags)
-            continue
-        store.put(partition, [s for b in same for s in b.sample_ids], fields, [t for b in same for t in b.tags])
-    return (time.perf_counter() - t0) * 1000.0
+            puts.extend(([b], b.fields) for b in same)
+    return puts

@@ -87,6 +87,9 @@ class PartitionGroups:
         # None until a closed group is forgotten.
         self.horizon_ms: int | None = None
         self._closed_capacity = closed_capacity
+        # Closed groups forgotten for capacity while the changelog was applied: their entries still
+        # stand in the state topic, so the first commit after the restore tombstones them.
+        self.forgotten_in_restore: list[str] = []
 
     def restore_open(self, group_id: str, first_seen_ms: int, entry_offset: int = -1) -> None:
         """A group the state topic last saw open."""
@@ -113,7 +116,7 @@ class PartitionGroups:
             self.dead_lettered.add(group_id)
         else:
             self.dead_lettered.discard(group_id)
-        self._enforce_capacity()
+        self.forgotten_in_restore.extend(self._enforce_capacity())
 
     def restore_forgotten(self, group_id: str) -> None:
         """A tombstone: a predecessor forgot this closed group (the horizon covers it)."""
@@ -147,6 +150,11 @@ class PartitionGroups:
         group = self.open.get(gid)
         if group is None:
             known = reopened or gid in self.restored_open_ms
+            if not known and self.replaying(offset):
+                # Read before the restart, yet its group is neither open nor remembered: the group
+                # was forgotten. Decided by offset, not by the clock: a receipt's timestamp is
+                # clamped to the reading worker's clock, which is later now than when first read.
+                return Added.LATE, None
             # At the horizon too: a forgotten group's own first receipt carries exactly that time.
             horizon = self.horizon_ms
             if not known and horizon is not None and (timestamp_ms if event_ms is None else event_ms) <= horizon:

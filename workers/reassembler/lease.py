@@ -1,19 +1,24 @@
-"""Whether a worker may still write to TQ train: the zombie guard Kafka cannot give for TQ.
+"""Whether a worker may still write to TQ: the zombie guard Kafka cannot give for TQ.
 
 A worker frozen past its session timeout (SIGSTOP, a paused VM, a long stop-the-world pause) has
 lost its partitions to a successor without knowing it. Kafka fences its transaction, but a TQ put it
 makes on waking would still land: over rows the successor committed, or recreating rows a trainer
 already released, which nobody would clear. Nothing in TQ can refuse a put by owner, so the worker
-refuses it itself when it cannot be sure it still owns its partitions:
+refuses it itself whenever it cannot be sure it still owns its partitions:
 
 - **A freeze**: a watch thread ticks every `tick_s`; a gap between ticks of at least half the
-  session timeout means the whole process was stopped. Puts are refused for a session timeout after
-  it, by which time the consumer has heard from the coordinator and dropped revoked partitions.
+  session timeout means the whole process was stopped (heartbeats too). From then on every put is
+  refused until the worker has *confirmed* its membership with the broker: a transaction that
+  sends its committed offsets with its consumer-group metadata, which the group coordinator
+  refuses from a member of an older generation (KIP-447). Time alone proves nothing here: the
+  first poll after waking can hand out prefetched records before the heartbeat that would reveal
+  the lost membership has even been answered.
 - **A slow step**: more than 3/4 of `max.poll.interval.ms` since the last poll, after which the
-  consumer leaves its group even though it kept heartbeating.
+  consumer leaves its group even though it kept heartbeating. Each TQ call is bounded well inside
+  the remaining quarter (`streams.tq.bound_tq_calls`), so a put checked in time also lands in time.
 
-What remains is a freeze that starts after the check and before the put's first byte lands: a
-window of microseconds against one as long as the whole step before.
+The lease is asked before every put, not once per step. What remains is a freeze that starts after
+the check and before the put has landed: the length of one bounded TQ call, not of a whole step.
 """
 
 from __future__ import annotations
@@ -21,6 +26,9 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+
+# The share of max.poll.interval after the last poll past which no put starts.
+SLOW_STEP_SHARE = 0.75
 
 
 class Lease:
@@ -40,7 +48,10 @@ class Lease:
         self._clock = clock
         self._tick_s = tick_s
         self._last_tick = self._polled = clock()
-        self._refuse_until = float("-inf")
+        self._lock = threading.Lock()
+        # Freezes seen so far; a confirmation counts only if none was seen while it ran.
+        self._freezes = 0
+        self._unconfirmed = False
         self._freeze_s = 0.0
         self._stop = threading.Event()
         if watch:
@@ -52,29 +63,73 @@ class Lease:
     def tick(self) -> None:
         """One tick of the watch: notes a freeze since the previous one."""
         now = self._clock()
-        self._note(now - self._last_tick, now)
-        self._last_tick = now
+        with self._lock:
+            self._note(now - self._last_tick)
+            self._last_tick = now
 
-    def _note(self, gap: float, now: float) -> None:
+    def _note(self, gap: float) -> None:
         if gap >= self.session_timeout_s / 2:
+            self._freezes += 1
+            self._unconfirmed = True
             self._freeze_s = max(self._freeze_s, gap)
-            self._refuse_until = max(self._refuse_until, now + self.session_timeout_s)
 
     def _watch(self) -> None:
         while not self._stop.wait(self._tick_s):
             self.tick()
 
-    def expired(self) -> str | None:
-        """Why a put now could be a zombie's, or None."""
+    def _check_freeze(self) -> None:
+        # A freeze the watch thread has not ticked through yet (the caller woke first). Counted
+        # once: the check then stands for the tick, or the watch would count the same gap again.
         now = self._clock()
-        # A freeze the watch thread has not ticked through yet (the caller woke first).
-        self._note(now - self._last_tick - self._tick_s, now)
-        if now < self._refuse_until:
-            return f"the process was frozen for {self._freeze_s:.1f}s (session timeout {self.session_timeout_s:.0f}s)"
-        since_poll = now - self._polled
-        if since_poll >= self.max_poll_interval_s * 0.75:
+        with self._lock:
+            gap = now - self._last_tick - self._tick_s
+            self._note(gap)
+            if gap >= self.session_timeout_s / 2:
+                self._last_tick = now
+
+    @property
+    def unconfirmed(self) -> bool:
+        """A freeze was seen and the worker has not confirmed its membership since."""
+        self._check_freeze()
+        with self._lock:
+            return self._unconfirmed
+
+    def freezes(self) -> int:
+        """A mark to pass to `confirmed` once the confirmation that starts now has succeeded."""
+        self._check_freeze()
+        with self._lock:
+            return self._freezes
+
+    def confirmed(self, mark: int) -> bool:
+        """The broker accepted this member's generation after `freezes()` returned `mark`.
+
+        Puts are allowed again unless another freeze was seen meanwhile (the confirmation may itself
+        have been frozen before it was sent); returns whether they are.
+        """
+        self._check_freeze()
+        with self._lock:
+            if self._freezes == mark:
+                self._unconfirmed = False
+                self._freeze_s = 0.0
+            return not self._unconfirmed
+
+    def refusal(self) -> str | None:
+        """Why a put now could be a zombie's, or None while the worker may put."""
+        self._check_freeze()
+        with self._lock:
+            if self._unconfirmed:
+                return (
+                    f"the process was frozen for {self._freeze_s:.1f}s (session timeout {self.session_timeout_s:.0f}s) "
+                    "and has not confirmed its consumer-group membership since"
+                )
+        since_poll = self._clock() - self._polled
+        if since_poll >= self.max_poll_interval_s * SLOW_STEP_SHARE:
             return f"{since_poll:.1f}s since the last poll (max.poll.interval {self.max_poll_interval_s:.0f}s)"
         return None
+
+    def slow_step(self) -> bool:
+        """Whether the current step has run past the share of max.poll.interval that puts may use."""
+        return self._clock() - self._polled >= self.max_poll_interval_s * SLOW_STEP_SHARE
 
     def close(self) -> None:
         self._stop.set()

@@ -37,6 +37,8 @@ class Restored:
     groups: PartitionGroups
     # Closed by a predecessor that died between its commit and its staging clear; in log order.
     pending_clears: tuple[GroupState, ...]
+    # Closed groups forgotten for capacity while restoring, whose entries still need a tombstone.
+    forgotten: tuple[str, ...] = ()
 
 
 def restore_partition(
@@ -63,7 +65,10 @@ def restore_partition(
             groups.emitted_through = max(groups.emitted_through, entry.last_offset)
         else:
             _apply_group(groups, pending, entry, record.offset)
-    return Restored(groups, tuple(pending.values()))
+    # A group forgotten for capacity and then seen again (a later entry of it) is remembered after all.
+    forgotten = tuple(dict.fromkeys(g for g in groups.forgotten_in_restore if g not in groups.closed))
+    groups.forgotten_in_restore = []
+    return Restored(groups, tuple(pending.values()), forgotten)
 
 
 def _apply_group(groups: PartitionGroups, pending: dict[str, GroupState], entry: GroupState, offset: int) -> None:

@@ -7,13 +7,14 @@ never as arguments: no setting, and no SASL password least of all, appears on a 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import BinaryIO
 
 import msgspec
@@ -23,6 +24,8 @@ from streams.pids import die_with_parent
 from streams.settings import ConfigError
 from streams.tq import TQConfig, TQStore, init_tq
 from workers.reassembler.config import ReassemblerConfig
+from workers.reassembler.faults import NO_FAULTS, Faults
+from workers.reassembler.lease import SLOW_STEP_SHARE
 from workers.reassembler.pool import STOP_GRACE_S, Pool, RestartPolicy, Spare
 from workers.telemetry.sensors import ReassemblerSensor, ReassemblerStats, fan_out
 
@@ -50,6 +53,17 @@ class Promotion(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     metrics_port: int | None = None
 
 
+def bounded_tq(tq: TQConfig, config: ReassemblerConfig) -> TQConfig:
+    """`tq` with its storage calls bounded well inside what the lease leaves a put after its check.
+
+    The lease allows no put later than 3/4 of max.poll.interval after a poll; a put that then took
+    more than the remaining quarter (TQ's own default is 3 x 200 s) could land after the consumer
+    left its group, over rows a successor committed.
+    """
+    window_s = config.max_poll_interval_ms / 1000 * (1 - SLOW_STEP_SHARE)
+    return dataclasses.replace(tq, call_budget_s=window_s * 0.8)
+
+
 def child_process(
     kafka: KafkaConfig,
     config: ReassemblerConfig,
@@ -59,10 +73,12 @@ def child_process(
     log_json: bool = False,
     debug: bool = False,
     standby: bool = False,
+    args: Sequence[str] | None = None,
 ) -> tuple[list[str], bytes]:
-    """The argv that runs one worker of `config` in a child process, and the document for its stdin."""
+    """The argv that runs one worker of `config` in a child process (`args` after the interpreter,
+    default CHILD_ARGS), and the document for its stdin."""
     spec = WorkerSpec(kafka, config, tq, metrics_port=metrics_port, log_json=log_json, debug=debug, standby=standby)
-    return [sys.executable, *CHILD_ARGS], msgspec.json.encode(spec)
+    return [sys.executable, *(CHILD_ARGS if args is None else args)], msgspec.json.encode(spec)
 
 
 def read_spec(data: bytes) -> WorkerSpec:
@@ -82,14 +98,15 @@ def spawn_worker(
     log_json: bool = False,
     debug: bool = False,
     standby: bool = False,
+    args: Sequence[str] | None = None,
     **popen_kwargs,
 ) -> subprocess.Popen:
-    """Start one worker process (`rlstream reassemble --config-stdin`) and hand it its settings.
+    """Start one worker process (`rlstream reassemble --config-stdin`, or `args`) and hand it its settings.
 
     A `standby` process keeps its stdin open, as `proc.stdin`, for its `Promotion` (see `promote`).
     """
     argv, document = child_process(
-        kafka, config, tq, metrics_port=metrics_port, log_json=log_json, debug=debug, standby=standby
+        kafka, config, tq, metrics_port=metrics_port, log_json=log_json, debug=debug, standby=standby, args=args
     )
     proc = subprocess.Popen(argv, stdin=subprocess.PIPE, **popen_kwargs)
     pipe, proc.stdin = proc.stdin, None  # written here; communicate() must not touch it
@@ -122,7 +139,7 @@ def promote(proc: subprocess.Popen, worker_id: str, metrics_port: int | None = N
 def await_promotion(spec: WorkerSpec, stdin: BinaryIO, log: Callable[[str], None] = print) -> WorkerSpec | None:
     """As a standby: attach to Ray and TQ and import the worker now, then wait for a `Promotion` on
     stdin; the spec of the worker to become, or None if stdin closes first (the pool is stopping)."""
-    init_tq(spec.tq)
+    init_tq(bounded_tq(spec.tq, spec.reassembler))
     TQStore()  # TQ's client is ready before anyone waits on it
     from workers.reassembler.worker import ReassemblerWorker  # noqa: F401 - imported now, not after a death
 
@@ -167,21 +184,25 @@ def run_worker(
     log: Callable[[str], None] = print,
     tick_s: float = 5.0,
     sensor: ReassemblerSensor | None = None,
+    faults: Faults = NO_FAULTS,
 ) -> ReassemblerStats:
     """Attach to TQ and run one worker in this process until `stop` is set or SIGINT/SIGTERM arrives.
 
-    `sensor` (e.g. a Prometheus one) gets every reading as well as the totals behind the rate line.
+    `sensor` (e.g. a Prometheus one) gets every reading as well as the totals behind the rate line;
+    `faults` is for drills only (`tests/tools/drill_worker.py`).
     """
     from workers.reassembler.worker import ReassemblerWorker
 
     stop = stop or threading.Event()
-    init_tq(tq)
+    init_tq(bounded_tq(tq, config))
     # After init_tq: ray.init installs its own SIGTERM handler, which would skip the graceful stop.
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: stop.set())
     stats = ReassemblerStats()
-    worker = ReassemblerWorker(kafka, TQStore(), config, sensor=stats if sensor is None else fan_out(stats, sensor))
+    worker = ReassemblerWorker(
+        kafka, TQStore(), config, sensor=stats if sensor is None else fan_out(stats, sensor), faults=faults
+    )
     log(
         f"[{config.worker_id}] consuming {config.receipts_topic} on {kafka.bootstrap_servers} "
         f"as consumer group {config.consumer_group!r}"

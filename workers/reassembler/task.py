@@ -64,6 +64,8 @@ class PartitionTask:
         self._redriven: dict[int, int] = {}
         # Records were read or groups fell due since the last commit: progress and offset must move.
         self._dirty = False
+        # Closed groups the restore forgot for capacity: tombstoned with the first commit.
+        self._forgotten = list(restored.forgotten)
         self._leftovers = restored.pending_clears
         # Closed entries again with staging_cleared, owed to the next commit once their keys are gone.
         self._owed: list[GroupState] = []
@@ -104,7 +106,7 @@ class PartitionTask:
     @property
     def has_work(self) -> bool:
         """Whether the next step must commit for this partition even when no group is ready."""
-        return bool(self._dirty or self._owed or self._dead or self._opened)
+        return bool(self._dirty or self._owed or self._dead or self._opened or self._forgotten or self._completed)
 
     # ----- intake ----------------------------------------------------------------------------
 
@@ -192,7 +194,7 @@ class PartitionTask:
 
     def prepare(self, outcomes: Sequence[GroupOutcome], now_ms: int) -> PartitionCommit:
         """Close the finalized groups and hand over everything this partition owes the step's transaction."""
-        forgotten = self.groups.forget(self.max_ts, int(self.config.closed_retention_s * 1000))
+        forgotten = [*self._forgotten, *self.groups.forget(self.max_ts, int(self.config.closed_retention_s * 1000))]
         # Before this step's closings: every entry still needed lies at or after it.
         restore_from = self.groups.restore_from(self.state_end)
         finalized, dead, closed = [], list(self._dead), []
@@ -220,10 +222,12 @@ class PartitionTask:
                 horizon_ms=self.groups.horizon_ms or 0,
                 restore_from=restore_from,
             )
-        if offset is None and (state or dead or finalized):
+        if offset is None and (state or dead or finalized or forgotten):
             offset = self.committed_offset
         strays = tuple(self._strays)
-        self._dead, self._opened, self._completed, self._strays = [], [], {}, []
+        # Complete groups this step had no room for stay ready for the next one.
+        completed = {gid: g for gid, g in self._completed.items() if gid not in closing}
+        self._dead, self._opened, self._completed, self._strays, self._forgotten = [], [], completed, [], []
         return PartitionCommit(
             partition=self.partition,
             finalized=tuple(finalized),

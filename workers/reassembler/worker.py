@@ -6,6 +6,10 @@ task prepare its outputs, commits them all with the input offsets in one transac
 (`workers.reassembler.commit`), then lets each task clean up. Any Kafka failure inside a step aborts
 it and rebuilds every task from the committed offsets and the state topic, so a step either happened
 entirely or not at all.
+
+Unlike a StreamTask's prepareCommit, `PartitionTask.prepare` closes the groups it is handed: an
+aborted step leaves them closed in memory, which is safe only because every abort ends in
+`_rebuild`, which replaces every task with one restored from what was committed.
 """
 
 from __future__ import annotations
@@ -17,23 +21,24 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from schemas.errors import InvalidArgument
 from streams.config import KafkaConfig
-from streams.consumer import ReadTimeout, Record
+from streams.consumer import ReadTimeout, Record, partitions_of
 from streams.producer import TransactionalProducer, is_fatal, is_fenced
 from streams.tq import KVStore
-from workers.reassembler.changelog import read_changelog
 from workers.reassembler.clearing import StagingClearer
-from workers.reassembler.commit import PartitionCommit, commit_transaction, dead_letter_counts
+from workers.reassembler.clients import KafkaClients, WorkerClients
+from workers.reassembler.commit import PartitionCommit, commit_transaction, confirm_membership, dead_letter_counts
 from workers.reassembler.config import ReassemblerConfig
-from workers.reassembler.drills import crash_here, stop_here
-from workers.reassembler.finalize import StepAborted, finalize_groups
+from workers.reassembler.faults import NO_FAULTS, Faults
+from workers.reassembler.finalize import LeaseExpired, StepAborted, finalize_groups
 from workers.reassembler.groups import OpenGroup
-from workers.reassembler.lease import Lease
+from workers.reassembler.lease import SLOW_STEP_SHARE, Lease
 from workers.reassembler.poll_errors import WorkerFenced, check_poll_error
 from workers.reassembler.restore import restore_partition
+from workers.reassembler.sweeper import StagingSweeper
 from workers.reassembler.task import PartitionTask
 from workers.telemetry.sensors import ReassemblerSensor
 
@@ -41,6 +46,8 @@ log = logging.getLogger("rlstream.reassembler")
 T = TypeVar("T")
 # Longest wait between retries of a Kafka call the worker cannot go on without.
 MAX_RETRY_DELAY_S = 30.0
+# A step that finished within this share of max.poll.interval lets the next one finalize twice as many groups.
+FAST_STEP_SHARE = 0.125
 
 
 def retry_delay(attempt: int) -> float:
@@ -49,10 +56,23 @@ def retry_delay(attempt: int) -> float:
 
 
 class ReassemblerWorker:
-    """One consumer-group member; `run` loops `step` until stopped."""
+    """One consumer-group member; `run` loops `step` until stopped.
+
+    `faults` (tests and drills only) is called at fixed points of every step; `clients` makes the
+    Kafka clients (real ones by default); `clock` is the monotonic clock of the lease and of the
+    transaction timing.
+    """
 
     def __init__(
-        self, kafka: KafkaConfig, store: KVStore, config: ReassemblerConfig, *, sensor: ReassemblerSensor | None = None
+        self,
+        kafka: KafkaConfig,
+        store: KVStore,
+        config: ReassemblerConfig,
+        *,
+        sensor: ReassemblerSensor | None = None,
+        faults: Faults = NO_FAULTS,
+        clients: WorkerClients | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ):
         if not config.worker_id:
             # It names the transactional id: two workers sharing one would fence each other.
@@ -61,26 +81,31 @@ class ReassemblerWorker:
         self.store = store
         self.config = config
         self.sensor = sensor if sensor is not None else ReassemblerSensor()
+        self.faults = faults
+        self._clients = clients if clients is not None else KafkaClients(kafka)
+        self._clock = clock
         self._tasks: dict[int, PartitionTask] = {}
-        max_poll_interval_ms = max(60_000, config.session_timeout_ms)
-        self._lease = Lease(config.session_timeout_ms / 1000, max_poll_interval_ms / 1000)
-        self._drilled = False  # the stop drill freezes a worker once
+        self._lease = Lease(config.session_timeout_ms / 1000, config.max_poll_interval_ms / 1000, clock=clock)
         self._paused = False
         self._clearer = StagingClearer(store, config.actor.staging_partition)
+        self._sweeper = StagingSweeper(store, config, clock=clock)
         self._warned: dict[int, float] = {}
+        # Most ready groups one step finalizes; halved after a step too slow for the poll interval.
+        self._step_groups = config.max_poll_records
+        # When the open transaction began (None: none open): a fence after its timeout is the
+        # coordinator aborting it, not a twin.
+        self._txn_began: float | None = None
         self._producer = self._new_producer()
-        self._consumer = Consumer(
-            kafka.consumer(
-                config.consumer_group,
-                **{
-                    "session.timeout.ms": config.session_timeout_ms,
-                    "heartbeat.interval.ms": max(100, config.session_timeout_ms // 6),
-                    "max.poll.interval.ms": max_poll_interval_ms,
-                    "client.id": config.transactional_id,
-                    "partition.assignment.strategy": config.partition_assignment,
-                    **({"group.instance.id": config.transactional_id} if config.static_membership else {}),
-                },
-            )
+        self._consumer = self._clients.consumer(
+            config.consumer_group,
+            {
+                "session.timeout.ms": config.session_timeout_ms,
+                "heartbeat.interval.ms": max(100, config.session_timeout_ms // 6),
+                "max.poll.interval.ms": config.max_poll_interval_ms,
+                "client.id": config.transactional_id,
+                "partition.assignment.strategy": config.partition_assignment,
+                **({"group.instance.id": config.transactional_id} if config.static_membership else {}),
+            },
         )
         self._consumer.subscribe(
             [config.receipts_topic], on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_revoke
@@ -98,9 +123,7 @@ class ReassemblerWorker:
     def _new_producer(self) -> TransactionalProducer:
         return self._retrying(
             "producer",
-            lambda: TransactionalProducer(
-                self.kafka, self.config.transactional_id, transaction_timeout_ms=self.config.transaction_timeout_ms
-            ),
+            lambda: self._clients.producer(self.config.transactional_id, self.config.transaction_timeout_ms),
         )
 
     def _retrying(self, what: str, call: Callable[[], T]) -> T:
@@ -126,6 +149,8 @@ class ReassemblerWorker:
     # ----- rebalance -------------------------------------------------------------------------
 
     def _on_assign(self, consumer, partitions) -> None:
+        # A clear still running could race the restore's clear of the same keys (see `_settle_clear`).
+        self._settle_clear()
         for tp in partitions:
             self._tasks[tp.partition] = self._restore_task(tp.partition)
         # librdkafka keeps a partition's paused state across revoke and re-assign: assign (what the
@@ -155,7 +180,7 @@ class ReassemblerWorker:
             [TopicPartition(self.config.receipts_topic, partition)],
             timeout=self.config.transaction_timeout_ms / 1000 + 30,
         )
-        changelog = read_changelog(self.kafka, self.config.topics.state, partition)
+        changelog = self._clients.changelog(self.config.topics.state, partition)
         restored = restore_partition(partition, changelog.entries, closed_capacity=self.config.max_closed_groups)
         log.debug(
             "%s: partition %d restored from %d state records (offsets %d..%d)",
@@ -200,18 +225,19 @@ class ReassemblerWorker:
             for part, task in self._tasks.items()
             for g in task.ready(task.clock(now_ms, caught_up=self._caught_up(part), paused=self._paused), timeout_ms)
         ]
+        # What does not fit this step stays ready for the next one (`PartitionTask.prepare`).
+        ready = ready[: self._step_groups]
         if ready or any(task.has_work for task in self._tasks.values()):
             self._commit_step(ready, now_ms)
         self._apply_backpressure()
+        self._sweep()
         self.sensor.on_lag(self.config.receipts_topic, self._lags())
         return consumed
 
-    def _may_put(self) -> str | None:
+    def _may_put(self, put: int, sample_ids: list[str]) -> str | None:
         """Asked before each TQ put: why this worker may be a zombie by now, or None (see `lease.py`)."""
-        if self.config.stop_point == "before_put" and not self._drilled:
-            self._drilled = True
-            stop_here(self.config.stop_point, "before_put")
-        return self._lease.expired()
+        self.faults.before_put(put, sample_ids)
+        return self._lease.refusal()
 
     def _warn_once(self, error: KafkaError) -> None:
         # A missing topic or a broker down repeats on every poll: one line per error kind a minute.
@@ -221,9 +247,11 @@ class ReassemblerWorker:
             log.warning("%s: consumer error, retried by the client: %s", self.config.worker_id, error.str())
 
     def _commit_step(self, ready: list[OpenGroup], now_ms: int) -> None:
-        t0 = time.perf_counter()
+        t0 = self._clock()
         tasks = list(self._tasks.values())
         try:
+            if ready and self._lease.unconfirmed:
+                self._confirm_membership(tasks)
             outcomes = (
                 finalize_groups(
                     self.store,
@@ -236,35 +264,81 @@ class ReassemblerWorker:
                 if ready
                 else []
             )
-            crash_here(self.config.crash_point, "after_tq_put")
+            self.faults.after_put()
             # The previous step's clear is done before this transaction records it as done.
-            self._clearer.settle()
+            self._settle_clear(strict=True)
             by_partition: dict[int, list] = {}
             for o in outcomes:
                 by_partition.setdefault(o.group.partition, []).append(o)
             commits = [task.prepare(by_partition.get(task.partition, ()), now_ms) for task in tasks]
+            self._txn_began = self._clock()
             writes = commit_transaction(
                 self._producer,
                 [c for c in commits if not c.empty],
                 topics=self.config.topics,
                 receipts_topic=self.config.receipts_topic,
                 consumer_group_metadata=self._consumer.consumer_group_metadata(),
-                before_commit=lambda: crash_here(self.config.crash_point, "before_commit"),
+                before_commit=self.faults.before_commit,
             )
         except KafkaException as exc:
             self._recover(exc)
             return
         except StepAborted as exc:
-            log.warning("%s: %s; rebuilding from committed state", self.config.worker_id, exc)
-            self.sensor.on_abort()
-            self._rebuild()
+            self._abort(exc, len(ready))
             return
-        crash_here(self.config.crash_point, "after_commit")
-        self._report_commit(commits, time.perf_counter() - t0)
+        finally:
+            self._txn_began = None
+        self.faults.after_commit()
+        seconds = self._clock() - t0
+        self._report_commit(commits, seconds)
+        if len(ready) >= self._step_groups and seconds < self.config.max_poll_interval_ms / 1000 * FAST_STEP_SHARE:
+            self._step_groups = min(self.config.max_poll_records, self._step_groups * 2)
         to_clear: list[str] = []
         for task, commit in zip(tasks, commits):
             task.post_commit(commit, writes.get(task.partition), to_clear=to_clear)
         self._clearer.submit(to_clear)
+
+    def _confirm_membership(self, tasks: list[PartitionTask]) -> None:
+        """After a freeze: prove to the group coordinator that this member's generation is current.
+
+        A transaction that sends the committed offsets again is refused from an older generation
+        (KIP-447), so it fails for a worker whose partitions moved while it was frozen; then the
+        step aborts and the next poll hands the consumer its rebalance. Puts resume only if no new
+        freeze was seen while the confirmation ran.
+        """
+        mark = self._lease.freezes()
+        self._txn_began = self._clock()
+        confirm_membership(
+            self._producer,
+            {t.partition: t.committed_offset for t in tasks},
+            receipts_topic=self.config.receipts_topic,
+            consumer_group_metadata=self._consumer.consumer_group_metadata(),
+        )
+        self._txn_began = None
+        if not self._lease.confirmed(mark):
+            raise LeaseExpired("frozen again while confirming consumer-group membership")
+        log.info("%s: consumer-group membership confirmed after a freeze; puts resume", self.config.worker_id)
+
+    def _abort(self, exc: StepAborted, groups: int) -> None:
+        log.warning("%s: %s; rebuilding from committed state", self.config.worker_id, exc)
+        self.sensor.on_abort()
+        if isinstance(exc, LeaseExpired) and self._lease.slow_step():
+            # The same records come back after the rebuild: finalizing as many again would only
+            # run out of time again, so the next steps take half as many groups.
+            self._step_groups = max(1, min(self._step_groups, groups) // 2)
+            level = logging.ERROR if groups <= 1 else logging.WARNING
+            log.log(
+                level,
+                "%s: a step of %d group(s) ran past %.0f%% of max_poll_interval_ms (%d ms); next steps finalize at "
+                "most %d%s",
+                self.config.worker_id,
+                groups,
+                SLOW_STEP_SHARE * 100,
+                self.config.max_poll_interval_ms,
+                self._step_groups,
+                " (one group alone is too slow: raise max_poll_interval_ms)" if groups <= 1 else "",
+            )
+        self._rebuild()
 
     def _report_commit(self, commits: list[PartitionCommit], seconds: float) -> None:
         self.sensor.on_commit(
@@ -276,30 +350,68 @@ class ReassemblerWorker:
     def _recover(self, exc: KafkaException) -> None:
         """Abort the step and rebuild from committed offsets and the state topic (the step never happened)."""
         self.sensor.on_abort()
+        open_s = self._clock() - self._txn_began if self._txn_began is not None else 0.0
         log.warning(
             "%s: transaction failed (%s); rebuilding from committed state",
             self.config.worker_id,
             exc.args[0].str() if exc.args else exc,
         )
         if is_fenced(exc):
-            raise WorkerFenced(
-                f"{self.config.worker_id}: another live worker uses transactional id "
-                f"{self.config.transactional_id!r}; stopping this one"
-            ) from exc
-        if is_fatal(exc):
+            self._fenced(open_s)
+        elif is_fatal(exc):
             self._producer = self._new_producer()
         elif self._producer.in_transaction:
             try:
                 self._producer.abort()
             except KafkaException as abort_exc:
                 if is_fenced(abort_exc):
-                    raise WorkerFenced(f"{self.config.worker_id}: fenced while aborting; stopping") from abort_exc
-                log.warning("%s: abort failed (%s); starting a new producer", self.config.worker_id, abort_exc)
-                self._producer = self._new_producer()
+                    self._fenced(self._clock() - self._txn_began if self._txn_began is not None else 0.0)
+                else:
+                    log.warning("%s: abort failed (%s); starting a new producer", self.config.worker_id, abort_exc)
+                    self._producer = self._new_producer()
         self._rebuild()
+
+    def _fenced(self, open_s: float) -> None:
+        """A fence: the coordinator aborting a transaction that outlived its timeout, or a live twin.
+
+        librdkafka reports both as `_FENCED`. Only a transaction open for at least its timeout can
+        have been aborted by the coordinator (an outage stalled the commit): then a new producer
+        rides it out. A fence sooner can only come from another producer under this transactional id.
+        """
+        timeout_s = self.config.transaction_timeout_ms / 1000
+        if open_s >= timeout_s:
+            log.warning(
+                "%s: the transaction was open %.1fs, past its %.0fs timeout, so the coordinator aborted it; "
+                "starting a new producer",
+                self.config.worker_id,
+                open_s,
+                timeout_s,
+            )
+            self._producer = self._new_producer()
+            return
+        raise WorkerFenced(
+            f"{self.config.worker_id}: another live worker uses transactional id "
+            f"{self.config.transactional_id!r} (fenced {open_s:.1f}s into a transaction, within its "
+            f"{timeout_s:.0f}s timeout); stopping this one"
+        )
+
+    def _settle_clear(self, *, strict: bool = False) -> None:
+        """Wait for the background clear; with `strict`, a failed one aborts the step.
+
+        Two clears of one key must never overlap: TQ clears by row index, and a put may reuse the
+        index once the first clear released it, so the second would delete another key's row. Every
+        other clear of staging (a restore's, a rebuild's) therefore waits for this one first.
+        """
+        try:
+            self._clearer.settle()
+        except Exception as exc:  # noqa: BLE001 - a TQ failure: the restore clears the same keys again
+            if strict:
+                raise StepAborted(f"clearing the last step's staging failed ({type(exc).__name__}: {exc})") from exc
+            log.warning("%s: clearing staging failed (%s); the restore clears it again", self.config.worker_id, exc)
 
     def _rebuild(self) -> None:
         """Every task again from the state topic, and the consumer back at the committed offsets."""
+        self._settle_clear()
         assigned = [tp.partition for tp in self._consumer.assignment()]
         self._tasks = {part: self._restore_task(part) for part in assigned}
         committed = self._retrying(
@@ -312,6 +424,21 @@ class ReassemblerWorker:
             tp.offset = tp.offset if tp.offset >= 0 else 0
             self._consumer.seek(tp)
 
+    def _sweep(self) -> None:
+        """Now and then, clear staged rows that no receipt will use (`sweeper.py`)."""
+        if not self._sweeper.due() or self._lease.refusal() is not None:
+            return  # a worker that may have lost its partitions judges no row of them
+        self._settle_clear()  # never two clears of one key at once
+        try:
+            partitions = len(partitions_of(self._consumer, self.config.receipts_topic))
+            found = self._sweeper.sweep(
+                self._tasks, caught_up={p: self._caught_up(p) for p in self._tasks}, partitions=partitions
+            )
+        except Exception as exc:  # noqa: BLE001 - a broker or TQ hiccup: the next sweep tries again
+            log.warning("%s: sweeping staging failed (%s); trying again later", self.config.worker_id, exc)
+            return
+        self.sensor.on_swept(found)
+
     def _caught_up(self, partition: int) -> bool:
         """Whether this partition was read to its end (wall-time deadlines) or is behind (event time)."""
         end = self._end_offset(partition)
@@ -321,8 +448,10 @@ class ReassemblerWorker:
         # a partition ending in a commit marker still counts as read to its end.
         (tp,) = self._consumer.position([TopicPartition(self.config.receipts_topic, partition)])
         task = self._tasks.get(partition)
-        position = tp.offset if tp.offset >= 0 else (task.position if task is not None else None)
-        return position is not None and position >= end
+        known = [tp.offset] + ([task.position, task.committed_offset] if task is not None else [])
+        # Before its first fetch a partition has no position: it starts from its commit, else 0.
+        position = next((p for p in known if p is not None and p >= 0), 0)
+        return position >= end
 
     def _end_offset(self, partition: int) -> int | None:
         _, high = self._consumer.get_watermark_offsets(

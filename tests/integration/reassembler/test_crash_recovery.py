@@ -21,8 +21,9 @@ from schemas.finalized import FinalizedGroup
 from streams.consumer import read_topic
 from streams.tq import STAGING, TRAIN, TQConfig, ray_address
 from tests.integration.helpers import SMALL, drive, finalized_records, publish_groups, setup_topics
-from workers.reassembler.config import CRASH_POINTS, ReassemblerConfig
-from workers.reassembler.run import spawn_worker
+from tests.tools.drill_worker import spawn_drill_worker
+from tests.tools.faults import CRASH_POINTS
+from workers.reassembler.config import ReassemblerConfig
 from workers.reassembler.worker import ReassemblerWorker
 from workers.rollout.publisher import RolloutPublisher
 from workers.rollout.synthetic import make_group
@@ -32,11 +33,13 @@ GROUPS = 12
 
 
 def _spawn(kafka, names, group, worker_id, crash_point=None, tmp_path=None):
-    cfg = ReassemblerConfig(prefix=names.prefix, worker_id=worker_id, consumer_group=group, crash_point=crash_point)
+    cfg = ReassemblerConfig(prefix=names.prefix, worker_id=worker_id, consumer_group=group)
     log = open(  # noqa: SIM115 - the child process writes it after this returns
         tmp_path / f"{worker_id}-{time.monotonic_ns()}.log", "wb"
     )
-    return spawn_worker(kafka, cfg, TQConfig(address=ray_address()), stdout=log, stderr=subprocess.STDOUT)
+    faults = ["--crash-at", crash_point] if crash_point else []
+    tq = TQConfig(address=ray_address())
+    return spawn_drill_worker(kafka, cfg, tq, faults=faults, stdout=log, stderr=subprocess.STDOUT)
 
 
 def _publish_whole_groups(kafka, store, names: TopicNames, n: int, prefix: str) -> dict:

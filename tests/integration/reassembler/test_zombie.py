@@ -1,4 +1,5 @@
-"""A zombie worker against the real broker and TQ: frozen just before its put, it must not write on waking."""
+"""A zombie worker against the real broker and TQ: frozen just before its put, it must not write on waking,
+however long it goes on building after it wakes."""
 
 import os
 import signal
@@ -6,11 +7,13 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
+
 from streams.consumer import wait_until
 from streams.tq import TRAIN, TQConfig, ray_address
 from tests.integration.helpers import drive, finalized_records, publish_groups, setup_topics
+from tests.tools.drill_worker import spawn_drill_worker
 from workers.reassembler.config import ReassemblerConfig
-from workers.reassembler.run import spawn_worker
 from workers.reassembler.worker import ReassemblerWorker
 
 
@@ -19,15 +22,21 @@ def _state(pid: int) -> str:
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
 
 
-def test_a_worker_frozen_before_its_put_does_not_write_once_a_successor_committed(kafka, tq_store, unique, tmp_path):
+# 0: it puts as soon as it wakes. 7: it wakes and goes on building for longer than a session timeout
+# first, which a guard that refused puts only for a while after the freeze let through.
+@pytest.mark.parametrize("then_build_s", [0.0, 7.0])
+def test_a_worker_frozen_before_its_put_does_not_write_once_a_successor_committed(
+    kafka, tq_store, unique, tmp_path, then_build_s
+):
     names = setup_topics(kafka, f"zombie-{unique}", partitions=1)
     group = f"reassemblers.zombie.{unique}"
-    config = ReassemblerConfig(
-        prefix=names.prefix, worker_id="zombie", consumer_group=group, stop_point="before_put", session_timeout_ms=6000
-    )
+    config = ReassemblerConfig(prefix=names.prefix, worker_id="zombie", consumer_group=group, session_timeout_ms=6000)
     log_path = tmp_path / "zombie.log"
+    faults = ["--freeze-before-put", "--then-build-s", str(then_build_s)]
     with open(log_path, "wb") as log:
-        zombie = spawn_worker(kafka, config, TQConfig(address=ray_address()), stdout=log, stderr=subprocess.STDOUT)
+        zombie = spawn_drill_worker(
+            kafka, config, TQConfig(address=ray_address()), faults=faults, stdout=log, stderr=subprocess.STDOUT
+        )
     successor = None
     try:
         groups = publish_groups(kafka, tq_store, names, 1, prefix=f"{unique}-")

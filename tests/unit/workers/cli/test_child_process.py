@@ -27,7 +27,6 @@ CONFIG = ReassemblerConfig(
     max_poll_records=77,
     session_timeout_ms=9000,
     clear_staging=False,
-    crash_point="before_commit",
 )
 TQ = TQConfig(address="10.0.0.1:6379", num_storage_units=3)
 
@@ -36,7 +35,7 @@ def test_the_argv_holds_no_setting_and_the_document_round_trips():
     argv, document = child_process(KAFKA, CONFIG, TQ, metrics_port=9100, log_json=True)
     assert argv == [sys.executable, "-m", "workers.cli.main", "reassemble", "--config-stdin"]
     line = " ".join(argv)
-    for value in ("hunter2", "broker-a", "run7", "w-1", "4321", "12.5", "10.0.0.1", "9100", "before_commit"):
+    for value in ("hunter2", "broker-a", "run7", "w-1", "4321", "12.5", "10.0.0.1", "9100"):
         assert value not in line
     spec = read_spec(document)
     assert spec == WorkerSpec(KAFKA, CONFIG, TQ, metrics_port=9100, log_json=True)
@@ -44,11 +43,10 @@ def test_the_argv_holds_no_setting_and_the_document_round_trips():
     assert "hunter2" not in repr(spec.kafka)
 
 
-def test_a_spawned_child_reads_exactly_the_document_on_stdin(monkeypatch):
+def test_a_spawned_child_reads_exactly_the_document_on_stdin():
     # The child echoes its stdin and argv instead of running a worker.
     echo = "import sys; sys.stdout.buffer.write(sys.stdin.buffer.read()); print(sys.argv, file=sys.stderr)"
-    monkeypatch.setattr(workers.reassembler.run, "CHILD_ARGS", ("-c", echo))
-    proc = spawn_worker(KAFKA, CONFIG, TQ, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = spawn_worker(KAFKA, CONFIG, TQ, args=("-c", echo), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0
     assert read_spec(out) == WorkerSpec(KAFKA, CONFIG, TQ)

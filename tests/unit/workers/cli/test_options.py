@@ -73,12 +73,21 @@ def test_bounds_are_enforced_and_name_the_flag(runs, capsys):
     assert code == 2 and "No such option '--group'" in err
 
 
-def test_crash_point_is_accepted_but_hidden_from_help(runs, capsys):
+def test_no_setting_flag_file_or_environment_variable_reaches_a_fault(runs, capsys, monkeypatch, tmp_path):
+    # Faults are objects a test or drill passes in (workers/reassembler/faults.py): a production
+    # environment that sets what used to be a crash point must not make a worker kill itself.
+    monkeypatch.setenv("RLSTREAM_REASSEMBLER_CRASH_POINT", "before_commit")
+    monkeypatch.setenv("RLSTREAM_REASSEMBLER_STOP_POINT", "before_put")
+    fault_words = ("crash", "stop_point", "fault", "freeze")
+    assert not [f for f in ReassemblerConfig.__struct_fields__ if any(w in f for w in fault_words)]
     help_text = CliRunner().invoke(cli, ["reassemble", "--help"]).output
-    assert "--crash-point" not in help_text and "--session-timeout-ms" in help_text
+    assert "--crash-point" not in help_text and "--stop-point" not in help_text
     code, err = _main(capsys, "reassemble", "--bootstrap-servers", "b:1", "--crash-point", "before_commit")
-    assert code == 0, err
-    assert runs[0][1].crash_point == "before_commit"
+    assert code == 2 and "No such option" in err and not runs
+    cfg = tmp_path / "run.toml"
+    cfg.write_text("[reassembler]\ncrash_point = 'before_commit'\n")
+    code, err = _main(capsys, "reassemble", "--bootstrap-servers", "b:1", "--config", str(cfg))
+    assert code != 0 and "crash_point" in err and not runs
 
 
 def test_flags_override_environment_which_overrides_the_config_file(runs, capsys, monkeypatch, tmp_path):

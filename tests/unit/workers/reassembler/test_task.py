@@ -161,7 +161,7 @@ def test_receipts_read_again_below_the_recorded_progress_emit_nothing_twice():
 
 def test_progress_never_goes_back_below_what_was_recorded():
     store = InMemoryStore()
-    task = make_task(store, [PartitionProgress(partition=0, emitted_through=100, time_ms=0)])
+    task = make_task(store, [opened("g", 50), PartitionProgress(partition=0, emitted_through=100, time_ms=0)])
     task.intake(record(50, receipt("g", 0).to_bytes()), 0)
     commit = task.prepare([], 0)
     assert commit.progress.emitted_through == 100 and commit.commit_offset == 50
@@ -425,3 +425,30 @@ def test_a_paused_worker_behind_a_backlog_does_not_age_closed_groups_by_wall_tim
     task.post_commit(commit)
     assert task.prepare([], 10_000_000).forgotten == ()
     assert task.groups.horizon_ms is None
+
+
+def test_groups_a_restore_forgets_for_capacity_are_tombstoned_by_the_first_commit():
+    # Three closed groups in the changelog, room for two: the oldest is forgotten while restoring,
+    # and its entry must not stand in the compacted state topic for ever.
+    config = msgspec.structs.replace(CONFIG, max_closed_groups=2)
+    entries = [closed("a", 0, 1), closed("b", 2, 3), closed("c", 4, 5)]
+    task = PartitionTask.resume(restore_partition(0, entries, closed_capacity=2), InMemoryStore(), config)
+    assert task.has_work
+    commit = task.prepare([], 5_000)
+    assert commit.forgotten == ("a",) and not commit.empty
+    assert task.prepare([], 5_000).forgotten == (), "tombstoned once"
+
+
+def test_a_receipt_read_again_after_a_restart_never_reopens_a_forgotten_group_whatever_its_clock_says():
+    # The group closed and was forgotten before the restart (horizon 5_000); its receipt at offset 3
+    # was read then, but the partition's offset was held back below it by another open group.
+    # Its producer's clock ran ahead: first read at 5_000 it was clamped to 5_000, now it clamps to
+    # 9_000, past the horizon. Judged by its offset, it was read before: late, never a new group.
+    progress = PartitionProgress(partition=0, emitted_through=10, time_ms=0, horizon_ms=5_000)
+    store = InMemoryStore()
+    task = make_task(store, [opened("held", 1), progress])
+    task.intake(record(3, receipt("gone", 0).to_bytes(), ts=20_000), 9_000)
+    commit = step(task, store, now_ms=9_000)
+    assert "gone" not in task.groups.open
+    assert commit.finalized == () and commit.dead_letters == ()  # replayed: its letter was written before
+    assert ("gone-r0/c0", "gone", "gone-r0") in commit.strays

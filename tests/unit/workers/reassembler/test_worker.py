@@ -1,0 +1,292 @@
+"""Whole reassembler steps with no broker: the worker over an in-memory Kafka and store, with faults injected.
+
+Each step runs for real (poll, finalize, settle, prepare, commit, post-commit); Kafka is
+`fake_kafka.FakeBroker`, TQ an `InMemoryStore`, time a clock the test moves, and faults are objects
+the test passes in, as the drills do.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from schemas.finalized import FinalizedGroup
+from streams.partitioner import partition_of
+from streams.tq import STAGING, TRAIN
+from tests.unit.memory_store import InMemoryStore
+from workers.reassembler.config import ReassemblerConfig
+from workers.reassembler.faults import Faults
+from workers.reassembler.poll_errors import WorkerFenced
+from workers.reassembler.worker import ReassemblerWorker
+from workers.rollout.publisher import stage_rollouts
+from workers.rollout.synthetic import SyntheticShape, make_group
+from workers.topics import TopicNames
+
+from .fake_kafka import FakeBroker
+
+TINY = SyntheticShape(group_size=2, calls=(1, 2), prompt_len=(2, 4), answer_len=(1, 3), observation_len=(1, 2))
+NAMES = TopicNames("t")
+GROUP = "reassemblers.t"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class RecordingStore(InMemoryStore):
+    """An InMemoryStore that logs every put and clear, and can hold a clear back."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.events: list[tuple[str, str, tuple[str, ...]]] = []
+        self.hold_next_clear: threading.Event | None = None
+        self._clearing: dict[str, int] = {}
+        self.overlapping_clears: list[str] = []
+        self._lock = threading.Lock()
+
+    def put(self, partition, keys, fields, tags):
+        self.events.append(("put", partition, tuple(keys)))
+        super().put(partition, keys, fields, tags)
+
+    def clear(self, partition, keys):
+        with self._lock:
+            for k in keys:
+                self._clearing[k] = self._clearing.get(k, 0) + 1
+                if self._clearing[k] > 1:
+                    self.overlapping_clears.append(k)
+            hold, self.hold_next_clear = self.hold_next_clear, None
+        self.events.append(("clear", partition, tuple(keys)))
+        if hold is not None:
+            # Held for 2 s, long enough for an overlapping clear of the same keys to start meanwhile.
+            hold.wait(2.0)
+        with self._lock:
+            for k in keys:
+                self._clearing[k] -= 1
+        super().clear(partition, keys)
+
+    def puts(self, partition=TRAIN) -> list[tuple[str, ...]]:
+        return [keys for kind, part, keys in self.events if kind == "put" and part == partition]
+
+
+def make_broker() -> FakeBroker:
+    broker = FakeBroker()
+    broker.create(NAMES.receipts, 2)
+    broker.create(NAMES.state, 2)
+    broker.create(NAMES.finalized, 1)
+    broker.create(NAMES.deadletter, 1)
+    return broker
+
+
+EXPERTS = SyntheticShape(
+    group_size=2, calls=(1, 2), prompt_len=(2, 4), answer_len=(1, 3), observation_len=(1, 2), routed_experts_k=2
+)
+
+
+def publish(broker: FakeBroker, store, group_id: str, *, shape=TINY, seed=0) -> list:
+    """Stage a group and append its receipts to its receipts partition, as the publisher does."""
+    rollouts = make_group(group_id, 0, 1, shape=shape, seed=seed)
+    stage_rollouts(store, rollouts)
+    key = group_id.encode()
+    for r in rollouts:
+        broker.append(NAMES.receipts, partition_of(key, 2), key, r.receipt.to_bytes())
+    return rollouts
+
+
+def worker(broker, store, *, clock=None, faults=None, **settings) -> ReassemblerWorker:
+    config = ReassemblerConfig(prefix="t", worker_id="w0", consumer_group=GROUP, **settings)
+    clients = broker.clients()
+    return ReassemblerWorker(None, store, config, faults=faults or Faults(), clients=clients, clock=clock or Clock())
+
+
+def finalized(broker) -> list[str]:
+    return [FinalizedGroup.from_bytes(m.value()).group_id for m in broker.records(NAMES.finalized)]
+
+
+def steps(w: ReassemblerWorker, n: int) -> None:
+    for _ in range(n):
+        w.step()
+    w._clearer.settle()
+
+
+def test_a_step_finalizes_a_complete_group_commits_it_with_its_offsets_and_clears_its_staging():
+    broker, store = make_broker(), RecordingStore()
+    rollouts = publish(broker, store, "g1")
+    w = worker(broker, store)
+    steps(w, 2)  # the second step records the staging as cleared
+    assert finalized(broker) == ["g1"]
+    assert set(store.list(TRAIN)) == {"g1_g0", "g1_g1"}
+    assert store.list(STAGING) == {}
+    part = partition_of(b"g1", 2)
+    assert broker.offsets[(GROUP, NAMES.receipts, part)] == len(rollouts)
+
+
+class FreezeAtPut(Faults):
+    """Stops the clock's world: at put `at`, time jumps `seconds` (a SIGSTOP) and the group expels the
+    member; then each later put first spends `then_build_s` (a slow build after waking)."""
+
+    def __init__(self, clock: Clock, broker: FakeBroker, *, at: int = 0, seconds: float = 10.0, then_build_s=0.0):
+        self.clock, self.broker, self.at, self.seconds, self.then_build_s = clock, broker, at, seconds, then_build_s
+        self.frozen = False
+        self.tick = lambda: None  # the worker's lease watch, ticking through a build that runs
+
+    def before_put(self, put: int, sample_ids) -> None:
+        if not self.frozen and put == self.at:
+            self.frozen = True
+            self.clock.now += self.seconds
+            self.broker.kick(GROUP)
+        elif self.frozen:
+            for _ in range(int(self.then_build_s * 10)):
+                self.clock.now += 0.1
+                self.tick()
+
+
+def test_a_worker_frozen_past_its_session_puts_nothing_until_the_broker_confirms_its_generation():
+    broker, store = make_broker(), RecordingStore()
+    clock = Clock()
+    broker.members_notice = False  # the heartbeat that would reveal the expulsion is not answered yet
+    faults = FreezeAtPut(clock, broker, seconds=10.0, then_build_s=7.0)
+    w = worker(broker, store, clock=clock, faults=faults)
+    faults.tick = w._lease.tick
+    publish(broker, store, "g1")
+    w.step()  # froze at its put: refused, aborted
+    assert faults.frozen and store.puts() == []
+    publish(broker, store, "g2")
+    # Awake, it polls prefetched records and builds for longer than a session timeout: still no put,
+    # since the broker refuses the stale generation's confirmation.
+    steps(w, 3)
+    assert store.puts() == [] and finalized(broker) == []
+    broker.members_notice = True  # the next poll hands the member its rebalance
+    steps(w, 3)
+    assert sorted(finalized(broker)) == ["g1", "g2"]
+    assert store.puts(), "a confirmed worker puts again"
+
+
+def test_the_lease_is_asked_before_each_put_not_once_per_step():
+    broker, store = make_broker(), RecordingStore()
+    clock = Clock()
+    broker.members_notice = False
+    # One group with routed experts, one without: two layouts, so two puts in one step.
+    faults = FreezeAtPut(clock, broker, at=1, seconds=10.0)
+    w = worker(broker, store, clock=clock, faults=faults, actor=_actor_with_router_replay())
+    publish(broker, store, "g1", shape=EXPERTS)
+    publish(broker, store, "g2")
+    w.step()
+    assert faults.frozen, "the step made no second put"
+    assert len(store.puts()) == 1, "the put after the freeze was made"
+
+
+def _actor_with_router_replay():
+    import msgspec
+
+    from workers.reassembler.config import default_actor_config
+
+    return msgspec.structs.replace(default_actor_config(), router_replay_enabled=True)
+
+
+def test_a_rollout_staged_without_routed_experts_does_not_crash_a_router_replay_worker():
+    broker, store = make_broker(), RecordingStore()
+    rollouts = make_group("g1", 0, 1, shape=EXPERTS)
+    plain = make_group("g1", 0, 1, shape=TINY)
+    # Rollout 1 staged as a publisher without router replay would: no routed_experts field.
+    stage_rollouts(store, [rollouts[0]])
+    stage_rollouts(store, [plain[1]])
+    for r in (rollouts[0], plain[1]):
+        broker.append(NAMES.receipts, partition_of(b"g1", 2), b"g1", r.receipt.to_bytes())
+    w = worker(broker, store, actor=_actor_with_router_replay())
+    steps(w, 2)
+    (record,) = [FinalizedGroup.from_bytes(m.value()) for m in broker.records(NAMES.finalized)]
+    assert record.group_id == "g1" and record.valid_row_count == 2
+
+
+class CommitFault(Faults):
+    """Before the first commit, time passes (`seconds`) and the coordinator aborts the transaction
+    (as it does past its timeout), fencing the producer's epoch."""
+
+    def __init__(self, clock: Clock, broker: FakeBroker, seconds: float):
+        self.clock, self.broker, self.seconds, self.done = clock, broker, seconds, False
+
+    def before_commit(self) -> None:
+        if not self.done:
+            self.done = True
+            self.clock.now += self.seconds
+            tid = f"{GROUP}.w0"
+            self.broker.epochs[tid] += 1  # what a transaction timeout (or a twin's init) does
+
+
+def test_a_transaction_that_outlived_its_timeout_is_ridden_out_not_taken_for_a_live_twin():
+    broker, store = make_broker(), RecordingStore()
+    clock = Clock()
+    w = worker(broker, store, clock=clock, faults=CommitFault(clock, broker, seconds=11.0))
+    publish(broker, store, "g1")
+    steps(w, 3)  # fenced at commit 11 s into a 10 s transaction: a new producer, the step again
+    assert finalized(broker) == ["g1"]
+
+
+def test_a_fence_within_the_transaction_timeout_is_a_live_twin_and_stops_the_worker():
+    broker, store = make_broker(), RecordingStore()
+    clock = Clock()
+    w = worker(broker, store, clock=clock, faults=CommitFault(clock, broker, seconds=1.0))
+    publish(broker, store, "g1")
+    with pytest.raises(WorkerFenced, match="another live worker"):
+        w.step()
+    assert finalized(broker) == []
+
+
+class SlowBuild(Faults):
+    """A step that puts more than `fits` groups takes `seconds` of the clock: too big for the poll interval."""
+
+    def __init__(self, clock: Clock, fits: int, seconds: float):
+        self.clock, self.fits, self.seconds = clock, fits, seconds
+        self.groups, self.charged = 0, False
+
+    def before_put(self, put: int, sample_ids) -> None:
+        if put == 0:
+            self.groups, self.charged = 0, False
+        self.groups += len({s.rsplit("_g", 1)[0] for s in sample_ids})
+        if self.groups > self.fits and not self.charged:
+            self.charged = True
+            self.clock.now += self.seconds
+
+
+def test_a_step_too_slow_for_the_poll_interval_is_shrunk_instead_of_aborted_forever():
+    broker, store = make_broker(), RecordingStore()
+    clock = Clock()
+    w = worker(broker, store, clock=clock, faults=SlowBuild(clock, fits=2, seconds=50.0), max_poll_interval_ms=60_000)
+    groups = [f"g{i}" for i in range(8)]
+    for i, g in enumerate(groups):
+        publish(broker, store, g, seed=i)
+    steps(w, 20)
+    assert sorted(finalized(broker)) == sorted(groups)
+
+
+def test_an_aborted_step_waits_for_the_background_clear_before_the_restore_clears_again():
+    broker, store = make_broker(), RecordingStore()
+    clock = Clock()
+    faults = FreezeAtPut(clock, broker, seconds=10.0)
+    faults.frozen = True  # not in the first step
+    w = worker(broker, store, clock=clock, faults=faults)
+    publish(broker, store, "g1")
+    store.hold_next_clear = threading.Event()
+    w.step()  # commits g1; its staging clear runs in the background, held
+    faults.frozen = False
+    publish(broker, store, "g2")
+    # Frozen at its put: the step aborts before its transaction records g1's staging as cleared,
+    # so the rebuild's restore clears g1's staging again. Never while the first clear still runs.
+    w.step()
+    w._clearer.settle()
+    assert [keys for kind, _, keys in store.events if kind == "clear"].count(store.events[-1][2]) >= 1
+    assert store.overlapping_clears == []
+
+
+def test_config_refuses_a_group_timeout_at_or_above_the_closed_retention():
+    from streams.settings import ConfigError
+
+    with pytest.raises(ConfigError, match="group_timeout_s"):
+        ReassemblerConfig(group_timeout_s=60.0, closed_retention_s=60.0)
+    with pytest.raises(ConfigError, match="max_poll_interval_ms"):
+        ReassemblerConfig(session_timeout_ms=10_000, max_poll_interval_ms=5_000)

@@ -1,0 +1,47 @@
+"""The Kafka clients a reassembler worker makes, behind one factory it is given.
+
+`KafkaClients` builds real confluent-kafka clients from a `KafkaConfig`. The worker asks its factory
+for a consumer, a transactional producer and a partition's state changelog, and nothing else, so
+a unit test can hand it a factory of in-memory fakes (tests/unit/workers/reassembler/fake_kafka.py)
+and run whole steps (finalize, settle, prepare, commit, post-commit) with no broker.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from confluent_kafka import Consumer
+
+from streams.config import KafkaConfig
+from streams.producer import TransactionalProducer
+from workers.reassembler.changelog import Changelog, read_changelog
+
+
+class WorkerClients(Protocol):
+    def consumer(self, consumer_group: str, settings: dict[str, Any]) -> Any:
+        """A consumer of `consumer_group` with these librdkafka settings (confluent-kafka's `Consumer` API)."""
+        ...
+
+    def producer(self, transactional_id: str, transaction_timeout_ms: int) -> TransactionalProducer:
+        """A transactional producer under `transactional_id`, its transactions initialised (fencing older ones)."""
+        ...
+
+    def changelog(self, topic: str, partition: int) -> Changelog:
+        """The part of state partition `partition` a restore reads, read_committed."""
+        ...
+
+
+class KafkaClients:
+    """Real clients of the cluster `kafka` describes."""
+
+    def __init__(self, kafka: KafkaConfig):
+        self.kafka = kafka
+
+    def consumer(self, consumer_group: str, settings: dict[str, Any]) -> Consumer:
+        return Consumer(self.kafka.consumer(consumer_group, **settings))
+
+    def producer(self, transactional_id: str, transaction_timeout_ms: int) -> TransactionalProducer:
+        return TransactionalProducer(self.kafka, transactional_id, transaction_timeout_ms=transaction_timeout_ms)
+
+    def changelog(self, topic: str, partition: int) -> Changelog:
+        return read_changelog(self.kafka, topic, partition)
