@@ -5,11 +5,17 @@ It starts its own KRaft cluster (`streams.cluster.LocalCluster`) and Ray/TQ (or 
 worker id), a trainer process (`bench/chaos_trainer.py`) and a producer thread. While the producer
 publishes, the drill, at random times:
 
-- SIGKILLs reassemblers: some from outside at a random instant (the slot restarts with the same
-  worker id), some by starting an extra worker with a crash point (`after_tq_put`, `before_commit`,
-  `after_commit`) that kills itself there, mid-step;
+- SIGKILLs reassemblers: pool children from outside at a random instant, each time another worker
+  id (the pool's warm spare must take over every time), and extra workers started with a crash
+  point (`after_tq_put`, `before_commit`, `after_commit`) that kill themselves there, mid-step;
 - SIGSTOPs one reassembler longer than its session timeout and its transaction timeout, then
   SIGCONTs it (a zombie that must not get anything through);
+- starts a worker that freezes itself at its first put, and once woken builds for longer than a
+  session timeout before it asks to put (it must refuse: the audit checks every trained group's
+  rows against a digest of what was staged);
+- SIGSTOPs the broker that coordinates a live worker's transactions for longer than the
+  transaction timeout (the coordinator aborts the stalled transaction, which no worker may take
+  for a live twin: no exit 78, the pool keeps its size);
 - kill -9s one broker and restarts it on its data;
 - SIGKILLs the trainer in the middle of a training step and starts a new one.
 
@@ -20,6 +26,8 @@ It stops only the processes it started, by their pid. An operator drill, not par
 it lives in bench/ with the benchmarks and is run by `make chaos`.
 
     .venv/bin/python bench/chaos.py [--groups 2000] [--kills 20] [--rate 10]
+
+(from the repository root: its crash and freeze workers run `python -m tests.tools.drill_worker`).
 """
 
 from __future__ import annotations
@@ -36,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from chaos_check import DrillEvents, account, figures, read_journal, unfinished_batches
-from chaos_procs import CRASH_POINTS, Producer, Reassemblers, Trainer
+from chaos_procs import CRASH_POINTS, Producer, Reassemblers, Trainer, coordinator_of, process_state
 
 from streams.admin import create_topics
 from streams.cluster import ClusterConfig, LocalCluster
@@ -45,13 +53,14 @@ from streams.tq import TQConfig, TQStore, init_tq, ray_address
 from workers.telemetry.logs import configure_logging
 from workers.topics import TopicNames, pipeline_topics
 
-KILL_KINDS = (*CRASH_POINTS, "random")
+# Random kills between the crash points: the spare must take over one worker id after another.
+KILL_KINDS = tuple(k for point in CRASH_POINTS for k in (point, "random"))
 
 
 @dataclass(order=True)
 class Event:
     at_s: float
-    kind: str  # a KILL_KINDS entry, zombie, zombie_end, broker, broker_end, trainer
+    kind: str  # a KILL_KINDS entry, zombie, zombie_end, builder, broker, broker_end, coordinator, trainer
     arg: float = 0.0
 
 
@@ -67,6 +76,10 @@ def schedule(args: argparse.Namespace, rng: random.Random) -> list[Event]:
     if args.broker_down_s > 0:
         t = at()
         events += [Event(t, "broker", rng.randint(1, args.brokers)), Event(t + args.broker_down_s, "broker_end")]
+    if args.frozen_build_s > 0:
+        events.append(Event(at(), "builder"))
+    if args.coordinator_freeze_s > 0:
+        events.append(Event(at(), "coordinator"))
     if args.trainer_kill:
         events.append(Event(at(), "trainer"))
     return sorted(events)
@@ -79,6 +92,7 @@ class Drill:
         self.names = TopicNames(f"chaos-{self.rng.getrandbits(32):08x}")
         self.events = DrillEvents(kills_requested=args.kills)
         self.journal = workdir / "trainer.journal"
+        self.workdir = workdir
         self.workers = Reassemblers(
             kafka, self.names, TQConfig(address=ray_address()), args.workers, workdir, self.events
         )
@@ -87,6 +101,10 @@ class Drill:
         self.ray = ray_address()
         self.zombie_pid: int | None = None
         self.broker_down: int | None = None
+        self.builder: tuple[str, object] | None = None  # the frozen builder's id and process
+        self.builder_wake_at: float | None = None
+        self.frozen_broker: tuple[int, float] | None = None  # broker frozen as a coordinator, until when
+        self.events.pool_size = args.workers
         self._restarts: list[threading.Thread] = []
         self._done = threading.Event()
         self.trainer_kill_due = False
@@ -106,10 +124,25 @@ class Drill:
             self._stop_all()
         self.events.elapsed_s = time.monotonic() - t0
         say("auditing with a fresh read_committed consumer, the trainer's journal and TQ ...")
-        acc = account(self.kafka, self.names, TQStore(), self.producer.staged, self.journal, self.events)
+        self._read_worker_logs()
+        acc = account(
+            self.kafka, self.names, TQStore(), self.producer.staged, self.journal, self.events, self.producer.digests
+        )
         for line in figures(acc, self.events):
             print(line, flush=True)
         return 1 if acc.problems else 0
+
+    def _read_worker_logs(self) -> None:
+        """What only the workers themselves can say: transaction timeouts ridden out, and the frozen
+        builder's refusal to put once it woke."""
+        logs = {p.name: p.read_bytes() for p in self.workdir.glob("*.log")}
+        self.events.timeouts_ridden_out = sum(b.count(b"so the coordinator aborted it") for b in logs.values())
+        if self.builder is not None:
+            wid = self.builder[0]
+            froze = "then built" in self.events.frozen_builder
+            self.events.frozen_builder_refused = not froze or b"not putting the rows" in logs.get(f"{wid}.log", b"")
+            if not froze:
+                self.events.crash_workers_never_died.append(f"{wid} (never froze at a put)")
 
     def _wait_until_up(self, t0: float) -> None:
         """Until the first group went all the way to the trainer; the disruptions' clock starts then."""
@@ -127,7 +160,12 @@ class Drill:
         while True:
             now = time.monotonic() - t0
             while pending and pending[0].at_s <= now:
-                self._fire(pending.pop(0))
+                ev = pending.pop(0)
+                if not self._fire(ev):  # not possible yet (no spare ready): a little later
+                    pending.append(Event(now + 2.0, ev.kind, ev.arg))
+                    pending.sort()
+            self._tend_builder()
+            self._tend_coordinator()
             self.workers.reap(respawn=True)
             self._check_trainer()
             if self.trainer_kill_due:
@@ -144,7 +182,8 @@ class Drill:
             time.sleep(0.2)
 
     def _finished(self) -> bool:
-        if self.producer.is_alive() or self.broker_down is not None or self.zombie_pid is not None:
+        busy = (self.zombie_pid, self.broker_down, self.builder_wake_at, self.frozen_broker)
+        if self.producer.is_alive() or any(x is not None for x in busy):
             return False
         trained, _ = read_journal(self.journal)
         done = len(set(trained) & set(self.producer.staged)) >= len(self.producer.staged)
@@ -162,8 +201,11 @@ class Drill:
             f"{f', broker {self.broker_down} down' if self.broker_down else ''}"
         )
 
-    def _fire(self, ev: Event) -> None:
+    def _fire(self, ev: Event) -> bool:
+        """Do what `ev` says; False if it cannot happen yet and should be tried again shortly."""
         if ev.kind == "random":
+            if not self.workers.spare_ready():
+                return False  # each death is the spare's to take over
             pid = self.workers.kill_random(self.rng, spare=self.zombie_pid)
             say(f"SIGKILL reassembler pid {pid} at a random instant")
         elif ev.kind in CRASH_POINTS:
@@ -176,15 +218,62 @@ class Drill:
             self.workers.resume(self.zombie_pid)
             say(f"SIGCONT reassembler pid {self.zombie_pid}")
             self.zombie_pid = None
+        elif ev.kind == "builder":
+            wid, proc = self.workers.spawn_frozen_builder(self.args.frozen_build_s)
+            self.builder = (wid, proc)
+            self.builder_wake_at = float("inf")  # until it is seen frozen
+            self.events.frozen_builder = f"{wid} started"
+            say(f"started {wid}, which freezes at its first put and builds {self.args.frozen_build_s:.0f}s on waking")
         elif ev.kind == "broker":
+            if self.frozen_broker is not None:
+                return False  # one broker disruption at a time
             self.broker_down = int(ev.arg)
             self.cluster.kill(self.broker_down)
             self.events.broker = f"broker {self.broker_down} killed (kill -9)"
             say(f"kill -9 broker {self.broker_down}")
         elif ev.kind == "broker_end" and self.broker_down is not None:
             self._restart_broker(self.broker_down)
+        elif ev.kind == "coordinator":
+            if self.broker_down is not None:
+                return False
+            children = self.workers.children()
+            if not children:
+                return False
+            wid = self.rng.choice(sorted(children))
+            node = coordinator_of(self.kafka, self.workers.transactional_id(wid))
+            self.cluster.freeze(node)
+            self.frozen_broker = (node, time.monotonic() + self.args.coordinator_freeze_s)
+            self.events.coordinator = (
+                f"broker {node} (coordinator of {wid}) frozen {self.args.coordinator_freeze_s:.0f}s"
+            )
+            secs = self.args.coordinator_freeze_s
+            say(f"SIGSTOP broker {node}, the transaction coordinator of {wid}, for {secs:.0f}s")
         elif ev.kind == "trainer":
             self.trainer_kill_due = True
+        return True
+
+    def _tend_builder(self) -> None:
+        """Wake the frozen builder `zombie_s` after it froze itself."""
+        if self.builder is None or self.builder_wake_at is None:
+            return
+        wid, proc = self.builder
+        if self.builder_wake_at == float("inf"):
+            if proc.poll() is None and process_state(proc.pid) == "T":
+                self.builder_wake_at = time.monotonic() + self.args.zombie_s
+                say(f"{wid} froze at its put; waking it in {self.args.zombie_s:.0f}s")
+        elif time.monotonic() >= self.builder_wake_at:
+            self.workers.wake(proc.pid)
+            self.events.frozen_builder = (
+                f"{wid} frozen {self.args.zombie_s:.0f}s, then built {self.args.frozen_build_s:.0f}s"
+            )
+            say(f"SIGCONT {wid}")
+            self.builder_wake_at = None
+
+    def _tend_coordinator(self) -> None:
+        if self.frozen_broker is not None and time.monotonic() >= self.frozen_broker[1]:
+            self.cluster.thaw(self.frozen_broker[0])
+            say(f"SIGCONT broker {self.frozen_broker[0]}")
+            self.frozen_broker = None
 
     def _restart_broker(self, node: int) -> None:
         def restart() -> None:
@@ -227,6 +316,10 @@ class Drill:
         self.producer.stop()
         if self.zombie_pid is not None:
             self.workers.resume(self.zombie_pid)
+        if self.frozen_broker is not None:
+            self.cluster.thaw(self.frozen_broker[0])
+        if self.builder is not None:
+            self.workers.wake(self.builder[1].pid)
         # A last look before stopping: a crash worker still alive never reached its crash point.
         self.workers.reap(respawn=False)
         self.trainer.stop()
@@ -247,6 +340,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--brokers", type=int, default=3, help="brokers in the local cluster")
     p.add_argument("--broker-down-s", type=float, default=10.0, help="how long one broker stays dead (0: no kill)")
     p.add_argument("--zombie-s", type=float, default=15.0, help="how long one reassembler stays stopped (0: none)")
+    p.add_argument(
+        "--frozen-build-s",
+        type=float,
+        default=8.0,
+        help="a worker frozen at its put for --zombie-s then builds this long before putting (0: none)",
+    )
+    p.add_argument(
+        "--coordinator-freeze-s",
+        type=float,
+        default=20.0,
+        help="how long the transaction coordinator of a live worker stays frozen (0: no freeze)",
+    )
     p.add_argument("--no-trainer-kill", dest="trainer_kill", action="store_false")
     p.add_argument("--seed", type=int, default=None, help="random seed (default: random, printed)")
     p.add_argument("--ray-address", default=None, help="attach to this Ray instead of starting one")

@@ -32,6 +32,17 @@ class DrillEvents:
     trainer_killed_mid_step: int = 0  # groups in the killed trainer's unfinished batch
     publish_retries: int = 0
     producer_errors: list[str] = field(default_factory=list)
+    # The pool's own lines (exits, restarts, promotions), the workers its spare took over, and exits
+    # of a worker that stopped as fenced (78: which a transaction timeout must never cause).
+    pool_lines: list[str] = field(default_factory=list)
+    spare_takeovers: list[str] = field(default_factory=list)
+    fenced_exits: list[str] = field(default_factory=list)
+    pool_size: int = 0
+    pool_size_at_end: int = 0
+    frozen_builder: str = "none"
+    frozen_builder_refused: bool = True
+    coordinator: str = "none"
+    timeouts_ridden_out: int = 0
     timed_out: bool = False
     elapsed_s: float = 0.0
 
@@ -43,10 +54,25 @@ def read_journal(path: Path) -> tuple[Counter, list[tuple[str, int, list[str]]]]
     if path.exists():
         for raw in path.read_text(encoding="utf-8").splitlines():
             kind, pid, *ids = raw.split()
+            if kind == "rows":
+                continue
             lines.append((kind, int(pid), ids))
             if kind == "trained":
                 trained.update(ids)
     return trained, lines
+
+
+def read_digests(path: Path) -> dict[str, set[str]]:
+    """Per group id, the digests of the rows every trainer read for it (one, unless rows changed)."""
+    seen: dict[str, set[str]] = {}
+    if path.exists():
+        for raw in path.read_text(encoding="utf-8").splitlines():
+            kind, _, *pairs = raw.split()
+            if kind == "rows":
+                for pair in pairs:
+                    gid, _, digest = pair.partition("=")
+                    seen.setdefault(gid, set()).add(digest)
+    return seen
 
 
 def unfinished_batches(lines: list[tuple[str, int, list[str]]], pid: int) -> list[str]:
@@ -73,6 +99,8 @@ class Accounting:
     never_trained: list[str] = field(default_factory=list)
     staging_left: int = 0
     train_left: int = 0
+    # Trained groups whose rows were not those their committed record describes (a zombie's put).
+    rows_overwritten: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
 
 
@@ -83,8 +111,13 @@ def account(
     produced: dict[str, list[str]],
     journal: Path,
     events: DrillEvents,
+    expected_digests: dict[str, str] | None = None,
 ) -> Accounting:
-    """Count lost and duplicated groups, trainings per group and TQ leftovers; list every failed invariant."""
+    """Count lost and duplicated groups, trainings per group and TQ leftovers; list every failed invariant.
+
+    `expected_digests` (group id -> digest of the rows built from what was staged) is checked
+    against what the trainer read.
+    """
     acc = Accounting(produced=len(produced))
     records = [FinalizedGroup.from_bytes(r.value) for r in read_topic(kafka, names.finalized)]
     counts = Counter(r.group_id for r in records)
@@ -99,6 +132,9 @@ def account(
     acc.never_trained = sorted(g for g in counts if trained[g] == 0)
     acc.staging_left = len(store.present(STAGING, [k for keys in produced.values() for k in keys]))
     acc.train_left = len(store.present(TRAIN, [s for r in records for s in r.sample_ids]))
+    if expected_digests is not None:
+        read = read_digests(journal)
+        acc.rows_overwritten = sorted(g for g, seen in read.items() if seen != {expected_digests.get(g)})
     acc.problems = _problems(acc, events)
     return acc
 
@@ -112,6 +148,17 @@ def _problems(acc: Accounting, ev: DrillEvents) -> list[str]:
         (acc.never_trained, f"{len(acc.never_trained)} finalized group(s) never trained, e.g. {acc.never_trained[:3]}"),
         (acc.staging_left, f"{acc.staging_left} staging key(s) left in TQ"),
         (acc.train_left, f"{acc.train_left} train row(s) left in TQ"),
+        (
+            acc.rows_overwritten,
+            f"{len(acc.rows_overwritten)} group(s) trained on other rows, e.g. {acc.rows_overwritten[:3]}",
+        ),
+        (ev.fenced_exits, f"workers stopped as fenced (exit 78): {ev.fenced_exits[:2]}"),
+        (ev.pool_size_at_end < ev.pool_size, f"the pool ended with {ev.pool_size_at_end} of {ev.pool_size} workers"),
+        (
+            len(set(ev.spare_takeovers)) < min(2, ev.kills["random"]),
+            f"the spare took over {sorted(set(ev.spare_takeovers))} only",
+        ),
+        (not ev.frozen_builder_refused, "the frozen worker put rows after it woke"),
         (sum(ev.kills.values()) < ev.kills_requested, f"only {sum(ev.kills.values())} of {ev.kills_requested} kills"),
         (ev.crash_workers_never_died, f"crash workers that never reached their point: {ev.crash_workers_never_died}"),
         (ev.producer_errors, f"producer failed: {ev.producer_errors[:2]}"),
@@ -134,9 +181,16 @@ def figures(acc: Accounting, ev: DrillEvents) -> list[str]:
         ("finalized but never trained", len(acc.never_trained)),
         ("TQ staging keys left", acc.staging_left),
         ("TQ train rows left", acc.train_left),
+        ("groups trained on overwritten rows", len(acc.rows_overwritten)),
         ("reassembler SIGKILLs", f"{sum(ev.kills.values())} ({kills})"),
         ("other worker exits", "; ".join(ev.other_exits) or "none"),
         ("zombie", ev.zombie),
+        ("frozen builder", ev.frozen_builder),
+        ("coordinator", ev.coordinator),
+        ("transaction timeouts ridden out", ev.timeouts_ridden_out),
+        ("spare takeovers", f"{len(ev.spare_takeovers)} ({', '.join(sorted(set(ev.spare_takeovers))) or 'none'})"),
+        ("workers fenced (exit 78)", len(ev.fenced_exits)),
+        ("pool size at the end", f"{ev.pool_size_at_end} of {ev.pool_size}"),
         ("broker", ev.broker),
         ("trainer kills", f"{ev.trainer_kills} ({ev.trainer_killed_mid_step} group(s) in its unfinished batch)"),
         ("publish retries", ev.publish_retries),

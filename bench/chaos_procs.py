@@ -15,13 +15,17 @@ import threading
 import time
 from pathlib import Path
 
+import msgspec
+import torch
 from chaos_check import DrillEvents, read_journal
+from chaos_trainer import rows_digest
 
 from streams.config import KafkaConfig
 from streams.pids import die_with_parent
 from streams.tq import TQConfig, TQStore
 from workers.reassembler.config import ReassemblerConfig
-from workers.reassembler.run import CHILD_ARGS, spawn_worker
+from workers.reassembler.pool import FENCED_EXIT, Pool, Spare
+from workers.reassembler.run import promote, spawn_worker
 from workers.rollout.publisher import RolloutPublisher
 from workers.rollout.synthetic import SyntheticShape, make_group
 from workers.topics import TopicNames
@@ -34,6 +38,37 @@ CRASH_POINTS = ("after_tq_put", "before_commit", "after_commit")
 SHAPE = SyntheticShape(group_size=8, calls=(1, 3), prompt_len=(4, 12), answer_len=(2, 16), observation_len=(1, 6))
 TRAINER = Path(__file__).resolve().with_name("chaos_trainer.py")
 STOP_GRACE_S = 60.0
+
+
+def process_state(pid: int) -> str:
+    """The state letter of a process (R, S, T for stopped, ...) from /proc, or "" once it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
+
+
+def _java_hash(text: str) -> int:
+    """Java's `String.hashCode`, over UTF-16 code units, as an unsigned 32-bit int."""
+    data = text.encode("utf-16-be")
+    h = 0
+    for i in range(0, len(data), 2):
+        h = (31 * h + int.from_bytes(data[i : i + 2], "big")) & 0xFFFFFFFF
+    return h
+
+
+def coordinator_of(kafka: KafkaConfig, transactional_id: str) -> int:
+    """The broker id leading the transaction-state partition of `transactional_id`, its coordinator.
+
+    Kafka places a transactional id at `abs(id.hashCode()) % partitions` of __transaction_state
+    (`Utils.abs` masks the sign bit).
+    """
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient(kafka.admin())
+    md = admin.list_topics("__transaction_state", timeout=10).topics["__transaction_state"]
+    partition = (_java_hash(transactional_id) & 0x7FFFFFFF) % len(md.partitions)
+    return md.partitions[partition].leader
 
 
 def _terminate(procs: list[subprocess.Popen]) -> None:
@@ -51,96 +86,175 @@ def _terminate(procs: list[subprocess.Popen]) -> None:
 
 
 class Reassemblers:
-    """Slots of reassembler processes (worker ids w0..wN-1, restarted with the same id) and crash workers."""
+    """A real pool of reassembler processes (`workers.reassembler.pool.Pool`: worker ids w-0..w-N-1 as
+    static members, a warm spare, restarts) run in a thread of the drill, plus crash and freeze workers
+    (`tests/tools/drill_worker.py`) that join the same consumer group with ids of their own."""
 
     def __init__(self, kafka: KafkaConfig, names: TopicNames, tq: TQConfig, n: int, workdir: Path, ev: DrillEvents):
         self.kafka, self.names, self.tq, self.workdir, self.ev = kafka, names, tq, workdir, ev
         self.group = f"reassemblers.{names.prefix}"
-        self.slots: dict[str, subprocess.Popen] = {f"w{i}": None for i in range(n)}  # type: ignore[misc]
-        self.crashers: dict[str, tuple[str, subprocess.Popen]] = {}
-        self.killed: set[int] = set()  # pids this drill SIGKILLed
+        self.n = n
+        # Stable ids and a spare: the pool's children are static members, as `rlstream reassemble
+        # --workers N --worker-id w` runs them, so the spare takes a dead child's partitions at once.
+        self.base = ReassemblerConfig(
+            prefix=names.prefix, worker_id="w", consumer_group=self.group, static_membership=True
+        )
+        self.extra: dict[str, tuple[str, subprocess.Popen]] = {}  # crash and freeze workers: id -> (kind, proc)
+        self.killed: dict[int, subprocess.Popen] = {}  # pool children this drill SIGKILLed, by pid
+        self.deaths: dict[str, int] = {}  # kills per worker id
         self.zombie: int | None = None
         self._logs: list = []
+        self._lock = threading.Lock()
+        self.pool = Pool(
+            log=self._pool_line,
+            warn=self._pool_line,
+            stop_grace_s=STOP_GRACE_S,
+            spawn=self._spawn_child,
+            spare=Spare(spawn=self._spawn_spare, promote=lambda proc, wid: promote(proc, wid)),
+        )
+        self._thread = threading.Thread(target=self._run_pool, name="chaos-pool", daemon=True)
 
-    def _spawn(self, worker_id: str, crash_point: str | None = None) -> subprocess.Popen:
-        cfg = ReassemblerConfig(prefix=self.names.prefix, worker_id=worker_id, consumer_group=self.group)
-        # A crash worker is the drills' own child (tests/tools/drill_worker.py): no production
-        # setting can make a worker kill itself.
-        args = (*DRILL_WORKER, "--crash-at", crash_point) if crash_point else CHILD_ARGS
-        log = open(self.workdir / f"{worker_id}.log", "ab")  # noqa: SIM115 - the child writes it; closed at stop
+    def _log(self, name: str):
+        log = open(self.workdir / f"{name}.log", "ab")  # noqa: SIM115 - the child writes it; closed at stop
         self._logs.append(log)
+        return log
+
+    def _spawn_child(self, worker_id: str) -> subprocess.Popen:
+        config = msgspec.structs.replace(self.base, worker_id=worker_id)
+        log = self._log(worker_id)
         return spawn_worker(
-            self.kafka, cfg, self.tq, args=args, stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent
+            self.kafka, config, self.tq, stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent
         )
 
+    def _spawn_spare(self) -> subprocess.Popen:
+        config = msgspec.structs.replace(self.base, worker_id="w-spare")
+        log = self._log("spare")
+        return spawn_worker(
+            self.kafka, config, self.tq, standby=True, stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent
+        )
+
+    def _pool_line(self, line: str) -> None:
+        """The pool's own account of every exit, restart and promotion (what `rlstream reassemble` logs)."""
+        with self._lock:
+            self.ev.pool_lines.append(line)
+            if " took over" in line and "spare pid" in line:
+                self.ev.spare_takeovers.append(line.split("]", 1)[0].lstrip("["))
+            if f"exit code {FENCED_EXIT}" in line:
+                self.ev.fenced_exits.append(line)
+
+    def _run_pool(self) -> None:
+        self.pool.wait()
+
     def start(self) -> None:
-        for wid in self.slots:
-            self.slots[wid] = self._spawn(wid)
+        self.pool.keep_spare()  # before the workers, as run_pool does
+        for i in range(self.n):
+            wid = f"w-{i}"
+            self.pool.add(wid, self._spawn_child(wid))
+        self._thread.start()
+
+    def children(self) -> dict[str, subprocess.Popen]:
+        return {wid: p for wid, p in list(self.pool.procs.items()) if p.poll() is None}
 
     def alive(self) -> int:
-        procs = [*self.slots.values(), *(p for _, p in self.crashers.values())]
-        return sum(1 for p in procs if p.poll() is None)
+        return len(self.children()) + sum(1 for _, p in self.extra.values() if p.poll() is None)
+
+    def spare_ready(self) -> bool:
+        proc = self.pool.spare_proc
+        return proc is not None and proc.poll() is None
 
     def reap(self, *, respawn: bool) -> None:
-        """Account for every exited process; restart a slot whose process ended (with the same worker id)."""
-        for wid, proc in self.slots.items():
+        """Account for killed pool children and exited crash workers (the pool restarts its own)."""
+        for pid, proc in list(self.killed.items()):
+            if proc.poll() is not None:
+                del self.killed[pid]
+                if proc.returncode == -signal.SIGKILL:
+                    self.ev.kills["random"] += 1
+                else:
+                    self.ev.other_exits.append(f"pid {pid} exited {proc.returncode}")
+        for wid, (kind, proc) in list(self.extra.items()):
             if proc.poll() is None:
+                if not respawn and kind != "frozen_builder":  # it lives on as a worker once woken
+                    self.ev.crash_workers_never_died.append(f"{wid} ({kind})")
                 continue
-            if proc.returncode == -signal.SIGKILL and proc.pid in self.killed:
-                self.ev.kills["random"] += 1
-            elif proc.pid not in self.killed or proc.returncode != -signal.SIGKILL:
-                self.ev.other_exits.append(f"{wid} pid {proc.pid} exited {proc.returncode}")
-            if proc.pid == self.zombie:
-                self.ev.zombie += f"; then exited with {proc.returncode}"
-            self.killed.discard(proc.pid)
-            if respawn:
-                self.slots[wid] = self._spawn(wid)
-        for wid, (point, proc) in list(self.crashers.items()):
-            if proc.poll() is None:
-                if not respawn:
-                    self.ev.crash_workers_never_died.append(f"{wid} ({point})")
-                continue
-            if proc.returncode == -signal.SIGKILL:
-                self.ev.kills[point] += 1
-            else:
-                self.ev.other_exits.append(f"{wid} ({point}) pid {proc.pid} exited {proc.returncode}")
-            del self.crashers[wid]
-
-    def _live_slot(self, rng: random.Random, spare: int | None) -> subprocess.Popen | None:
-        live = [p for p in self.slots.values() if p.poll() is None and p.pid != spare]
-        return rng.choice(live) if live else None
+            if kind in CRASH_POINTS and proc.returncode == -signal.SIGKILL:
+                self.ev.kills[kind] += 1
+            elif kind != "frozen_builder":
+                self.ev.other_exits.append(f"{wid} ({kind}) pid {proc.pid} exited {proc.returncode}")
+            del self.extra[wid]
 
     def kill_random(self, rng: random.Random, *, spare: int | None) -> int | None:
-        proc = self._live_slot(rng, spare)
-        if proc is None:
+        """SIGKILL a live pool child (not the zombie), one whose worker id died least so far, so that
+        the spare takes over one worker after another; the pool hands the id to the spare."""
+        live = {wid: p for wid, p in self.children().items() if p.pid != spare}
+        if not live:
             return None
-        self.killed.add(proc.pid)
+        fewest = min(self.deaths.get(wid, 0) for wid in live)
+        wid = rng.choice(sorted(w for w in live if self.deaths.get(w, 0) == fewest))
+        proc = live[wid]
+        self.deaths[wid] = self.deaths.get(wid, 0) + 1
+        self.killed[proc.pid] = proc
         os.kill(proc.pid, signal.SIGKILL)
         return proc.pid
 
     def spawn_crasher(self, point: str) -> str:
-        wid = f"x{len(self.crashers) + sum(self.ev.kills.values())}"
-        self.crashers[wid] = (point, self._spawn(wid, crash_point=point))
+        wid = f"x{len(self.extra) + sum(self.ev.kills.values())}"
+        config = msgspec.structs.replace(self.base, worker_id=wid, static_membership=False)
+        proc = spawn_worker(
+            self.kafka,
+            config,
+            self.tq,
+            args=(*DRILL_WORKER, "--crash-at", point),
+            stdout=self._log(wid),
+            stderr=subprocess.STDOUT,
+            preexec_fn=die_with_parent,
+        )
+        self.extra[wid] = (point, proc)
         return wid
 
+    def spawn_frozen_builder(self, then_build_s: float) -> tuple[str, subprocess.Popen]:
+        """A worker that freezes itself (SIGSTOP) at its first put and, once woken, builds `then_build_s` more."""
+        wid = f"z{len(self.extra)}"
+        config = msgspec.structs.replace(self.base, worker_id=wid, static_membership=False)
+        args = (*DRILL_WORKER, "--freeze-before-put", "--then-build-s", str(then_build_s))
+        proc = spawn_worker(
+            self.kafka, config, self.tq, args=args, stdout=self._log(wid), stderr=subprocess.STDOUT,
+            preexec_fn=die_with_parent,
+        )  # fmt: skip
+        self.extra[wid] = ("frozen_builder", proc)
+        return wid, proc
+
     def stop_one(self, rng: random.Random, seconds: float) -> int | None:
-        proc = self._live_slot(rng, None)
-        if proc is None:
+        live = list(self.children().values())
+        if not live:
             return None
+        proc = rng.choice(live)
         os.kill(proc.pid, signal.SIGSTOP)
         self.zombie = proc.pid
         self.ev.zombie = f"pid {proc.pid} stopped for {seconds:.0f}s (session timeout 6s, transaction timeout 10s)"
         return proc.pid
 
     def resume(self, pid: int) -> None:
+        """SIGCONT the zombie."""
+        if self.wake(pid):
+            self.ev.zombie += ", resumed"
+
+    @staticmethod
+    def wake(pid: int) -> bool:
+        """SIGCONT a process; False if it is gone."""
         try:
             os.kill(pid, signal.SIGCONT)
         except ProcessLookupError:
-            return
-        self.ev.zombie += ", resumed"
+            return False
+        return True
+
+    def transactional_id(self, worker_id: str) -> str:
+        return msgspec.structs.replace(self.base, worker_id=worker_id).transactional_id
 
     def stop(self) -> None:
-        _terminate([*self.slots.values(), *(p for _, p in self.crashers.values())])
+        self.ev.pool_size_at_end = len(self.children())
+        self.pool.forward(signal.SIGTERM)
+        self._thread.join(timeout=STOP_GRACE_S + 30)
+        _terminate([p for _, p in self.extra.values()])
         for log in self._logs:
             log.close()
 
@@ -200,6 +314,9 @@ class Producer(threading.Thread):
         super().__init__(name="chaos-producer", daemon=True)
         self.kafka, self.names, self.groups, self.rate, self.seed, self.ev = kafka, names, groups, rate, seed, ev
         self.staged: dict[str, list[str]] = {}
+        # Per group, the digest of the token ids of the rows its staged rollouts make (what the
+        # trainer must read, whoever finalized it).
+        self.digests: dict[str, str] = {}
         self._halt = threading.Event()
         # The first group goes out at once; the rest wait until the drill saw it trained (all is up).
         self.go = threading.Event()
@@ -214,6 +331,7 @@ class Producer(threading.Thread):
                 gid = f"{self.names.prefix}-g{i:05d}"
                 rollouts = make_group(gid, i, 0, shape=SHAPE, seed=self.seed)
                 self.staged[gid] = [c.staging_key for r in rollouts for c in r.receipt.manifest]
+                self.digests[gid] = rows_digest([torch.cat([s["token_ids"] for s in r.segments]) for r in rollouts])
                 self._publish(pub, rollouts)
                 if i == 0:
                     while not self.go.wait(0.5) and not self._halt.is_set():

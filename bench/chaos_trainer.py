@@ -1,6 +1,8 @@
 """The chaos drill's trainer, a child process the drill can SIGKILL: an `ExperienceConsumer` loop with a journal.
 
-It appends one line per batch to the journal before its "training step" (`begin PID GROUP...`) and
+It appends one line per batch to the journal before its "training step" (`begin PID GROUP...`,
+then `rows PID GROUP=DIGEST...`: a digest of the token ids of each group's rows as it read them, so
+the audit can tell rows a zombie overwrote from the ones the committed record describes) and
 one when the step is over, before `release` (`trained PID GROUP...`), each flushed at once, so the
 drill can kill it in the middle of a step and count afterwards how often each group was trained. A
 trainer killed mid-step never finished that step: its successor must train those groups (their rows
@@ -14,9 +16,12 @@ SIGTERM stops it gracefully.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import signal
 import threading
+
+import torch
 
 from streams.config import KafkaConfig
 from streams.tq import TQConfig, TQStore, init_tq
@@ -32,6 +37,26 @@ def trainer_group(prefix: str) -> str:
 def _line(journal, kind: str, group_ids) -> None:
     journal.write(f"{kind} {os.getpid()} {' '.join(group_ids)}\n")
     journal.flush()
+
+
+def rows_digest(rows: list[torch.Tensor]) -> str:
+    """blake2b of a group's rows of token ids, in order (int64 little-endian, each row's length first)."""
+    h = hashlib.blake2b(digest_size=8)
+    for row in rows:
+        ids = row.to(torch.int64).contiguous().numpy().astype("<i8")
+        h.update(len(ids).to_bytes(4, "little"))
+        h.update(ids.tobytes())
+    return h.hexdigest()
+
+
+def _group_digests(batch) -> list[str]:
+    ids, lengths = batch.tensors["input_ids"], batch.tensors["input_lengths"]
+    out, row = [], 0
+    for g in batch.groups:
+        rows = [ids[row + i, : int(lengths[row + i])] for i in range(len(g.sample_ids))]
+        out.append(f"{g.group_id}={rows_digest(rows)}")
+        row += len(g.sample_ids)
+    return out
 
 
 def run(args: argparse.Namespace) -> None:
@@ -54,6 +79,7 @@ def run(args: argparse.Namespace) -> None:
                     continue
                 ids = [g.group_id for g in batch.groups]
                 _line(journal, "begin", ids)
+                _line(journal, "rows", _group_digests(batch))
                 stop.wait(args.train_step_s)  # the "training step"
                 _line(journal, "trained", ids)
                 consumer.release(batch)

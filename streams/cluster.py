@@ -213,6 +213,19 @@ class LocalCluster:
             time.sleep(0.05)
         forget_pid(PID_NAME, handle.pid)
 
+    def freeze(self, node_id: int) -> None:
+        """SIGSTOP one broker: alive to the operating system, silent to everyone else (until `thaw`)."""
+        handle = read_handle(self._node(node_id).data_dir)
+        if handle is None:
+            raise BrokerError(f"broker {node_id} is not running")
+        os.kill(handle.pid, signal.SIGSTOP)
+
+    def thaw(self, node_id: int) -> None:
+        """SIGCONT a broker `freeze` stopped."""
+        handle = read_handle(self._node(node_id).data_dir)
+        if handle is not None:
+            os.kill(handle.pid, signal.SIGCONT)
+
     def restart(self, node_id: int) -> None:
         """Start a stopped or killed broker again on its own data (no reformat)."""
         node = self._node(node_id)

@@ -1,9 +1,11 @@
 """The chaos drill (`make chaos`) at a small scale: it must pass, and its audit must really have counted.
 
 It runs `bench/chaos.py` as a program, as `make chaos` does, attached to the session's Ray, with its
-own one-broker cluster (the broker is killed and restarted on its data, a full outage; `make chaos`
-kills one of three): 80 groups, four reassembler kills (one at each crash point and one at a random
-instant), a zombie, and a trainer killed mid-step.
+own one-broker cluster (the broker is killed and restarted on its data, a full outage, and frozen
+past the transaction timeout as a lost coordinator; `make chaos` does it to one of three): 80
+groups, five reassembler kills (one at each crash point and two pool children at random instants,
+each taken over by the spare), a zombie, a worker frozen at its put that builds on after waking,
+and a trainer killed mid-step.
 """
 
 import re
@@ -24,8 +26,9 @@ def _figure(out: str, name: str) -> str:
 
 
 def test_a_short_chaos_drill_loses_nothing_duplicates_nothing_and_leaves_tq_empty(tq_session):
-    args = ["--groups", "80", "--rate", "8", "--kills", "4", "--workers", "2", "--partitions", "4"]
-    args += ["--brokers", "1", "--broker-down-s", "5", "--zombie-s", "10", "--seed", "11", "--timeout", "240"]
+    args = ["--groups", "80", "--rate", "8", "--kills", "5", "--workers", "2", "--partitions", "4"]
+    args += ["--brokers", "1", "--broker-down-s", "5", "--zombie-s", "10", "--seed", "11", "--timeout", "300"]
+    args += ["--frozen-build-s", "8", "--coordinator-freeze-s", "15"]
     proc = subprocess.Popen(
         [sys.executable, str(DRILL), *args, "--ray-address", ray_address()],
         stdout=subprocess.PIPE,
@@ -47,8 +50,14 @@ def test_a_short_chaos_drill_loses_nothing_duplicates_nothing_and_leaves_tq_empt
     assert _figure(out, "trained exactly once") == "80"
     assert (_figure(out, "TQ staging keys left"), _figure(out, "TQ train rows left")) == ("0", "0")
     kills = _figure(out, "reassembler SIGKILLs")
-    assert all(kind in kills for kind in ("after_tq_put", "before_commit", "after_commit", "random")), kills
-    assert int(kills.split()[0]) >= 4
+    assert all(kind in kills for kind in ("after_tq_put", "before_commit", "after_commit", "random 2")), kills
+    assert _figure(out, "spare takeovers").startswith("2 (w-"), _figure(out, "spare takeovers")
+    assert _figure(out, "workers fenced (exit 78)") == "0"
+    assert _figure(out, "pool size at the end") == "2 of 2"
+    assert _figure(out, "groups trained on overwritten rows") == "0"
+    assert "then built 8s" in _figure(out, "frozen builder")
+    assert "frozen 15s" in _figure(out, "coordinator")
+    assert int(kills.split()[0]) >= 5
     assert "resumed" in _figure(out, "zombie")
     assert "restarted on its data" in _figure(out, "broker")
     assert _figure(out, "trainer kills").startswith("1 ")
