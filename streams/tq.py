@@ -6,19 +6,21 @@ tests of pure logic use a dict-backed store of the same interface, in tests/unit
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import psutil
+import torch
 from tensordict import TensorDict
 
 from schemas.errors import RlstreamError
+from schemas.jagged import is_nested
+from schemas.rowpack import PACKED_FIELD, pack_rows, unpack_rows
 from streams.pids import record_pid
 
 # Prefixed, so rlstream's rows never share a partition with a framework's own "train" (verl's, ...).
@@ -191,28 +193,47 @@ def ray_address() -> str:
 
 # Row lookups `TQStore.tags` keeps for a `get` of the same keys; a trainer has a batch or two in flight.
 _LOCATED_BATCHES = 32
+# Reads of one get before giving up on rows that keep moving under their keys (cleared and put again).
+_READS = 3
+
+
+class _Stale(Exception):
+    """The locations read from no longer hold the keys' rows: look the keys up again."""
 
 
 class TQStore:
     """KVStore over TQ's module-level KV API (the process must have called `init_tq`).
 
+    Rows of the `packed` partitions (rlstream's own, by default) are stored in the packed layout of
+    `schemas.rowpack`: one TQ field per key holding all of its fields and its key, so TQ moves one
+    item per row instead of one per (row, field), and every row read is checked to be the key's.
+    Other partitions (a framework's own, verl's) keep one TQ field per tensor field, as put; rows
+    of a packed partition written in that previous layout are still read.
+
     TQ finds rows by a metadata call to its controller (keys -> storage locations), then fetches
     them from the storage units. `tags` keeps the locations of the keys it found all present, so a
-    `get` of exactly those keys (a trainer's select, then materialize) sends its check of them
-    alongside the data instead of before it: one round trip instead of two.
+    `get` of exactly those keys (a trainer's select, then materialize) fetches without a lookup.
+    TQ reuses a cleared row's location for the next row put, so what was read is checked after it
+    arrives: by the key each packed row carries, or (previous layout) by a lookup sent once the
+    data is in. Never before or alongside: a row cleared and replaced between that check and the
+    read would be returned as the key's.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, packed: Iterable[str] = (STAGING, TRAIN)) -> None:
         import transfer_queue as tq
 
         self._tq = tq
+        self._packed = frozenset(packed)
         self._located: OrderedDict[tuple[str, tuple[str, ...]], Any] = OrderedDict()
         self._lock = threading.Lock()
 
     def put(self, partition: str, keys: Sequence[str], fields: TensorDict, tags: Sequence[Mapping[str, Any]]) -> None:
         if not keys:
             return
-        self._tq.kv_batch_put(keys=list(keys), partition_id=partition, fields=fields, tags=[dict(t) for t in tags])
+        keys = list(keys)
+        if partition in self._packed:
+            fields = TensorDict({PACKED_FIELD: pack_rows(partition, keys, fields)}, batch_size=[len(keys)])
+        self._tq.kv_batch_put(keys=keys, partition_id=partition, fields=fields, tags=[dict(t) for t in tags])
 
     def get(self, partition: str, keys: Sequence[str], select: Sequence[str] | None = None) -> TensorDict:
         """Rows in the order of `keys`; raises MissingKeysError naming absent keys instead of returning fewer rows."""
@@ -222,46 +243,66 @@ class TQStore:
         client = self._tq.get_client()
         with self._lock:
             located = self._located.get((partition, tuple(keys)))
-        if located is not None:
-            data = client._run_coroutine(self._fetch_located(client, partition, keys, located, select))
-            if data is not None:
+        for _ in range(_READS):
+            # The lookup (if any), the read and its check in one coroutine on TQ's loop: one thread hop.
+            data = client._run_coroutine(self._read(client, partition, keys, select, located))
+            if isinstance(data, TensorDict):
                 return data
-            self._forget(partition, keys)
-        # Both calls in one coroutine on TQ's loop, as its own kv_batch_get: one thread hop, not two.
-        data = client._run_coroutine(self._look_up_and_fetch(client, partition, keys, select))
-        if data is None:
-            raise MissingKeysError(partition, self._missing(partition, keys))
+            if located is not None:
+                self._forget(partition, keys)
+                located = None
+            if data is None:
+                raise MissingKeysError(partition, self._missing(partition, keys))
+        raise TQError(
+            f"rows of {len(keys)} key(s) of TQ partition {partition!r} (first {keys[0]!r}) kept moving "
+            f"while read {_READS} times: cleared and put again by another client"
+        )
+
+    async def _read(self, client, partition: str, keys: list[str], select, located) -> TensorDict | bool | None:
+        """The rows; None if some key is absent; False if the locations read went stale (look up again)."""
+        meta = located
+        if meta is None:
+            meta = await client.async_kv_retrieve_meta(keys=keys, partition_id=partition, create=False)
+            if meta.size != len(keys):
+                return None
+        names = set(meta.field_names)
+        try:
+            if PACKED_FIELD not in names:
+                return await self._read_fields(client, partition, keys, meta, select)
+            if names != {PACKED_FIELD}:
+                return await self._read_mixed(client, partition, keys, meta, select)
+            data = await client.async_get_data(_fields(meta, [PACKED_FIELD]))
+            rows = unpack_rows(partition, keys, data.get(PACKED_FIELD), select)
+        except (self._tq.StorageKeyNotFoundError, _Stale):
+            return False
+        if rows.foreign:
+            return False
+        return TensorDict(rows.fields, batch_size=[len(keys)])
+
+    async def _read_fields(self, client, partition: str, keys: list[str], meta, select) -> TensorDict:
+        """Rows of the previous layout (one TQ field per tensor field): read, then checked by a lookup."""
+        data = await client.async_get_data(_fields(meta, select))
+        fresh = await client.async_kv_retrieve_meta(keys=keys, partition_id=partition, create=False)
+        if fresh.size != len(keys) or fresh.global_indexes != meta.global_indexes:
+            raise _Stale()
         return data
 
-    async def _look_up_and_fetch(self, client, partition: str, keys: list[str], select: Sequence[str] | None):
-        """The rows, or None if some key is absent (or cleared between the lookup and the fetch, which TQ allows)."""
-        meta = await client.async_kv_retrieve_meta(keys=keys, partition_id=partition, create=False)
-        if meta.size != len(keys):
-            return None
-        try:
-            return await client.async_get_data(_fields(meta, select))
-        except self._tq.StorageKeyNotFoundError:
-            return None
-
-    async def _fetch_located(self, client, partition: str, keys: list[str], located: Any, select):
-        """The rows by the locations `tags` found, checked by a lookup sent alongside; None: look them up again.
-
-        A lookup still naming the same locations means the rows read are those keys' rows: TQ reuses
-        the locations of cleared rows for the next rows put, so data fetched by stale locations
-        could be other rows, and is never returned.
-        """
-        fresh, data = await asyncio.gather(
-            client.async_kv_retrieve_meta(keys=keys, partition_id=partition, create=False),
-            client.async_get_data(_fields(located, select)),
-            return_exceptions=True,
-        )
-        if isinstance(fresh, BaseException):
-            raise fresh
-        if isinstance(data, self._tq.StorageKeyNotFoundError):
-            return None
-        if isinstance(data, BaseException):
-            raise data
-        return data if fresh.size == len(keys) and fresh.global_indexes == located.global_indexes else None
+    async def _read_mixed(self, client, partition: str, keys: list[str], meta, select) -> TensorDict:
+        """Rows of both layouts in one get (written across an upgrade): each key read on its own."""
+        parts = []
+        for key in keys:
+            one = await client.async_kv_retrieve_meta(keys=[key], partition_id=partition, create=False)
+            if one.size != 1:
+                raise _Stale()
+            if PACKED_FIELD in one.field_names:
+                data = await client.async_get_data(_fields(one, [PACKED_FIELD]))
+                rows = unpack_rows(partition, [key], data.get(PACKED_FIELD), select)
+                if rows.foreign:
+                    raise _Stale()
+                parts.append(rows.fields)
+            else:
+                parts.append(dict((await self._read_fields(client, partition, [key], one, select)).items()))
+        return TensorDict(join_rows(parts), batch_size=[len(keys)])
 
     def _missing(self, partition: str, keys: list[str]) -> list[str]:
         present = self.present(partition, keys)
@@ -304,6 +345,21 @@ class TQStore:
         if keys:
             self._forget(partition, keys)
             self._tq.kv_clear(keys=list(keys), partition_id=partition)
+
+
+def join_rows(parts: Sequence[Mapping[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Single-row fields of several reads as one batch: 0-dim rows stacked, others jagged (as TQ's get)."""
+    out: dict[str, torch.Tensor] = {}
+    for name in parts[0]:
+        if any(name not in p for p in parts):
+            raise ValueError(f"field {name!r} is not in every row read")
+        rows = [r for p in parts for r in (p[name].unbind() if is_nested(p[name]) else p[name])]
+        out[name] = (
+            torch.stack(rows)
+            if all(r.dim() == 0 for r in rows)
+            else torch.nested.as_nested_tensor(rows, layout=torch.jagged)
+        )
+    return out
 
 
 def _fields(meta: Any, select: Sequence[str] | None) -> Any:
