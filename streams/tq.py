@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import psutil
 import torch
@@ -63,11 +64,39 @@ class KVStore(Protocol):
 
 
 @dataclass(frozen=True)
+class TQProfile:
+    """TQ's sizing for one kind of deployment: what a `TQConfig` field left None takes."""
+
+    num_storage_units: int
+    client_io_threads: int  # TQ_CLIENT_ZMQ_IO_THREADS: libzmq I/O threads of each process's TQ client
+    num_threads: int | None  # TQ_NUM_THREADS: torch threads in TQ's put/get; None: physical cores, at most 8
+
+
+# Cluster defaults: TQ's own (8 client I/O threads), storage spread over two units (and nodes).
+CLUSTER = TQProfile(num_storage_units=2, client_io_threads=8, num_threads=None)
+# One node, chosen by measurement (bench/bench_dataplane.py, docs/DESIGN.md "TQ settings"): every
+# process on the machine shares its cores, so one storage unit (each put, get and clear is then one
+# storage request, a dense field is never sliced with a step, one process fewer) and one I/O and
+# torch thread per client (8 I/O threads in each of the publisher, reassembler and trainer
+# processes only compete for the cores the bytes need).
+SINGLE_NODE = TQProfile(num_storage_units=1, client_io_threads=1, num_threads=1)
+
+
+@dataclass(frozen=True)
 class TQConfig:
-    """How to reach Ray and size TQ; address None starts a local Ray instance unless one is running."""
+    """How to reach Ray and size TQ; address None starts a local Ray instance unless one is running.
+
+    The sizing fields left None follow `profile`: "auto" takes `SINGLE_NODE` when this process
+    starts Ray itself or attaches to a one-node cluster, `CLUSTER` otherwise. A TQ_* environment
+    variable already set (by the operator, or by the parent that started this process) wins over a
+    profile; an explicit field wins over both.
+    """
 
     address: str | None = None
-    num_storage_units: int = 2
+    num_storage_units: int | None = None
+    client_io_threads: int | None = None
+    num_threads: int | None = None
+    profile: Literal["auto", "single_node", "cluster"] = "auto"
     # TQ's controller and each storage unit ask Ray for one CPU, and reassembler actors one each;
     # logical CPUs above the physical count only oversubscribe cores that mostly wait on I/O.
     num_cpus: int = 16
@@ -77,10 +106,38 @@ class TQConfig:
     storage_node_resource: str | None = None
 
 
-def _tq_threads() -> str:
-    # TQ sizes its tensor-aggregation thread pool from TQ_NUM_THREADS (default 8) and warns on
-    # every call when that exceeds the physical cores; set it once, for us and for Ray actors.
-    return str(max(1, min(8, psutil.cpu_count(logical=False) or 1)))
+def _physical_threads() -> int:
+    # TQ warns on every call when TQ_NUM_THREADS exceeds the physical cores.
+    return max(1, min(8, psutil.cpu_count(logical=False) or 1))
+
+
+def _apply_client_settings(config: TQConfig, profile: TQProfile) -> dict[str, str]:
+    """Resolve TQ's per-process settings (field > environment > profile) into os.environ; returns them.
+
+    TQ reads them at import: set before `transfer_queue` is imported, or patched in its client
+    module when something imported it earlier (its client is created later, by `tq.init`).
+    """
+    wanted = {
+        "TQ_CLIENT_ZMQ_IO_THREADS": (config.client_io_threads, profile.client_io_threads),
+        "TQ_NUM_THREADS": (config.num_threads, profile.num_threads or _physical_threads()),
+    }
+    settings = {}
+    for name, (explicit, default) in wanted.items():
+        value = str(explicit) if explicit is not None else os.environ.get(name) or str(default)
+        if int(value) < 1:
+            raise TQError(f"{name} must be at least 1, got {value}")
+        os.environ[name] = settings[name] = value
+    client = sys.modules.get("transfer_queue.client")
+    if client is not None:
+        client.TQ_CLIENT_ZMQ_IO_THREADS = int(settings["TQ_CLIENT_ZMQ_IO_THREADS"])
+        client.TQ_NUM_THREADS = int(settings["TQ_NUM_THREADS"])
+    return settings
+
+
+def _profile(config: TQConfig, single_node: bool) -> TQProfile:
+    if config.profile == "single_node" or (config.profile == "auto" and single_node):
+        return SINGLE_NODE
+    return CLUSTER
 
 
 class TQSession:
@@ -102,13 +159,14 @@ class TQSession:
 
 def init_tq(config: TQConfig = TQConfig()) -> TQSession:
     """Start or attach to Ray, then create or attach to the TQ controller and its storage units."""
-    os.environ.setdefault("TQ_NUM_THREADS", _tq_threads())
     import ray
 
     started_ray = False
     if not ray.is_initialized():
-        env = {"env_vars": {"TQ_NUM_THREADS": os.environ["TQ_NUM_THREADS"]}}
-        if config.address is not None:
+        local = config.address is None
+        # Ray actors (TQ's controller and storage units) take the job's environment.
+        env = {"env_vars": _apply_client_settings(config, _profile(config, single_node=local))}
+        if not local:
             _attach(ray, config, env)
         else:
             ray.init(
@@ -121,12 +179,16 @@ def init_tq(config: TQConfig = TQConfig()) -> TQSession:
             )
             started_ray = True
             _record_ray_pids()
+    alive = [n for n in ray.nodes() if n.get("Alive")]
+    profile = _profile(config, single_node=len(alive) <= 1)
+    _apply_client_settings(config, profile)
     import transfer_queue as tq
     from transfer_queue import interface
 
     logging.getLogger("transfer_queue").setLevel(logging.ERROR)
     had_controller = _controller_exists()
-    storage = {"num_data_storage_units": config.num_storage_units}
+    units = config.num_storage_units if config.num_storage_units is not None else profile.num_storage_units
+    storage = {"num_data_storage_units": units}
     if config.storage_node_resource is not None:
         if not had_controller:
             # Before TQ creates its controller: a controller left without storage hangs every attach.
