@@ -85,6 +85,12 @@ def _args() -> argparse.Namespace:
     parser.add_argument("--workers", type=int, default=1, help="reassembler processes of the end-to-end run")
     parser.add_argument("--shapes", default=",".join(SHAPES), help=f"comma-separated subset of {','.join(SHAPES)}")
     parser.add_argument("--only", default=",".join(PHASES), help=f"comma-separated subset of {','.join(PHASES)}")
+    parser.add_argument(
+        "--tq-profile",
+        choices=("auto", "single_node", "cluster"),
+        default="auto",
+        help="TQ's sizing (TQConfig.profile; auto on one machine: single_node)",
+    )
     parser.add_argument("--json", type=Path, help="also write every measurement there")
     parser.add_argument("--profile", type=Path, help="py-spy every phase into this directory, then summarize")
     args = parser.parse_args()
@@ -231,8 +237,8 @@ def main() -> None:
             tmp = stack.enter_context(tempfile.TemporaryDirectory())
             kafka = KafkaConfig(stack.enter_context(LocalBroker(BrokerConfig(data_dir=Path(tmp)))).bootstrap_servers)
         # 4 CPUs: TQ's controller and storage unit(s) take one each; Ray prestarts a worker per CPU.
-        # TQ's single-node profile (TQConfig.single_node), as a local run gets it.
-        stack.callback(init_tq(TQConfig(num_cpus=4)).close)
+        # TQ's single-node profile unless --tq-profile says otherwise, as a local run gets it.
+        stack.callback(init_tq(TQConfig(num_cpus=4, profile=args.tq_profile)).close)
         m = _measure(args, kafka)
     _print_summary(m, args.shapes)
     print_fetch_summary(m.fetches)
@@ -242,7 +248,9 @@ def main() -> None:
         _print_cycle_ops(s.name, m.cycles.get(s.name, {}))
         _print_e2e_ops(s.name, m.e2e.get(s.name, []))
     load = ", ".join(f"{x:.1f}" for x in load_before)
-    print(f"\nload average (1, 5, 15 min) at start: {load}; at end: {os.getloadavg()[0]:.1f}; {os.cpu_count()} CPUs")
+    env = ", ".join(f"{k}={os.environ.get(k)}" for k in ("TQ_CLIENT_ZMQ_IO_THREADS", "TQ_NUM_THREADS"))
+    print(f"\nTQ profile {args.tq_profile}: {env}")
+    print(f"load average (1, 5, 15 min) at start: {load}; at end: {os.getloadavg()[0]:.1f}; {os.cpu_count()} CPUs")
     if args.profiler is not None:
         summarize(args.profile, groups=args.profiler.groups)
     if args.json:

@@ -329,9 +329,11 @@ class TQStore:
                 return None
         names = set(meta.field_names)
         try:
-            if PACKED_FIELD not in names:
+            if PACKED_FIELD not in names and (meta if select is None else meta.select_fields(list(select))).is_ready:
                 return await self._read_fields(client, partition, keys, meta, select)
-            if names != {PACKED_FIELD}:
+            if names != {PACKED_FIELD} or not meta.is_ready:
+                # TQ's batch metadata does not say which rows have which fields: rows of both
+                # layouts (or rows lacking a selected field) are told apart key by key.
                 return await self._read_mixed(client, partition, keys, meta, select)
             data = await client.async_get_data(_fields(meta, [PACKED_FIELD]))
             rows = unpack_rows(partition, keys, data.get(PACKED_FIELD), select)

@@ -145,3 +145,20 @@ def test_a_row_cleared_and_its_index_reused_between_lookup_and_read_is_never_ret
             assert got["token_ids"].unbind()[0].tolist() == [1, 2, 3], "another key's row came back as the victim's"
             pytest.fail("the victim was cleared before the read, yet the get returned a row for it")
     assert race.raced and race.reused_by is not None
+
+
+def test_rows_of_the_previous_layout_are_still_read_alone_or_mixed_with_packed_ones(tq_store, unique):
+    import transfer_queue as tq
+
+    old, new = [f"{unique}/old{i}" for i in range(2)], [f"{unique}/new{i}" for i in range(2)]
+    # Rows a previous rlstream put: TQ's own layout, one TQ field per tensor field.
+    tq.kv_batch_put(old, STAGING, _token_rows([1, 2], [3]), [{"v": 0}, {"v": 0}])
+    tq_store.put(STAGING, new, _token_rows([4, 5, 6], [7]), [{"v": 1}, {"v": 1}])
+    try:
+        assert [r.tolist() for r in tq_store.get(STAGING, old)["token_ids"].unbind()] == [[1, 2], [3]]
+        mixed = tq_store.get(STAGING, [new[0], old[1], old[0], new[1]], select=["token_ids", "reward"])
+        assert [r.tolist() for r in mixed["token_ids"].unbind()] == [[4, 5, 6], [3], [1, 2], [7]]
+        assert mixed["reward"].tolist() == [1.0, 1.0, 1.0, 1.0]
+        assert tq_store.tags(STAGING, old + new) == {**{k: {"v": 0} for k in old}, **{k: {"v": 1} for k in new}}
+    finally:
+        tq_store.clear(STAGING, old + new)
