@@ -72,7 +72,12 @@ def main() -> None:
             if dump.is_set():
                 dump.clear()
                 tmp = out.with_suffix(".tmp")
-                tmp.write_text(json.dumps({"store": store.snapshot(), "commits": commits.snapshot()}))
+                snapshot = {
+                    "store": store.snapshot(),
+                    "commits": commits.snapshot(),
+                    "commit_ends": commits.commit_ends(),
+                }
+                tmp.write_text(json.dumps(snapshot))
                 os.replace(tmp, out)
     finally:
         worker.close()

@@ -1,11 +1,14 @@
 """The bounds `bench_dataplane.py` compares rlstream with: the raw TQ cycle, Ray RPC by value, memcpy.
 
-Every bound moves the bytes a prompt group must go through on its way to the trainer, in the shapes of
-`bench_pipeline.py` (8 rollouts x 2048 tokens, 4 calls each): its 32 staged call deltas (token ids
-int64, mask bool, logprobs float32, jagged) are put and fetched, then its 8 packed training rows (as
-`build_group` makes them) are put and fetched, then both are cleared. `groups_per_call` groups share
-each call. Each function returns a `CycleResult`: wall seconds for `groups` groups and the seconds
-spent in each operation, summed over calls.
+Every bound moves the bytes a prompt group must go through on its way to the trainer, in one of the
+`SHAPES`: `dense` is `bench_pipeline.py`'s (8 rollouts x 2048 tokens, 4 calls each), `moe` the same
+group at 8 rollouts x 8,192 tokens with mixture-of-experts router replay (routed experts: 48 layers x
+top-8 per token, uint8). A group's 32 staged call deltas (token ids int64, mask bool, logprobs
+float32, routed experts, jagged) are put and fetched, then its 8 training rows (as `build_group`
+makes them) are put and fetched, then both are cleared, with TQ's own per-(row, field) layout (the
+raw cycle is TQ's API with nothing of rlstream). `groups_per_call` groups share each call. Each
+function returns a `CycleResult`: wall seconds for `groups` groups and the seconds spent in each
+operation, summed over calls.
 """
 
 from __future__ import annotations
@@ -15,21 +18,63 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import msgspec
 import torch
 from bench_pipeline import SHAPE
 from tensordict import TensorDict
 
 from schemas.group_build import build_group
+from schemas.request import RolloutReassemblerActorConfig
 from workers.reassembler.config import default_actor_config
 from workers.reassembler.finalize import tensor_rows
 from workers.rollout.publisher import segments_to_fields
-from workers.rollout.synthetic import make_group
+from workers.rollout.synthetic import SyntheticShape, make_group
 
 # Partitions of their own, so the bounds never meet the end-to-end run's rows.
 RAW_STAGING = "dp_staging"
 RAW_TRAIN = "dp_train"
-TOKENS_PER_GROUP = SHAPE.group_size * 2048
 OPS = ("put_staging", "get_staging", "put_train", "get_train", "clear")
+
+
+@dataclass(frozen=True)
+class BenchShape:
+    """A group shape of the benchmark and the groups per call its bounds and end-to-end run use."""
+
+    name: str
+    synthetic: SyntheticShape
+    tokens_per_rollout: int
+    bound_groups_per_call: tuple[int, ...]
+    e2e_groups_per_call: int
+    router_replay: bool = False
+
+    @property
+    def tokens_per_group(self) -> int:
+        return self.synthetic.group_size * self.tokens_per_rollout
+
+    @property
+    def actor_config(self) -> RolloutReassemblerActorConfig:
+        return msgspec.structs.replace(default_actor_config(), router_replay_enabled=self.router_replay)
+
+    def describe(self) -> str:
+        experts = ", routed experts 48 layers x top-8 uint8" if self.router_replay else ""
+        return f"groups of 8 rollouts x {self.tokens_per_rollout} tokens (4 calls{experts})"
+
+
+# 256 prompt tokens + 4 answers of 1948 + 3 observations of 48 = 8192 tokens per rollout.
+MOE = SyntheticShape(
+    group_size=8,
+    calls=(4, 4),
+    prompt_len=(256, 256),
+    answer_len=(1948, 1948),
+    observation_len=(48, 48),
+    routed_experts_k=48 * 8,
+    routed_experts_dtype="uint8",
+)
+SHAPES = {
+    "dense": BenchShape("dense", SHAPE, 2048, (1, 8), 8),
+    # A group is ~50 MB: bytes, not calls, dominate, so one group per call.
+    "moe": BenchShape("moe", MOE, 8192, (1,), 1, router_replay=True),
+}
 
 
 @dataclass(frozen=True)
@@ -85,20 +130,20 @@ def _staging_tag(key: str, group_id: str) -> dict:
     return {"rollout_id": rollout_id, "call_id": call_id, "group_id": group_id, "weight_version": 1}
 
 
-def make_payload(groups: int) -> Payload:
+def make_payload(groups: int, shape: BenchShape = SHAPES["dense"]) -> Payload:
     """`groups` synthetic groups: their staged fields as `stage_rollouts` puts them, their built rows."""
     staged, train, train_tags, seg_list = [], [], [], []
     for g in range(groups):
-        rollouts = make_group(f"dp{g}", g, 1, shape=SHAPE)
+        rollouts = make_group(f"dp{g}", g, 1, shape=shape.synthetic)
         segments = {c.staging_key: s for r in rollouts for c, s in zip(r.receipt.manifest, r.segments)}
         seg_list += list(segments.values())
         build = build_group(
             group_id=f"dp{g}",
             prompt_idx=g,
-            group_size=SHAPE.group_size,
+            group_size=shape.synthetic.group_size,
             receipts=[r.receipt for r in rollouts],
             segments=segments,
-            config=default_actor_config(),
+            config=shape.actor_config,
         )
         train.append(build.fields)
         train_tags += build.tags

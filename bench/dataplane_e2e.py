@@ -26,10 +26,11 @@ from confluent_kafka.admin import AdminClient
 from dataplane_child import request_timings, spawn
 from dataplane_timing import TimedStore, merge
 
+from schemas.request import RolloutReassemblerActorConfig
 from streams.admin import create_topics
 from streams.config import KafkaConfig
 from streams.tq import TQConfig, TQStore, ray_address
-from workers.reassembler.config import ReassemblerConfig
+from workers.reassembler.config import ReassemblerConfig, default_actor_config
 from workers.rollout.publisher import RolloutPublisher, StagedRollout
 from workers.rollout.synthetic import SyntheticShape, make_group
 from workers.topics import TopicNames, pipeline_topics
@@ -107,7 +108,8 @@ def wait_for_members(kafka: KafkaConfig, group: str, procs: list[subprocess.Pope
 class EndToEnd:
     """A pipeline on its own topics (broker and TQ already running); `run_round` measures one round.
 
-    `shape` sizes the groups; `producers` publisher threads share a round's publish calls
+    `shape` sizes the groups (`actor`: the reassembler's finalization settings, router replay on for
+    a shape with routed experts); `producers` publisher threads share a round's publish calls
     round-robin, `groups_per_publish` groups each (default `groups_per_call`); the receipts topic
     (like the others) has `partitions` partitions.
     """
@@ -122,6 +124,7 @@ class EndToEnd:
         producers: int = 1,
         partitions: int = 4,
         groups_per_publish: int | None = None,
+        actor: RolloutReassemblerActorConfig | None = None,
     ):
         self.k, self.shape, self._kafka = groups_per_call, shape, kafka
         self.per_publish = groups_per_publish or groups_per_call
@@ -133,7 +136,12 @@ class EndToEnd:
         self.procs = [
             spawn(
                 kafka,
-                ReassemblerConfig(prefix=self.names.prefix, worker_id=f"dp{i}", consumer_group=self.worker_group),
+                ReassemblerConfig(
+                    prefix=self.names.prefix,
+                    worker_id=f"dp{i}",
+                    consumer_group=self.worker_group,
+                    actor=actor or default_actor_config(),
+                ),
                 TQConfig(address=ray_address()),
                 out,
             )

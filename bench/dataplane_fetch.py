@@ -6,8 +6,9 @@ groups per put) and publishes their finalized records; once the trainer's `Exper
 has read them all (not timed), every batch of `groups_per_call` groups is fetched three ways, in
 an order that rotates from batch to batch so that none always goes first:
 
-  raw      `transfer_queue.kv_batch_get` of the batch's rows: TQ's own get, nothing of rlstream;
-  store    `TQStore.get` of the same rows (a store of its own, the interface the workers use);
+  raw      `transfer_queue.kv_batch_get` of the batch's rows (packed, as in rlstream's train
+           partition): TQ's own get, nothing of rlstream;
+  store    `TQStore.get` of the same rows, unpacked (a store of its own, the interface the workers use);
   trainer  `ExperienceConsumer.select` + `materialize` (padded), which must hand out exactly those
            groups; `ack` follows, not timed.
 
@@ -27,10 +28,11 @@ from dataplane_cycles import make_payload
 
 from schemas.finalized import FinalizedGroup
 from schemas.payload import unpack_payload
+from schemas.rowpack import PACKED_FIELD, unpack_rows
 from streams.admin import create_topics
 from streams.config import KafkaConfig
 from streams.producer import AckedProducer, Outgoing
-from streams.tq import TQStore
+from streams.tq import STAGING, TRAIN, TQStore
 from workers.topics import TopicNames, pipeline_topics
 from workers.trainer.config import ConsumerConfig
 from workers.trainer.consumer import ExperienceConsumer
@@ -93,11 +95,13 @@ class FetchBench:
         self._producer = AckedProducer(kafka)
         self._template = make_payload(groups_per_call)  # rows of k groups, one put's worth
         self._rows_per_group = self._template.train.batch_size[0] // groups_per_call
-        self._store = TQStore()  # the "store" way's own: never the consumer's
+        # Packed as rlstream's own train partition is; the "store" way's own store, never the consumer's.
+        self._store = TQStore(packed=(STAGING, TRAIN, FETCH_PARTITION))
         config = ConsumerConfig(
             prefix=self.names.prefix, consumer_group=f"dpf-trainer-{self.names.prefix}", train_partition=FETCH_PARTITION
         )
-        self.consumer = ExperienceConsumer(kafka, TQStore(), config, ready_first(), version=1)
+        store = TQStore(packed=(STAGING, TRAIN, FETCH_PARTITION))
+        self.consumer = ExperienceConsumer(kafka, store, config, ready_first(), version=1)
         self.pad = dict(config.pad_value_dict)
         self._rounds = 0
 
@@ -134,7 +138,8 @@ class FetchBench:
         if meta is None or list(meta.sample_ids) != keys:
             raise RuntimeError("select did not hand out the groups read first")
         got = self.consumer.materialize(meta)
-        want = unpack_payload(raw, meta.tags, pad_value_dict=self.pad)
+        rows = unpack_rows(FETCH_PARTITION, keys, raw.get(PACKED_FIELD)).fields
+        want = unpack_payload(rows, meta.tags, pad_value_dict=self.pad)
         for name, tensor in want.items():
             if not torch.equal(got[name], tensor):
                 raise RuntimeError(f"the trainer's {name!r} differs from the raw get's")

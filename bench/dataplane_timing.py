@@ -92,18 +92,29 @@ class CommitTimer(ReassemblerSensor):
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._steps = [0, 0, 0.0]  # steps, groups finalized, seconds
+        self._ends: list[float] = []  # wall clock at the end of each commit that finalized groups
 
     def on_commit(self, *, seconds: float, finalized: int, dead_letters: Mapping[str, int]) -> None:
         with self._lock:
             self._steps[0] += 1
             self._steps[1] += finalized
             self._steps[2] += seconds
+            if finalized and len(self._ends) < 100_000:
+                self._ends.append(time.time())
 
     def snapshot(self, reset: bool = True) -> list[float]:
         with self._lock:
             out = list(self._steps)
             if reset:
                 self._steps = [0, 0, 0.0]
+        return out
+
+    def commit_ends(self, reset: bool = True) -> list[float]:
+        """Wall-clock ends of the commits that finalized groups, since the previous call."""
+        with self._lock:
+            out = list(self._ends)
+            if reset:
+                self._ends = []
         return out
 
 

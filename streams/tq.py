@@ -6,20 +6,23 @@ tests of pure logic use a dict-backed store of the same interface, in tests/unit
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
+import sys
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import numpy as np
 import psutil
+import torch
 from tensordict import TensorDict
 
 from schemas.errors import RlstreamError
+from schemas.jagged import is_nested
+from schemas.rowpack import PACKED_FIELD, pack_rows, unpack_rows
 from streams.pids import record_pid
 
 # Prefixed, so rlstream's rows never share a partition with a framework's own "train" (verl's, ...).
@@ -62,11 +65,39 @@ class KVStore(Protocol):
 
 
 @dataclass(frozen=True)
+class TQProfile:
+    """TQ's sizing for one kind of deployment: what a `TQConfig` field left None takes."""
+
+    num_storage_units: int
+    client_io_threads: int  # TQ_CLIENT_ZMQ_IO_THREADS: libzmq I/O threads of each process's TQ client
+    num_threads: int | None  # TQ_NUM_THREADS: torch threads in TQ's put/get; None: physical cores, at most 8
+
+
+# Cluster defaults: TQ's own (8 client I/O threads), storage spread over two units (and nodes).
+CLUSTER = TQProfile(num_storage_units=2, client_io_threads=8, num_threads=None)
+# One node, chosen by measurement (bench/bench_dataplane.py, docs/DESIGN.md "TQ settings"): every
+# process on the machine shares its cores, so one storage unit (each put, get and clear is then one
+# storage request, a dense field is never sliced with a step, one process fewer) and one I/O and
+# torch thread per client (8 I/O threads in each of the publisher, reassembler and trainer
+# processes only compete for the cores the bytes need).
+SINGLE_NODE = TQProfile(num_storage_units=1, client_io_threads=1, num_threads=1)
+
+
+@dataclass(frozen=True)
 class TQConfig:
-    """How to reach Ray and size TQ; address None starts a local Ray instance unless one is running."""
+    """How to reach Ray and size TQ; address None starts a local Ray instance unless one is running.
+
+    The sizing fields left None follow `profile`: "auto" takes `SINGLE_NODE` when this process
+    starts Ray itself or attaches to a one-node cluster, `CLUSTER` otherwise. A TQ_* environment
+    variable already set (by the operator, or by the parent that started this process) wins over a
+    profile; an explicit field wins over both.
+    """
 
     address: str | None = None
-    num_storage_units: int = 2
+    num_storage_units: int | None = None
+    client_io_threads: int | None = None
+    num_threads: int | None = None
+    profile: Literal["auto", "single_node", "cluster"] = "auto"
     # TQ's controller and each storage unit ask Ray for one CPU, and reassembler actors one each;
     # logical CPUs above the physical count only oversubscribe cores that mostly wait on I/O.
     num_cpus: int = 16
@@ -80,10 +111,38 @@ class TQConfig:
     call_budget_s: float | None = None
 
 
-def _tq_threads() -> str:
-    # TQ sizes its tensor-aggregation thread pool from TQ_NUM_THREADS (default 8) and warns on
-    # every call when that exceeds the physical cores; set it once, for us and for Ray actors.
-    return str(max(1, min(8, psutil.cpu_count(logical=False) or 1)))
+def _physical_threads() -> int:
+    # TQ warns on every call when TQ_NUM_THREADS exceeds the physical cores.
+    return max(1, min(8, psutil.cpu_count(logical=False) or 1))
+
+
+def _apply_client_settings(config: TQConfig, profile: TQProfile) -> dict[str, str]:
+    """Resolve TQ's per-process settings (field > environment > profile) into os.environ; returns them.
+
+    TQ reads them at import: set before `transfer_queue` is imported, or patched in its client
+    module when something imported it earlier (its client is created later, by `tq.init`).
+    """
+    wanted = {
+        "TQ_CLIENT_ZMQ_IO_THREADS": (config.client_io_threads, profile.client_io_threads),
+        "TQ_NUM_THREADS": (config.num_threads, profile.num_threads or _physical_threads()),
+    }
+    settings = {}
+    for name, (explicit, default) in wanted.items():
+        value = str(explicit) if explicit is not None else os.environ.get(name) or str(default)
+        if int(value) < 1:
+            raise TQError(f"{name} must be at least 1, got {value}")
+        os.environ[name] = settings[name] = value
+    client = sys.modules.get("transfer_queue.client")
+    if client is not None:
+        client.TQ_CLIENT_ZMQ_IO_THREADS = int(settings["TQ_CLIENT_ZMQ_IO_THREADS"])
+        client.TQ_NUM_THREADS = int(settings["TQ_NUM_THREADS"])
+    return settings
+
+
+def _profile(config: TQConfig, single_node: bool) -> TQProfile:
+    if config.profile == "single_node" or (config.profile == "auto" and single_node):
+        return SINGLE_NODE
+    return CLUSTER
 
 
 class TQSession:
@@ -120,15 +179,16 @@ def bound_tq_calls(budget_s: float) -> None:
 
 def init_tq(config: TQConfig = TQConfig()) -> TQSession:
     """Start or attach to Ray, then create or attach to the TQ controller and its storage units."""
-    os.environ.setdefault("TQ_NUM_THREADS", _tq_threads())
     if config.call_budget_s is not None:
         bound_tq_calls(config.call_budget_s)
     import ray
 
     started_ray = False
     if not ray.is_initialized():
-        env = {"env_vars": {"TQ_NUM_THREADS": os.environ["TQ_NUM_THREADS"]}}
-        if config.address is not None:
+        local = config.address is None
+        # Ray actors (TQ's controller and storage units) take the job's environment.
+        env = {"env_vars": _apply_client_settings(config, _profile(config, single_node=local))}
+        if not local:
             _attach(ray, config, env)
         else:
             ray.init(
@@ -141,12 +201,16 @@ def init_tq(config: TQConfig = TQConfig()) -> TQSession:
             )
             started_ray = True
             _record_ray_pids()
+    alive = [n for n in ray.nodes() if n.get("Alive")]
+    profile = _profile(config, single_node=len(alive) <= 1)
+    _apply_client_settings(config, profile)
     import transfer_queue as tq
     from transfer_queue import interface
 
     logging.getLogger("transfer_queue").setLevel(logging.ERROR)
     had_controller = _controller_exists()
-    storage = {"num_data_storage_units": config.num_storage_units}
+    units = config.num_storage_units if config.num_storage_units is not None else profile.num_storage_units
+    storage = {"num_data_storage_units": units}
     if config.storage_node_resource is not None:
         if not had_controller:
             # Before TQ creates its controller: a controller left without storage hangs every attach.
@@ -213,28 +277,55 @@ def ray_address() -> str:
 
 # Row lookups `TQStore.tags` keeps for a `get` of the same keys; a trainer has a batch or two in flight.
 _LOCATED_BATCHES = 32
+# Reads of one get before giving up on rows that keep moving under their keys (cleared and put again).
+_READS = 3
+
+
+class _Stale(Exception):
+    """The locations read from no longer hold the keys' rows: look the keys up again."""
+
+
+class _NotReady(Exception):
+    """Rows at these positions of a read are being cleared."""
+
+    def __init__(self, positions: list[int]):
+        super().__init__(positions)
+        self.positions = positions
 
 
 class TQStore:
     """KVStore over TQ's module-level KV API (the process must have called `init_tq`).
 
+    Rows of the `packed` partitions (rlstream's own, by default) are stored in the packed layout of
+    `schemas.rowpack`: one TQ field per key holding all of its fields and its key, so TQ moves one
+    item per row instead of one per (row, field), and every row read is checked to be the key's.
+    Other partitions (a framework's own, verl's) keep one TQ field per tensor field, as put; rows
+    of a packed partition written in that previous layout are still read.
+
     TQ finds rows by a metadata call to its controller (keys -> storage locations), then fetches
     them from the storage units. `tags` keeps the locations of the keys it found all present, so a
-    `get` of exactly those keys (a trainer's select, then materialize) sends its check of them
-    alongside the data instead of before it: one round trip instead of two.
+    `get` of exactly those keys (a trainer's select, then materialize) fetches without a lookup.
+    TQ reuses a cleared row's location for the next row put, so what was read is checked after it
+    arrives: by the key each packed row carries, or (previous layout) by a lookup sent once the
+    data is in. Never before or alongside: a row cleared and replaced between that check and the
+    read would be returned as the key's.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, packed: Iterable[str] = (STAGING, TRAIN)) -> None:
         import transfer_queue as tq
 
         self._tq = tq
+        self._packed = frozenset(packed)
         self._located: OrderedDict[tuple[str, tuple[str, ...]], Any] = OrderedDict()
         self._lock = threading.Lock()
 
     def put(self, partition: str, keys: Sequence[str], fields: TensorDict, tags: Sequence[Mapping[str, Any]]) -> None:
         if not keys:
             return
-        self._tq.kv_batch_put(keys=list(keys), partition_id=partition, fields=fields, tags=[dict(t) for t in tags])
+        keys = list(keys)
+        if partition in self._packed:
+            fields = TensorDict({PACKED_FIELD: pack_rows(partition, keys, fields)}, batch_size=[len(keys)])
+        self._tq.kv_batch_put(keys=keys, partition_id=partition, fields=fields, tags=[dict(t) for t in tags])
 
     def get(self, partition: str, keys: Sequence[str], select: Sequence[str] | None = None) -> TensorDict:
         """Rows in the order of `keys`; raises MissingKeysError naming absent keys instead of returning fewer rows."""
@@ -244,46 +335,75 @@ class TQStore:
         client = self._tq.get_client()
         with self._lock:
             located = self._located.get((partition, tuple(keys)))
-        if located is not None:
-            data = client._run_coroutine(self._fetch_located(client, partition, keys, located, select))
-            if data is not None:
+        for _ in range(_READS):
+            # The lookup (if any), the read and its check in one coroutine on TQ's loop: one thread hop.
+            data = client._run_coroutine(self._read(client, partition, keys, select, located))
+            if isinstance(data, TensorDict):
                 return data
-            self._forget(partition, keys)
-        # Both calls in one coroutine on TQ's loop, as its own kv_batch_get: one thread hop, not two.
-        data = client._run_coroutine(self._look_up_and_fetch(client, partition, keys, select))
-        if data is None:
-            raise MissingKeysError(partition, self._missing(partition, keys))
+            if isinstance(data, list):
+                raise MissingKeysError(partition, data)
+            if located is not None:
+                self._forget(partition, keys)
+                located = None
+            if data is None:
+                raise MissingKeysError(partition, self._missing(partition, keys))
+        raise TQError(
+            f"rows of {len(keys)} key(s) of TQ partition {partition!r} (first {keys[0]!r}) kept moving "
+            f"while read {_READS} times: cleared and put again by another client"
+        )
+
+    async def _read(self, client, partition: str, keys: list[str], select, located) -> TensorDict | list | bool | None:
+        """The rows; None if some key is absent; the keys being cleared; False if the locations read
+        went stale (look up again)."""
+        meta = located
+        if meta is None:
+            meta = await client.async_kv_retrieve_meta(keys=keys, partition_id=partition, create=False)
+            if meta.size != len(keys):
+                return None
+        names = set(meta.field_names)
+        try:
+            if PACKED_FIELD not in names and (meta if select is None else meta.select_fields(list(select))).is_ready:
+                return await self._read_fields(client, partition, keys, meta, select)
+            if names != {PACKED_FIELD} or not meta.is_ready:
+                # TQ's batch metadata does not say which rows have which fields: rows of both
+                # layouts (or rows lacking a selected field) are told apart key by key.
+                return await self._read_mixed(client, partition, keys, meta, select)
+            data = await client.async_get_data(_fields(meta, [PACKED_FIELD]))
+            rows = unpack_rows(partition, keys, data.get(PACKED_FIELD), select)
+        except (self._tq.StorageKeyNotFoundError, _Stale):
+            return False
+        except _NotReady as exc:
+            return [keys[i] for i in exc.positions]
+        if rows.foreign:
+            return False
+        return TensorDict(rows.fields, batch_size=[len(keys)])
+
+    async def _read_fields(self, client, partition: str, keys: list[str], meta, select) -> TensorDict:
+        """Rows of the previous layout (one TQ field per tensor field): read, then checked by a lookup."""
+        data = await client.async_get_data(_fields(meta, select))
+        fresh = await client.async_kv_retrieve_meta(keys=keys, partition_id=partition, create=False)
+        if fresh.size != len(keys) or fresh.global_indexes != meta.global_indexes:
+            raise _Stale()
         return data
 
-    async def _look_up_and_fetch(self, client, partition: str, keys: list[str], select: Sequence[str] | None):
-        """The rows, or None if some key is absent (or cleared between the lookup and the fetch, which TQ allows)."""
-        meta = await client.async_kv_retrieve_meta(keys=keys, partition_id=partition, create=False)
-        if meta.size != len(keys):
-            return None
-        try:
-            return await client.async_get_data(_fields(meta, select, partition, keys))
-        except self._tq.StorageKeyNotFoundError:
-            return None
-
-    async def _fetch_located(self, client, partition: str, keys: list[str], located: Any, select):
-        """The rows by the locations `tags` found, checked by a lookup sent alongside; None: look them up again.
-
-        A lookup still naming the same locations means the rows read are those keys' rows: TQ reuses
-        the locations of cleared rows for the next rows put, so data fetched by stale locations
-        could be other rows, and is never returned.
-        """
-        fresh, data = await asyncio.gather(
-            client.async_kv_retrieve_meta(keys=keys, partition_id=partition, create=False),
-            client.async_get_data(_fields(located, select, partition, keys)),
-            return_exceptions=True,
-        )
-        if isinstance(fresh, BaseException):
-            raise fresh
-        if isinstance(data, self._tq.StorageKeyNotFoundError):
-            return None
-        if isinstance(data, BaseException):
-            raise data
-        return data if fresh.size == len(keys) and fresh.global_indexes == located.global_indexes else None
+    async def _read_mixed(self, client, partition: str, keys: list[str], meta, select) -> TensorDict:
+        """Rows of both layouts in one get (written across an upgrade): each key read on its own."""
+        parts = []
+        for i, key in enumerate(keys):
+            one = await client.async_kv_retrieve_meta(keys=[key], partition_id=partition, create=False)
+            if one.size != 1:
+                raise _Stale()
+            if not one.is_ready:
+                raise _NotReady([i])
+            if PACKED_FIELD in one.field_names:
+                data = await client.async_get_data(_fields(one, [PACKED_FIELD]))
+                rows = unpack_rows(partition, [key], data.get(PACKED_FIELD), select)
+                if rows.foreign:
+                    raise _Stale()
+                parts.append(rows.fields)
+            else:
+                parts.append(dict((await self._read_fields(client, partition, [key], one, select)).items()))
+        return TensorDict(join_rows(parts), batch_size=[len(keys)])
 
     def _missing(self, partition: str, keys: list[str]) -> list[str]:
         present = self.present(partition, keys)
@@ -328,16 +448,31 @@ class TQStore:
             self._tq.kv_clear(keys=list(keys), partition_id=partition)
 
 
-def _fields(meta: Any, select: Sequence[str] | None, partition: str, keys: Sequence[str]) -> Any:
+def join_rows(parts: Sequence[Mapping[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Single-row fields of several reads as one batch: 0-dim rows stacked, others jagged (as TQ's get)."""
+    out: dict[str, torch.Tensor] = {}
+    for name in parts[0]:
+        if any(name not in p for p in parts):
+            raise ValueError(f"field {name!r} is not in every row read")
+        rows = [r for p in parts for r in (p[name].unbind() if is_nested(p[name]) else p[name])]
+        out[name] = (
+            torch.stack(rows)
+            if all(r.dim() == 0 for r in rows)
+            else torch.nested.as_nested_tensor(rows, layout=torch.jagged)
+        )
+    return out
+
+
+def _fields(meta: Any, select: Sequence[str] | None) -> Any:
     """TQ metadata cut to the `select`ed fields (None: all), checked ready as TQ's own get does.
 
-    A row not ready is one being cleared (TQ marks it before it deletes it): to the caller it is
-    as good as gone, so it is reported missing, which every caller handles, rather than as an error.
+    A row not ready is one being cleared (TQ marks it before it deletes it): to the caller it is as
+    good as gone, so `get` reports it missing, which every caller handles, rather than as an error.
     """
     if select is not None:
         meta = meta.select_fields(list(select))
     if not meta.is_ready:
         status = np.asarray(meta.production_status)
-        ready = status.reshape(len(keys), -1).min(axis=1) == 1 if status.size else np.zeros(len(keys), bool)
-        raise MissingKeysError(partition, [k for k, ok in zip(keys, ready) if not ok] or list(keys))
+        ready = status.reshape(meta.size, -1).min(axis=1) == 1 if status.size else np.zeros(meta.size, bool)
+        raise _NotReady([i for i, ok in enumerate(ready) if not ok] or list(range(meta.size)))
     return meta

@@ -71,7 +71,9 @@ def fetch_segments(
     return out
 
 
-def _fetch(store: KVStore, staging_partition: str, keys: list[str], select: Sequence[str]) -> Segments:
+def _fetch(
+    store: KVStore, staging_partition: str, keys: list[str], select: Sequence[str], *, whole: bool = True
+) -> Segments:
     if not keys:
         return {}
     # A key can vanish between tries (its owner cleared it after a rebalance): retry without the
@@ -86,6 +88,14 @@ def _fetch(store: KVStore, staging_partition: str, keys: list[str], select: Sequ
             keys = [k for k in keys if k not in missing]
             if not keys:
                 return {}
+        except ValueError:
+            # A row the store cannot give as asked (a selected field it lacks, a layout it cannot
+            # read): input, not a fault. Row by row, the rows that fail become missing staging rows.
+            if not whole:
+                return {}
+            return {
+                k: v for key in keys for k, v in _fetch(store, staging_partition, [key], select, whole=False).items()
+            }
     else:
         raise StagingUnstable(f"staged rows kept vanishing from {staging_partition!r} during three fetches")
     columns = {name: tensor_rows(value) for name in select if (value := td.get(name, None)) is not None}

@@ -32,7 +32,8 @@ class SyntheticShape:
     vocab: int = 32_000
     failure_rate: float = 0.0
     violation_rate: float = 0.0
-    routed_experts_k: int = 0
+    routed_experts_k: int = 0  # routed experts per token (layers x top-k, flattened); 0: none
+    routed_experts_dtype: str = "int32"  # a torch dtype's name (uint8 for a model with up to 256 experts)
 
 
 def _turn(
@@ -50,7 +51,11 @@ def _turn(
     routed = None
     if shape.routed_experts_k:
         routed = torch.randint(
-            0, 64, (prefix_len + answer_len, shape.routed_experts_k), generator=gen, dtype=torch.int32
+            0,
+            64,
+            (prefix_len + answer_len, shape.routed_experts_k),
+            generator=gen,
+            dtype=getattr(torch, shape.routed_experts_dtype),
         )
     if prompt is not None:
         ids[:prefix_len] = prompt

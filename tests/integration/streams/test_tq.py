@@ -51,3 +51,114 @@ def test_get_names_the_missing_key_instead_of_returning_fewer_rows(tq_store, uni
         tq_store.get(STAGING, [f"{unique}/a", f"{unique}/nope", f"{unique}/b"])
     assert err.value.missing == [f"{unique}/nope"]
     tq_store.clear(STAGING, [f"{unique}/a", f"{unique}/b"])
+
+
+class _ClearAndReuseBeforeRead:
+    """Drives a TQStore get into the race of TQ's shared index pool, on the real TQ client.
+
+    Before the get's first storage read, and only once every lookup already sent has been answered
+    (a lookup sent alongside the read, as a check, has then seen the old locations), another client
+    clears `victim` and then takes keys until TQ hands it `victim`'s freed storage index (TQ
+    reuses freed indexes first in first out, for any partition) and puts a different row there.
+    The read then goes to the victim's old location and finds the newcomer's row: exactly a
+    lookup answered, then a clear, then a put reusing the index, then the read served (as when a
+    storage get timed out and is re-sent later).
+    """
+
+    def __init__(self, tq_store, partition: str, victim: str, newcomer: TensorDict, unique: str):
+        import transfer_queue as tq
+
+        self.tq, self.client, self.store = tq, tq.get_client(), tq_store
+        self.partition, self.victim, self.newcomer, self.unique = partition, victim, newcomer, unique
+        self.real_lookup, self.real_read = self.client.async_kv_retrieve_meta, self.client.async_get_data
+        self.in_flight, self.raced, self.fillers, self.reused_by = 0, False, [], None
+
+    async def lookup(self, *args, **kwargs):
+        self.in_flight += 1
+        try:
+            return await self.real_lookup(*args, **kwargs)
+        finally:
+            self.in_flight -= 1
+
+    async def read(self, meta):
+        import asyncio
+        import time
+
+        if not self.raced:
+            self.raced = True
+            deadline = time.monotonic() + 30
+            while self.in_flight:  # the lookups sent with this read are answered first
+                assert time.monotonic() < deadline, "a lookup sent with the read never answered"
+                await asyncio.sleep(0.001)
+            await asyncio.get_running_loop().run_in_executor(None, self._clear_and_reuse)
+        return await self.real_read(meta)
+
+    def _clear_and_reuse(self) -> None:
+        index = self.client.kv_retrieve_meta(keys=[self.victim], partition_id=self.partition).global_indexes[0]
+        self.tq.kv_clear([self.victim], self.partition)
+        for batch in range(400):
+            keys = [f"{self.unique}/filler{batch}-{i}" for i in range(256)]
+            meta = self.client.kv_retrieve_meta(keys=keys, partition_id=self.partition, create=True)
+            self.fillers += keys
+            if index in meta.global_indexes:
+                self.reused_by = keys[meta.global_indexes.index(index)]
+                break
+        assert self.reused_by is not None, f"TQ never handed out the freed index {index} again"
+        self.store.put(self.partition, [self.reused_by], self.newcomer, [{}])
+
+    def __enter__(self):
+        self.client.async_kv_retrieve_meta, self.client.async_get_data = self.lookup, self.read
+        return self
+
+    def __exit__(self, *exc):
+        self.client.async_kv_retrieve_meta, self.client.async_get_data = self.real_lookup, self.real_read
+        if self.fillers:
+            self.tq.kv_clear(self.fillers, self.partition)
+
+
+def _token_rows(*rows: list[int]) -> TensorDict:
+    ids = [torch.tensor(r, dtype=torch.int64) for r in rows]
+    return TensorDict(
+        {"token_ids": torch.nested.nested_tensor(ids, layout=torch.jagged), "reward": torch.ones(len(rows))},
+        batch_size=[len(rows)],
+    )
+
+
+@pytest.mark.parametrize("packed", [True, False], ids=["packed-layout", "per-field-layout"])
+@pytest.mark.parametrize("after_tags", [True, False], ids=["located-by-tags", "looked-up-by-get"])
+def test_a_row_cleared_and_its_index_reused_between_lookup_and_read_is_never_returned_as_the_key(
+    tq_store, unique, packed, after_tags
+):
+    # STAGING is one of rlstream's packed partitions; a partition of another name keeps one TQ
+    # field per tensor field (a framework's own, or rows of the previous layout).
+    partition = STAGING if packed else f"test.{unique}"
+    victim = f"{unique}/victim"
+    tq_store.put(partition, [victim], _token_rows([1, 2, 3]), [{"group_id": unique}])
+    if after_tags:
+        assert tq_store.tags(partition, [victim]) == {victim: {"group_id": unique}}
+    with _ClearAndReuseBeforeRead(tq_store, partition, victim, _token_rows([666, 666, 666]), unique) as race:
+        try:
+            got = tq_store.get(partition, [victim])
+        except MissingKeysError as err:
+            assert err.missing == [victim]  # the truth: the victim was cleared
+        else:
+            assert got["token_ids"].unbind()[0].tolist() == [1, 2, 3], "another key's row came back as the victim's"
+            pytest.fail("the victim was cleared before the read, yet the get returned a row for it")
+    assert race.raced and race.reused_by is not None
+
+
+def test_rows_of_the_previous_layout_are_still_read_alone_or_mixed_with_packed_ones(tq_store, unique):
+    import transfer_queue as tq
+
+    old, new = [f"{unique}/old{i}" for i in range(2)], [f"{unique}/new{i}" for i in range(2)]
+    # Rows a previous rlstream put: TQ's own layout, one TQ field per tensor field.
+    tq.kv_batch_put(old, STAGING, _token_rows([1, 2], [3]), [{"v": 0}, {"v": 0}])
+    tq_store.put(STAGING, new, _token_rows([4, 5, 6], [7]), [{"v": 1}, {"v": 1}])
+    try:
+        assert [r.tolist() for r in tq_store.get(STAGING, old)["token_ids"].unbind()] == [[1, 2], [3]]
+        mixed = tq_store.get(STAGING, [new[0], old[1], old[0], new[1]], select=["token_ids", "reward"])
+        assert [r.tolist() for r in mixed["token_ids"].unbind()] == [[4, 5, 6], [3], [1, 2], [7]]
+        assert mixed["reward"].tolist() == [1.0, 1.0, 1.0, 1.0]
+        assert tq_store.tags(STAGING, old + new) == {**{k: {"v": 0} for k in old}, **{k: {"v": 1} for k in new}}
+    finally:
+        tq_store.clear(STAGING, old + new)

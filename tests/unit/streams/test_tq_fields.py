@@ -1,10 +1,11 @@
-"""TQStore's readiness check: a row TQ is clearing reads as missing, never as an error that crashes a caller."""
+"""TQStore's readiness check: a row TQ is clearing is told apart by position, so `get` reports it missing
+(MissingKeysError naming the key) instead of raising an error that crashed a caller."""
 
 import numpy as np
 import pytest
 from transfer_queue.metadata import BatchMeta
 
-from streams.tq import MissingKeysError, _fields
+from streams.tq import _fields, _NotReady
 
 
 def _meta(status):
@@ -13,13 +14,13 @@ def _meta(status):
     )
 
 
-def test_rows_not_ready_are_reported_missing_by_key():
+def test_rows_not_ready_are_named_by_their_position_in_the_read():
     # Row 11 is marked for clearing (TQ sets it not ready before deleting it).
-    with pytest.raises(MissingKeysError) as caught:
-        _fields(_meta([1, 0, 1]), None, "rlstream.staging", ["a", "b", "c"])
-    assert caught.value.missing == ["b"] and caught.value.partition == "rlstream.staging"
+    with pytest.raises(_NotReady) as caught:
+        _fields(_meta([1, 0, 1]), None)
+    assert caught.value.positions == [1]
 
 
 def test_ready_rows_pass():
     meta = _meta([1, 1, 1])
-    assert _fields(meta, None, "p", ["a", "b", "c"]) is meta
+    assert _fields(meta, None) is meta

@@ -290,3 +290,28 @@ def test_config_refuses_a_group_timeout_at_or_above_the_closed_retention():
         ReassemblerConfig(group_timeout_s=60.0, closed_retention_s=60.0)
     with pytest.raises(ConfigError, match="max_poll_interval_ms"):
         ReassemblerConfig(session_timeout_ms=10_000, max_poll_interval_ms=5_000)
+
+
+class PickyStore(RecordingStore):
+    """A store that cannot give one staged row as asked (a layout it cannot read, a field it lacks)."""
+
+    def __init__(self, bad_key: str):
+        super().__init__()
+        self.bad_key = bad_key
+
+    def get(self, partition, keys, select=None):
+        if self.bad_key in keys:
+            raise ValueError(f"row {self.bad_key!r} of {partition!r} cannot be read as asked")
+        return super().get(partition, keys, select)
+
+
+def test_a_staged_row_the_store_cannot_read_rejects_that_row_and_the_group_still_finalizes():
+    broker = make_broker()
+    rollouts = make_group("g1", 0, 1, shape=TINY)
+    store = PickyStore(rollouts[1].receipt.manifest[0].staging_key)
+    stage_rollouts(store, rollouts)
+    for r in rollouts:
+        broker.append(NAMES.receipts, partition_of(b"g1", 2), b"g1", r.receipt.to_bytes())
+    steps(worker(broker, store), 2)
+    (record,) = [FinalizedGroup.from_bytes(m.value()) for m in broker.records(NAMES.finalized)]
+    assert record.valid_row_count == 1 and record.rejection_reasons[1] is not None

@@ -2,6 +2,9 @@
 
 TQ is replaced by a fake with its KV calls and its habit of giving the locations of cleared rows to
 the next rows put; it counts round trips (a synchronous call, or one coroutine run on its loop).
+Every test runs on rows of the packed layout (put through the store) and of the previous one (one
+TQ field per tensor field, put by TQ's own API): a packed row is checked by the key it carries, a
+row of the previous layout by a lookup sent once its data has arrived.
 """
 
 import asyncio
@@ -68,7 +71,12 @@ class FakeTQ:
     def _data(self, meta: FakeMeta) -> TensorDict:
         if any(i not in self.rows for i in meta.global_indexes):
             raise self.StorageKeyNotFoundError("gone")
-        out = {f: torch.stack([self.rows[i][0][f] for i in meta.global_indexes]) for f in meta.field_names}
+        out = {}
+        for f in meta.field_names:
+            rows = [self.rows[i][0][f] for i in meta.global_indexes]
+            # As TQ's get: 0-dim rows stacked, others rebuilt as a jagged nested tensor.
+            dense = all(r.dim() == 0 for r in rows)
+            out[f] = torch.stack(rows) if dense else torch.nested.as_nested_tensor(rows, layout=torch.jagged)
         return TensorDict(out, batch_size=[meta.size])
 
     def kv_retrieve_meta(self, keys, partition_id, create=False):
@@ -90,13 +98,6 @@ class FakeTQ:
         return asyncio.run(coro)
 
 
-def _put(tq: FakeTQ, keys: list[str], first: int) -> None:
-    n = len(keys)
-    values = torch.arange(first, first + n)
-    fields = TensorDict({"x": values, "y": values * 10}, batch_size=[n])
-    tq.kv_batch_put(keys, P, fields, [{"i": first + i} for i in range(n)])
-
-
 @pytest.fixture
 def tq():
     return FakeTQ()
@@ -109,11 +110,31 @@ def store(tq):
     return s
 
 
+@pytest.fixture(params=["packed", "per-field"])
+def layout(request):
+    return request.param
+
+
+@pytest.fixture
+def put(tq, store, layout):
+    def put(keys: list[str], first: int) -> None:
+        n = len(keys)
+        values = torch.arange(first, first + n)
+        fields = TensorDict({"x": values, "y": values * 10}, batch_size=[n])
+        tags = [{"i": first + i} for i in range(n)]
+        if layout == "packed":
+            store.put(P, keys, fields, tags)
+        else:  # TQ's own put: rows of the previous layout
+            tq.kv_batch_put(keys, P, fields, tags)
+
+    return put
+
+
 KEYS = [f"g1_g{i}" for i in range(4)]
 
 
-def test_a_get_of_the_keys_tags_found_sends_its_check_with_the_data_in_one_round_trip(tq, store):
-    _put(tq, KEYS, 0)
+def test_a_get_of_the_keys_tags_found_reads_and_checks_them_in_one_round_trip(tq, store, put, layout):
+    put(KEYS, 0)
     assert store.tags(P, KEYS) == {k: {"i": i} for i, k in enumerate(KEYS)}
     tq.round_trips = 0
     rows = store.get(P, KEYS)
@@ -122,33 +143,34 @@ def test_a_get_of_the_keys_tags_found_sends_its_check_with_the_data_in_one_round
     assert store.get(P, KEYS, select=["y"])["y"].tolist() == [0, 10, 20, 30] and tq.round_trips == 2
 
 
-def test_a_get_without_tags_before_it_looks_the_keys_up_once_in_the_same_round_trip_as_the_data(tq, store):
-    _put(tq, KEYS, 0)
+def test_a_get_without_tags_before_it_looks_the_keys_up_once_in_the_same_round_trip_as_the_data(tq, store, put, layout):
+    put(KEYS, 0)
     assert store.get(P, KEYS[:2], select=["x"])["x"].tolist() == [0, 1]
-    assert tq.lookups == 1 and tq.round_trips == 1
+    # The packed row's key is its check; a row of the previous layout is looked up again after the read.
+    assert tq.lookups == (1 if layout == "packed" else 2) and tq.round_trips == 1
 
 
-def test_rows_cleared_after_tags_are_missing_even_when_other_rows_took_their_locations(tq, store):
-    _put(tq, KEYS, 0)
+def test_rows_cleared_after_tags_are_missing_even_when_other_rows_took_their_locations(tq, store, put, layout):
+    put(KEYS, 0)
     store.tags(P, KEYS)
     tq.kv_clear(KEYS, P)  # someone else's clear: the store cannot know
-    _put(tq, [f"other_g{i}" for i in range(4)], 100)  # reuses the cleared rows' locations
+    put([f"other_g{i}" for i in range(4)], 100)  # reuses the cleared rows' locations
     with pytest.raises(MissingKeysError) as err:
         store.get(P, KEYS)
     assert err.value.missing == KEYS
 
 
-def test_rows_put_again_after_tags_are_fetched_where_they_are_now(tq, store):
-    _put(tq, KEYS, 0)
+def test_rows_put_again_after_tags_are_fetched_where_they_are_now(tq, store, put, layout):
+    put(KEYS, 0)
     store.tags(P, KEYS)
     tq.kv_clear(KEYS, P)
-    _put(tq, [f"other_g{i}" for i in range(4)], 100)
-    _put(tq, KEYS, 50)
+    put([f"other_g{i}" for i in range(4)], 100)
+    put(KEYS, 50)
     assert store.get(P, KEYS)["x"].tolist() == [50, 51, 52, 53]
 
 
-def test_rows_cleared_between_lookup_and_fetch_are_named_missing(tq, store, monkeypatch):
-    _put(tq, KEYS, 0)
+def test_rows_cleared_between_lookup_and_fetch_are_named_missing(tq, store, put, monkeypatch):
+    put(KEYS, 0)
     lookup = tq._meta
 
     def then_cleared(keys, partition_id):
@@ -162,10 +184,10 @@ def test_rows_cleared_between_lookup_and_fetch_are_named_missing(tq, store, monk
     assert err.value.missing == KEYS[1:2]
 
 
-def test_a_clear_through_the_store_forgets_what_tags_found(tq, store):
-    _put(tq, KEYS, 0)
+def test_a_clear_through_the_store_forgets_what_tags_found(tq, store, put, layout):
+    put(KEYS, 0)
     store.tags(P, KEYS)
     store.clear(P, KEYS[:1])
-    _put(tq, KEYS[:1], 7)
+    put(KEYS[:1], 7)
     tq.round_trips = 0
     assert store.get(P, KEYS)["x"].tolist() == [7, 1, 2, 3] and tq.round_trips == 1  # no check of stale places
