@@ -149,9 +149,12 @@ class ExperienceConsumer(FinalizedIntake):
         handed = [self._book.pending.get(part, {}).get(offset) for part, offset in meta.positions]
         handed = [p for p in handed if p is not None and p.state == "yielded"]
         self._missing_rows(handed, missing)
+        # Decided again, not just marked ready: the version may have moved since `select` (set_version
+        # leaves yielded groups alone), and the bound holds at the version a group is handed out at.
         for p in handed:
             if not missing.intersection(p.group.sample_ids):
-                p.state = "ready"
+                self._decide(p)
+        self._apply_backpressure()
 
     def next_batch(self, num_groups: int, timeout_s: float) -> TrainBatch | None:
         """Up to num_groups usable groups with their padded tensors, waiting at most timeout_s for any."""
