@@ -15,7 +15,6 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from confluent_kafka import TopicPartition
 from tensordict import TensorDict
 
 from schemas.errors import InvalidArgument
@@ -183,11 +182,13 @@ class ExperienceConsumer(FinalizedIntake):
         return None
 
     def ack(self, meta: BatchMeta) -> None:
-        """The trainer is done with these groups: their records resolve and, unless checkpointed, their
-        rows are cleared and the offsets committed (with checkpoints both wait for `checkpoint_durable`)."""
-        self._clears.clear(list(meta.sample_ids))
+        """The trainer is done with these groups: their records resolve and, unless checkpointed, the
+        offsets are committed and then their rows cleared (with checkpoints both wait for
+        `checkpoint_durable`). Rows go only once a commit names their records as consumed, so a trainer
+        that dies in between never leaves a successor thinking a trained group was lost (`clears.py`)."""
         for group, (part, offset) in zip(meta.groups, meta.positions, strict=True):
             self._book.release(group, part, offset)
+            self._clears.clear(list(group.sample_ids), part, offset)
         self._commit_resolved()
 
     def release(self, batch: TrainBatch) -> None:
@@ -223,14 +224,15 @@ class ExperienceConsumer(FinalizedIntake):
     def checkpoint_durable(self, state: dict[str, Any]) -> None:
         """The checkpoint holding `state` is safely stored: clear the rows it covers, commit its offsets."""
         st = decode_state(state, topic=self.config.finalized_topic, consumer_group=self.config.consumer_group)
+        release = None
         if st.run == self._run:  # a predecessor's cut numbers other acks
             if st.cut < self._durable_cut:
                 log.warning("a checkpoint older than the last durable one was declared durable: ignored")
                 return
-            self._clears.release_through(st.cut)
+            release = st.cut
             self._durable_cut = st.cut
         topic = self.config.finalized_topic
-        self._durable = []
+        self._durable, self._naming = [], []
         for part, mark in st.partitions.items():
             metadata, truncated = encode_ranges(mark.offset, mark.trained)
             if truncated:
@@ -241,7 +243,17 @@ class ExperienceConsumer(FinalizedIntake):
                     part,
                     mark.offset,
                 )
-            self._durable.append(TopicPartition(topic, part, mark.offset, metadata=metadata))
+            self._durable.append((part, mark.offset, metadata))
+            committed = self._book.committed_offset(part)
+            if release is not None and committed is not None and committed < mark.offset:
+                # Named first, from where the commit stands: a trainer started without this checkpoint
+                # after a crash between the clear and the marks' commit reads them again as trained.
+                before = [(committed, mark.offset - 1), *mark.trained]
+                self._naming.append((part, committed, encode_ranges(committed, before)[0]))
+        if release is not None and self._clears.due_through(release):
+            self._release_cut = release
+        else:
+            self._naming = []
         self._commit_durable()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
