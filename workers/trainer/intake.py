@@ -56,6 +56,9 @@ class ConsumerCounts:
     undecodable: int = 0
     # Records read again that were resolved already: after a rebalance, or before a restart (commit metadata).
     reread: int = 0
+    # Groups taken in that will never be trained (evicted as stale, dropped for missing rows), each once:
+    # what `VersionPublisher` tells admission gates, which give their capacity back.
+    lost: int = 0
     waiting: int = 0
     # Held groups more than the in_order lookahead ahead of the trainer (held, not dropped).
     ahead: int = 0
@@ -142,7 +145,8 @@ class FinalizedIntake:
             # A letter dropped unsent is written again when its record is read again: that record
             # must not then pass as one already consumed.
             self._book.forget_seen(tp.partition, self._letters.offsets(tp.partition))
-            self._letters.drop(tp.partition)
+            # Its missing-rows groups are read and counted again by whoever reads the partition next.
+            self.counts.lost -= sum(1 for d in self._letters.drop(tp.partition) if d.error_kind == MISSING_ROWS)
             self._clears.drop(tp.partition)
             self._paused.discard(tp.partition)
 
@@ -246,6 +250,7 @@ class FinalizedIntake:
             topic = self.config.topics.replay(self.config.stale_replay)
             self._replay.send([Outgoing(topic, p.group.group_id.encode(), p.group.to_bytes())])
         self.counts.evicted_stale += 1
+        self.counts.lost += 1
         self.sensor.on_evict()
         self._book.resolved(p)
         self._book.group_resolved(p.group)
@@ -271,6 +276,7 @@ class FinalizedIntake:
             )
             log.error("%s; dropped and sent to %s", message, self._letters.topic)
             self.counts.missing_rows += 1
+            self.counts.lost += 1
             self.sensor.on_missing_rows()
             self._clears.clear(list(p.group.sample_ids), p.partition, p.offset)
             # Unresolved until its letter is acknowledged: the outbox holds the commit back instead.
