@@ -14,6 +14,7 @@ from schemas.finalized import FinalizedGroup, SourceRange
 from schemas.receipt import CallRecord, Receipt
 from schemas.request import ReassemblyRequest, RolloutReassemblerActorConfig
 from schemas.state import GroupState, PartitionProgress
+from schemas.trainer_version import TrainerVersion
 
 HERE = Path(__file__).resolve().parent
 
@@ -103,6 +104,15 @@ EXAMPLES = {
         prompt_idx=42,
         mask_sample=(False, True),
         loss_multiplier=0.5,
+    ),
+    "trainer_version": TrainerVersion(
+        trainer_id="trainer-0",
+        consumer_group="trainers",
+        version=12,
+        batch_groups=32,
+        time_ms=1_764_000_000_456,
+        lost_groups=3,
+        run="5f0c2a9e1b7d4c63",
     ),
     "reassembler_config": RolloutReassemblerActorConfig(
         partition_id="train",

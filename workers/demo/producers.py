@@ -68,7 +68,6 @@ class _Started:
     n: int
     gid: str
     rollouts: list
-    all_failed: bool
 
 
 class _Producer:
@@ -111,7 +110,7 @@ class _Producer:
             shape = replace(self.cfg.shape, failure_rate=1.0) if all_failed else self.cfg.shape
             gid = group_id(self.names, g)
             rollouts = make_group(gid, g, wv, shape=shape, seed=self.index)
-            self.inflight.append(_Started(n, gid, rollouts, all_failed))
+            self.inflight.append(_Started(n, gid, rollouts))
 
     def _publish_next(self, stop: threading.Event) -> None:
         group = self.inflight.popleft()
@@ -121,8 +120,9 @@ class _Producer:
         with self.shared.lock:
             self.shared.acked_at[group.gid] = time.time()
         if self.shared.gate is not None:
-            # A group whose rollouts all failed is dead-lettered and never reaches the trainer.
-            self.shared.gate.on_finished(accepted=not group.all_failed)
+            # Published, so accepted, even the group whose rollouts all failed: the reassembler
+            # dead-letters it, and the gate, following the reassemblers, gives its capacity back.
+            self.shared.gate.on_finished(accepted=True)
         stop.wait(self.cfg.producers / self.cfg.produce_rate_groups_s)
         if self.poison is not None and group.n == POISON_AFTER:
             self.poison.send([Outgoing(self.names.receipts, b"poison", os.urandom(48))])
@@ -170,7 +170,7 @@ def start_producers(
     if cfg.admission:
         shared.gate = AdmissionGate(
             kafka,
-            names.trainer_version,
+            names,
             max_staleness=cfg.max_staleness,
             trainer_id=trainer_id(names),
             max_concurrent=cfg.producers * cfg.inflight_groups,

@@ -113,8 +113,6 @@ class TrainerLoop:
             with self.shared.lock:
                 self.shared.version += 1
                 self.consumer.set_version(self.shared.version)
-                version = self.shared.version
-            self.versions.publish(version)
 
     def _version_step_done(self) -> bool:
         """Off: a version per `versions_every` batches, however full. On: per B groups trained, since the
@@ -148,6 +146,11 @@ class TrainerLoop:
                     self.timed_out = True
                     return
                 self._train_step()
+                # Each round, not only on a version step: groups lost (evicted, missing rows) give the
+                # producers' gate their capacity back, or a trainer short of a batch would wait forever.
+                with self.shared.lock:
+                    version = self.shared.version
+                self.versions.publish(version, lost_groups=self.consumer.counts.lost)
                 producing = any(t.is_alive() for t in producers)
                 self.dead.poll()
                 with self.shared.lock:

@@ -89,7 +89,7 @@ class Pool:
         self.spare = spare
         self.spare_proc: subprocess.Popen | None = None
         self.spare_started = -SPARE_RESPAWN_S
-        self.to_spare: set[str] = set()  # crashed workers whose restart goes to the spare
+        self.to_spare: set[str] = set()  # crashed workers whose restart goes to the spare, until it is done
 
     def add(self, worker_id: str, proc: subprocess.Popen) -> None:
         self.procs[worker_id] = proc
@@ -228,7 +228,9 @@ class Pool:
             if due > now or self.stop_at is not None:
                 continue
             del self.pending[worker_id]
+            # Claimed or not, the spare is this worker's no longer: the next death may claim the new one.
             promoted = self._take_spare(worker_id) if worker_id in self.to_spare else None
+            self.to_spare.discard(worker_id)
             try:
                 proc = promoted or self.spawn(worker_id)
             except OSError as exc:  # no process to run it (fork or exec failed): counts as one more crash

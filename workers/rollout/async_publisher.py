@@ -5,13 +5,27 @@ before its tensors are staged: it runs the TQ put (`stage_rollouts`) in a thread
 and only then produces the receipts. Their acks are awaited as asyncio futures, resolved from the
 producer's delivery callbacks, which a poller thread serves and hands to the loop with
 `call_soon_threadsafe`. Any number of tasks may publish concurrently on one publisher.
+
+A publish that ends before every receipt is acknowledged raises `UnacknowledgedReceipts`, naming the
+rollouts whose receipts were not acknowledged (refused, not acknowledged in time, or never handed to
+the producer because its queue stayed full) and which of them have rows staged. What it leaves:
+
+- the rows of every staged rollout, in TQ staging, whether or not its receipt got out;
+- receipts handed to the producer and not acknowledged yet: librdkafka keeps sending them after the
+  publish gave up, so they may still land.
+
+So a caller retries with the same rollouts (same rollout ids, so the same staging keys and receipts).
+A receipt that lands twice is no harm: the reassembler refuses the second as `duplicate_receipt`
+(its group still open) or `late_receipt` (closed), as a dead letter, never finalizing a group twice,
+and clears the rows the retry staged again once their group's rows are out. Rows staged for a
+receipt that never lands (the caller gives up) are what the reassembler's staging sweep removes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from confluent_kafka import Producer
@@ -34,6 +48,19 @@ def _settle(fut: asyncio.Future, outcome: Ack | DeliveryError) -> None:
         fut.set_result(outcome)
 
 
+class UnacknowledgedReceipts(DeliveryError):
+    """Some receipts of a publish were not acknowledged; `unacknowledged` names their rollouts, in order.
+
+    `staged` is the part of them whose rows are in TQ staging. Publish the same rollouts again: one
+    whose first receipt lands late as well is refused by the reassembler as a duplicate.
+    """
+
+    def __init__(self, message: str, *, unacknowledged: Sequence[str], staged: Sequence[str]):
+        super().__init__(message)
+        self.unacknowledged = tuple(unacknowledged)
+        self.staged = tuple(staged)
+
+
 class AsyncRolloutPublisher:
     """Stages each call's deltas under `{rollout_id}/{call_id}`, then publishes the receipts; all awaited.
 
@@ -48,8 +75,9 @@ class AsyncRolloutPublisher:
         *,
         staging_partition: str = STAGING,
         staging_threads: int = 4,
+        make_producer: Callable[[dict[str, object]], Producer] = Producer,
     ):
-        self._producer = Producer(kafka.producer())
+        self._producer = make_producer(kafka.producer())
         self._store = store
         self._topic = receipts_topic
         self._staging = staging_partition
@@ -65,7 +93,10 @@ class AsyncRolloutPublisher:
     async def publish(self, rollouts: Sequence[StagedRollout], *, timeout_s: float = 30.0) -> list[Ack]:
         """Stage (in a worker thread), then publish the receipts keyed by group_id; (partition, offset) each.
 
-        Raises `DeliveryError` when a receipt is refused or not acknowledged within `timeout_s`.
+        `timeout_s` bounds the Kafka side, from the end of staging to the last acknowledgement,
+        including waits for room in the producer's queue (staging is bounded by TQ's own retries).
+        Raises `UnacknowledgedReceipts` when a receipt is refused or not acknowledged in time; a
+        staging failure raises TQ's error, with no receipt sent and some rows possibly staged.
         """
         if self._closed.is_set():
             raise RuntimeError("publish on a closed AsyncRolloutPublisher")
@@ -75,18 +106,61 @@ class AsyncRolloutPublisher:
         staged = [r for r in rollouts if r.receipt.manifest]
         if staged:
             await loop.run_in_executor(self._executor, stage_rollouts, self._store, staged, self._staging)
-        futures = [await self._produce(loop, r) for r in rollouts]
+        deadline = loop.time() + timeout_s
+        futures: list[asyncio.Future] = []
         try:
-            outcomes = await asyncio.wait_for(asyncio.gather(*futures, return_exceptions=True), timeout_s)
-        except TimeoutError:
-            left = sum(not f.done() for f in futures)
-            raise DeliveryError(f"{left} receipt(s) not acknowledged within {timeout_s:.0f}s") from None
-        errors = [o for o in outcomes if isinstance(o, BaseException)]
-        if errors:
-            raise DeliveryError("; ".join(str(e) for e in errors[:5]))
-        return list(outcomes)
+            for r in rollouts:
+                fut = await self._produce(loop, r, deadline)
+                if fut is None:  # the queue stayed full until the deadline: this one and the rest never went
+                    break
+                futures.append(fut)
+            if futures:
+                await asyncio.wait(futures, timeout=max(0.0, deadline - loop.time()))
+        except asyncio.CancelledError:
+            for fut in futures:
+                fut.cancel()  # no one awaits their reports now; the receipts handed over may still land
+            raise
+        acks = [f.result() for f in futures if f.done() and f.exception() is None]
+        if len(acks) == len(rollouts):
+            return acks
+        raise self._incomplete(rollouts, futures, timeout_s)
 
-    async def _produce(self, loop: asyncio.AbstractEventLoop, rollout: StagedRollout) -> asyncio.Future:
+    def _incomplete(
+        self, rollouts: Sequence[StagedRollout], futures: list[asyncio.Future], timeout_s: float
+    ) -> UnacknowledgedReceipts:
+        refused: list[BaseException] = []
+        late = 0
+        missing: list[str] = []
+        staged: list[str] = []
+        for i, r in enumerate(rollouts):
+            fut = futures[i] if i < len(futures) else None
+            if fut is not None and not fut.done():
+                fut.cancel()  # its delivery report, if one comes, finds it done and is dropped
+                late += 1
+            elif fut is not None and fut.exception() is not None:
+                refused.append(fut.exception())
+            elif fut is not None:
+                continue
+            missing.append(r.receipt.rollout_id)
+            if r.receipt.manifest:
+                staged.append(r.receipt.rollout_id)
+        unsent = len(rollouts) - len(futures)
+        why = [f"{len(refused)} refused: {'; '.join(str(e) for e in refused[:3])}"] if refused else []
+        why += [f"{late} not acknowledged within {timeout_s:g}s"] if late else []
+        why += [f"{unsent} never sent, the producer's queue staying full"] if unsent else []
+        shown = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
+        return UnacknowledgedReceipts(
+            f"{len(missing)} of {len(rollouts)} receipt(s) on {self._topic} not acknowledged ({'; '.join(why)}):"
+            f" rollouts {shown}, {len(staged)} of them with rows staged; publish them again (a receipt"
+            " that lands twice is refused by the reassembler as a duplicate)",
+            unacknowledged=missing,
+            staged=staged,
+        )
+
+    async def _produce(
+        self, loop: asyncio.AbstractEventLoop, rollout: StagedRollout, deadline: float
+    ) -> asyncio.Future | None:
+        """The receipt handed to the producer, its ack's future; None if the queue had no room by `deadline`."""
         fut = loop.create_future()
         key = rollout.receipt.group_id.encode()
 
@@ -106,7 +180,10 @@ class AsyncRolloutPublisher:
                 return fut
             except BufferError:
                 # The local queue is full: the poller thread drains it as the broker acks.
-                await asyncio.sleep(0.05)
+                left = deadline - loop.time()
+                if left <= 0:
+                    return None
+                await asyncio.sleep(min(0.05, left))
 
     async def close(self, timeout_s: float = 10.0) -> None:
         """Flush what is queued, stop the poller and the staging threads."""

@@ -4,18 +4,34 @@ In the manner of AReaL's staleness manager: with the trainer at version v consum
 version, a worker may have at most (eta + v + 1) * B groups accepted or running, and at most
 `max_concurrent` running, so
 
-    capacity = min(max_concurrent - running, (eta + v + 1) * B - (accepted + running))
+    capacity = min(max_concurrent - running, (eta + v + 1) * B - (accepted - lost + running))
 
 where eta is the staleness bound in versions. If groups finish roughly in the order they start,
 a group started at version v is consumed by version v + eta at the latest, so the trainer's
 staleness bound never has to evict it.
 
+`lost` counts accepted groups that will never be trained: AReaL's arithmetic holds for the others,
+and a lost group counts as one never accepted. Without it every loss stays counted forever: with
+B = 4, eta = 1 and one group in ten lost, nothing is admitted from version 11 on, the trainer
+cannot fill a batch, its version never moves, and the gate never opens again. A gate learns of losses where they happen:
+
+- the trainer's (evicted as too stale, dropped for rows missing from TQ): the trainer counts them in
+  `TrainerVersion.lost_groups` on the version topic, which it publishes when they change;
+- the reassemblers' (a group dead-lettered whole: every rollout failed, no valid row, its build
+  failed): the closing entry of that group on the reassemblers' state topic, outcome dead_lettered.
+
+Each loss returns capacity once: trainer counts are followed per trainer run (a restarted trainer
+counts from 0 again), and a group's closings are counted once by group id. Losses from before the
+gate started are not its own. A worker sharing the trainer with others (`batch_share` 1/N) gets
+that share of each loss, as of B.
+
 `StalenessBudget` is that arithmetic and its counters, thread-safe and free of I/O. `AdmissionGate`
-feeds it from the trainer's compacted version topic (`workers/trainer/version_topic.py`) in a
-background thread. A worker calls `acquire(n, timeout)` before starting n groups (or checks
-`capacity()` itself and calls `on_started(n)`), then `on_finished(accepted)` once per group:
-accepted when the group goes to the trainer, not when it was dropped before publishing (all its
-rollouts failed, filtered out).
+feeds it from the two topics in a background thread. A worker calls `acquire(n, timeout)` before
+starting n groups (or checks `capacity()` itself and calls `on_started(n)`), then
+`on_finished(accepted)` once per group: accepted once it is published, rejected when it was
+dropped before publishing (filtered out). What becomes of a published group downstream is the
+gate's to learn, not the worker's to guess: one whose rollouts all failed is still accepted, and
+returns its capacity when the reassembler dead-letters it.
 
 Versions count from the first one a budget sees: a worker joining a trainer at version 40 may run
 (eta + 1) * B groups ahead of it, not 41 * B.
@@ -28,29 +44,44 @@ import math
 import threading
 import time
 import uuid
+from collections import OrderedDict
 from dataclasses import dataclass
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaException, TopicPartition
 
 from schemas.errors import InvalidArgument, SchemaError
+from schemas.state import CLOSED, DEAD_LETTERED, GroupState
 from schemas.trainer_version import TrainerVersion
 from streams.config import KafkaConfig
 from streams.consumer import partitions_of
+from workers.topics import STATE_ROLE, TopicNames, decode_value
 
 log = logging.getLogger("rlstream.rollout.gate")
 
 
+# How many dead-lettered group ids a gate remembers: a group's closing is written again (its staging
+# cleared) within a step or two, so this only has to span the losses of a few seconds.
+RECENT_LOSSES = 10_000
+
+
 def staleness_capacity(
-    *, version: int, max_staleness: int, batch_groups: float, accepted: int, running: int, max_concurrent: int
+    *,
+    version: int,
+    max_staleness: int,
+    batch_groups: float,
+    accepted: int,
+    running: int,
+    max_concurrent: int,
+    lost: float = 0.0,
 ) -> int:
-    """min(max_concurrent - running, floor((eta + v + 1) * B) - (accepted + running)); may be negative."""
-    by_staleness = math.floor((max_staleness + version + 1) * batch_groups) - (accepted + running)
+    """min(max_concurrent - running, floor((eta + v + 1) * B - (accepted - lost)) - running); may be negative."""
+    by_staleness = math.floor((max_staleness + version + 1) * batch_groups - (accepted - lost)) - running
     return min(max_concurrent - running, by_staleness)
 
 
 @dataclass(frozen=True)
 class GateCounts:
-    """A snapshot of a budget: groups started, running, accepted and rejected, and the version it sees."""
+    """A snapshot of a budget: groups started, running, accepted and rejected, losses seen, and the version."""
 
     started: int
     running: int
@@ -58,6 +89,7 @@ class GateCounts:
     rejected: int
     version: int | None
     batch_groups: int | None
+    lost: int = 0
 
 
 class StalenessBudget:
@@ -81,7 +113,7 @@ class StalenessBudget:
         self._base: int | None = None
         self._version: int | None = None
         self._batch: int | None = None
-        self._started = self._running = self._accepted = self._rejected = 0
+        self._started = self._running = self._accepted = self._rejected = self._lost = 0
 
     def observe(self, version: int, batch_groups: int) -> None:
         """The trainer is at `version`, consuming `batch_groups` groups per version; wakes waiters."""
@@ -114,6 +146,7 @@ class StalenessBudget:
             accepted=self._accepted,
             running=self._running,
             max_concurrent=self.max_concurrent,
+            lost=self._lost * self.batch_share,
         )
 
     def acquire(self, n: int = 1, timeout: float | None = None) -> bool:
@@ -142,7 +175,7 @@ class StalenessBudget:
         self._running += n
 
     def on_finished(self, accepted: bool) -> None:
-        """One running group ended: accepted (it goes to the trainer) or rejected (dropped before it)."""
+        """One running group ended: accepted (published) or rejected (dropped before publishing)."""
         with self._cond:
             if self._running <= 0:
                 raise InvalidArgument("on_finished called with no group running")
@@ -153,9 +186,20 @@ class StalenessBudget:
                 self._rejected += 1
             self._cond.notify_all()
 
+    def on_lost(self, n: int = 1) -> None:
+        """n accepted groups will never be trained (evicted, dead-lettered, rows missing): their capacity
+        comes back, as if they had never been accepted (this worker's `batch_share` of it)."""
+        if n < 0:
+            raise InvalidArgument(f"on_lost needs n >= 0, got {n}")
+        with self._cond:
+            self._lost += n
+            self._cond.notify_all()
+
     def counts(self) -> GateCounts:
         with self._cond:
-            return GateCounts(self._started, self._running, self._accepted, self._rejected, self._version, self._batch)
+            return GateCounts(
+                self._started, self._running, self._accepted, self._rejected, self._version, self._batch, self._lost
+            )
 
     def close(self) -> None:
         """Release every waiter (their `acquire` returns False)."""
@@ -165,7 +209,8 @@ class StalenessBudget:
 
 
 class AdmissionGate(StalenessBudget):
-    """A `StalenessBudget` following one trainer's records on the version topic in a daemon thread.
+    """A `StalenessBudget` following one trainer's records on the version topic, and the groups the
+    reassemblers dead-letter on their state topic, in a daemon thread.
 
     `trainer_id` None follows whichever trainer wrote last (one trainer per topic prefix).
     """
@@ -173,7 +218,7 @@ class AdmissionGate(StalenessBudget):
     def __init__(
         self,
         kafka: KafkaConfig,
-        topic: str,
+        topics: TopicNames,
         *,
         max_staleness: int,
         trainer_id: str | None = None,
@@ -182,11 +227,17 @@ class AdmissionGate(StalenessBudget):
         poll_s: float = 0.1,
     ):
         super().__init__(max_staleness, max_concurrent=max_concurrent, batch_share=batch_share)
-        self._topic = topic
+        self._topic = topics.trainer_version
+        self._state_topic = topics.state
         self._trainer_id = trainer_id
         self._poll_s = poll_s
         self._stop = threading.Event()
-        self._consumer = Consumer(kafka.consumer(f"rlstream-gate-{uuid.uuid4().hex[:12]}", read_committed=False))
+        # The trainer run last applied and the losses it had counted then (None: no record applied yet).
+        self._run: str | None = None
+        self._run_lost = 0
+        self._dead: OrderedDict[str, None] = OrderedDict()  # dead-lettered groups counted, newest last
+        # read_committed: a reassembler's aborted step must not count its dead letters.
+        self._consumer = Consumer(kafka.consumer(f"rlstream-gate-{uuid.uuid4().hex[:12]}", read_committed=True))
         self._thread = threading.Thread(target=self._follow, name="admission-gate", daemon=True)
         self._thread.start()
 
@@ -199,14 +250,19 @@ class AdmissionGate(StalenessBudget):
             return self._version
 
     def _assign(self) -> dict[int, int] | None:
-        """Assign every partition from its beginning; returns each one's end offset now, None if no topic yet."""
+        """The version topic from its beginning, the state topic from its end; returns each version
+        partition's end offset now, None if a topic is not there yet."""
         try:
             parts = partitions_of(self._consumer, self._topic, timeout_s=5.0)
             ends = {p: self._consumer.get_watermark_offsets(TopicPartition(self._topic, p), timeout=5.0) for p in parts}
-        except KafkaException as exc:  # topic not created yet: the trainer creates it
-            log.debug("version topic %s not readable yet: %s", self._topic, exc)
+            state = partitions_of(self._consumer, self._state_topic, timeout_s=5.0)
+        except KafkaException as exc:  # not created yet: the pipeline's setup creates them
+            log.debug("topic %s or %s not readable yet: %s", self._topic, self._state_topic, exc)
             return None
-        self._consumer.assign([TopicPartition(self._topic, p, OFFSET_BEGINNING) for p in parts])
+        self._consumer.assign(
+            [TopicPartition(self._topic, p, OFFSET_BEGINNING) for p in parts]
+            + [TopicPartition(self._state_topic, p, OFFSET_END) for p in state]
+        )
         return {p: high for p, (low, high) in ends.items() if high > low}
 
     def _follow(self) -> None:
@@ -220,6 +276,9 @@ class AdmissionGate(StalenessBudget):
             while not self._stop.is_set():
                 for msg in self._consumer.consume(100, timeout=self._poll_s):
                     if msg.error() is not None or msg.value() is None:
+                        continue
+                    if msg.topic() == self._state_topic:
+                        self._closing(msg.value())
                         continue
                     if not behind:
                         self._apply(msg.key(), msg.value())
@@ -235,6 +294,22 @@ class AdmissionGate(StalenessBudget):
         finally:
             self._consumer.close()
 
+    def _closing(self, value: bytes) -> None:
+        """A state entry: a group closed as dead-lettered is a loss, counted once however often it is written."""
+        try:
+            entry = decode_value(value, STATE_ROLE)
+        except SchemaError as exc:
+            log.debug("ignoring a bad record on %s: %s", self._state_topic, exc)
+            return
+        if not isinstance(entry, GroupState) or entry.status != CLOSED or entry.outcome != DEAD_LETTERED:
+            return
+        if entry.group_id in self._dead:
+            return
+        self._dead[entry.group_id] = None
+        if len(self._dead) > RECENT_LOSSES:
+            self._dead.popitem(last=False)
+        self.on_lost(1)
+
     def _matches(self, value: bytes) -> bool:
         try:
             return self._trainer_id is None or TrainerVersion.from_bytes(value).trainer_id == self._trainer_id
@@ -247,11 +322,19 @@ class AdmissionGate(StalenessBudget):
         except SchemaError as exc:
             log.warning("ignoring a bad record on %s (key %r): %s", self._topic, key, exc)
             return
-        if self._trainer_id is None or record.trainer_id == self._trainer_id:
-            self.observe(record.version, record.batch_groups)
+        if self._trainer_id is not None and record.trainer_id != self._trainer_id:
+            return
+        if self._run is None:  # the first record: what the trainer lost before this gate started is not ours
+            self._run, self._run_lost = record.run, record.lost_groups
+        elif record.run != self._run:  # a restarted trainer counts its losses from 0 again
+            self._run, self._run_lost = record.run, 0
+        if record.lost_groups > self._run_lost:
+            self.on_lost(record.lost_groups - self._run_lost)
+            self._run_lost = record.lost_groups
+        self.observe(record.version, record.batch_groups)
 
     def close(self) -> None:
-        """Stop following the topic and release every waiter."""
+        """Stop following the topics and release every waiter."""
         super().close()
         self._stop.set()
         if self._thread is not threading.current_thread():

@@ -43,16 +43,17 @@ class _Seen:
 
 
 class GroupBook:
-    """`clear(sample_ids)` disposes of rows no one will read; by default at once, from `train_partition`."""
+    """`clear(sample_ids, partition, offset)` disposes of rows no one will read, those of the resolved record
+    at that position (`clears.py` says when); by default at once, from `train_partition`."""
 
     def __init__(
         self,
         store: KVStore,
         train_partition: str,
         max_seen_groups: int,
-        clear: Callable[[list[str]], None] | None = None,
+        clear: Callable[[list[str], int, int], None] | None = None,
     ):
-        self._clear = clear if clear is not None else (lambda ids: store.clear(train_partition, ids))
+        self._clear = clear if clear is not None else (lambda ids, _p, _o: store.clear(train_partition, ids))
         self._max_seen = max_seen_groups
         self.pending: dict[int, dict[int, Pending]] = {}  # partition -> offset -> pending
         self.ledgers: dict[int, PartitionLedger] = {}
@@ -132,8 +133,8 @@ class GroupBook:
         duplicate, and nothing will read them: they are cleared now.
         """
         if first.resolved:
-            self._clear(list(group.sample_ids))
             self.ledgers[partition].resolve(offset)
+            self._clear(list(group.sample_ids), partition, offset)
             return
         pending = Pending(group, partition, offset, "duplicate")
         self.pending.setdefault(partition, {})[offset] = pending
@@ -168,9 +169,9 @@ class GroupBook:
             seen.resolved = True
         for dup in self._duplicates.pop(group.group_id, []):
             extra = set(dup.group.sample_ids) - set(group.sample_ids)
-            if extra:
-                self._clear(sorted(extra))
             self.resolved(dup)
+            if extra:
+                self._clear(sorted(extra), dup.partition, dup.offset)
 
     def release(self, group: FinalizedGroup, partition: int, offset: int) -> None:
         """The trainer is done with a yielded group (its rows are cleared by the caller)."""
@@ -181,11 +182,17 @@ class GroupBook:
 
     # ----- commits ------------------------------------------------------------------------------
 
-    def commit_points(self, topic: str, held_back: Callable[[int], list[int]]) -> list[tuple[int, int, str]]:
-        """(partition, offset, metadata) to commit where it changed; `held_back(p)`: offsets unresolved elsewhere."""
+    def commit_points(
+        self,
+        topic: str,
+        held_back: Callable[[int], list[int]],
+        held: Callable[[int], list[int]] = lambda _p: [],
+    ) -> list[tuple[int, int, str]]:
+        """(partition, offset, metadata) to commit where it changed; `held_back(p)`: offsets unresolved elsewhere;
+        `held(p)`: resolved offsets to name in the metadata without passing them (rows still to clear)."""
         out = []
         for part, ledger in self.ledgers.items():
-            point = ledger.commit_point([*self.pending.get(part, ()), *held_back(part)])
+            point = ledger.commit_point([*self.pending.get(part, ()), *held_back(part)], held(part))
             if point is None:
                 continue
             offset, metadata, truncated = point
@@ -214,6 +221,21 @@ class GroupBook:
     def committed(self, partition: int, offset: int, metadata: str) -> None:
         if partition in self.ledgers:
             self.ledgers[partition].committed = (offset, metadata)
+
+    def committed_offset(self, partition: int) -> int | None:
+        """Where the partition's commit stands (as read at assignment or last committed; 0 when there was
+        none, and reading began at the start); None if the partition is not assigned."""
+        ledger = self.ledgers.get(partition)
+        if ledger is None:
+            return None
+        if ledger.committed is not None:
+            return ledger.committed[0]
+        return ledger.start if ledger.start is not None else 0
+
+    def named(self, partition: int, offset: int) -> bool:
+        """Whether the partition's last commit passed or named the resolved record at `offset`."""
+        ledger = self.ledgers.get(partition)
+        return ledger is not None and ledger.names(offset)
 
     # ----- views --------------------------------------------------------------------------------
 

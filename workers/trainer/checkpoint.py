@@ -1,13 +1,14 @@
-"""Resuming with the model: the consumer's state inside a trainer checkpoint, and rows kept until it is durable.
+"""Resuming with the model: the consumer's state inside a trainer checkpoint.
 
 A trainer that restores its weights from checkpoint C must see again every group it trained after
 C, and none it trained before. So, with `ConsumerConfig.checkpointed`, acking a group resolves its
 record but neither clears its rows nor commits its offset: `state_dict()` cuts what has been acked
 so far, the trainer saves that dict inside its checkpoint, and once the checkpoint is safely
-written it calls `checkpoint_durable(state)`, which clears the rows acked up to that cut and
-commits the cut's offsets. After a crash, `load_state_dict(state)` of the last durable checkpoint
-makes the consumer start each partition where the state says, knowing which later records were
-already trained: groups acked after the checkpoint are read again, and their rows are still there.
+written it calls `checkpoint_durable(state)`, which commits the cut's offsets and clears the rows
+acked up to that cut (in the order `clears.py` gives). After a crash, `load_state_dict(state)` of
+the last durable checkpoint makes the consumer start each partition where the state says, knowing
+which later records were already trained: groups acked after the checkpoint are read again, and
+their rows are still there.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from typing import Any
 import msgspec
 
 from schemas.errors import InvalidArgument
-from streams.tq import KVStore
 
 STATE_VERSION = 1
 
@@ -72,43 +72,3 @@ def decode_state(data: Any, *, topic: str, consumer_group: str) -> ConsumerState
                 raise InvalidArgument(f"{where}.trained: ranges must be sorted, disjoint and at or past the offset")
             prev = last
     return state
-
-
-class DeferredClears:
-    """Rows of resolved groups, kept in TQ until a durable checkpoint covers them (or cleared at once).
-
-    Each deferral is numbered; a state's `cut` is the last number it covers. Without checkpoints
-    (`deferred=False`) rows are cleared when their group is resolved, as a plain consumer does.
-    """
-
-    def __init__(self, store: KVStore, partition: str, *, deferred: bool):
-        self._store = store
-        self._partition = partition
-        self.deferred = deferred
-        self._seq = 0
-        self._kept: list[tuple[int, list[str]]] = []
-
-    def clear(self, sample_ids: list[str]) -> None:
-        if not sample_ids:
-            return
-        if not self.deferred:
-            self._store.clear(self._partition, sample_ids)
-            return
-        self._seq += 1
-        self._kept.append((self._seq, sample_ids))
-
-    @property
-    def cut(self) -> int:
-        return self._seq
-
-    @property
-    def kept_rows(self) -> int:
-        return sum(len(ids) for _, ids in self._kept)
-
-    def release_through(self, cut: int) -> int:
-        """Clear the rows deferred up to `cut` (a durable checkpoint covers them); returns how many."""
-        flat = [s for seq, ids in self._kept if seq <= cut for s in ids]
-        if flat:
-            self._store.clear(self._partition, flat)  # first: if it fails they are still due
-        self._kept = [(seq, ids) for seq, ids in self._kept if seq > cut]
-        return len(flat)

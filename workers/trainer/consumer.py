@@ -15,7 +15,6 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from confluent_kafka import TopicPartition
 from tensordict import TensorDict
 
 from schemas.errors import InvalidArgument
@@ -149,9 +148,12 @@ class ExperienceConsumer(FinalizedIntake):
         handed = [self._book.pending.get(part, {}).get(offset) for part, offset in meta.positions]
         handed = [p for p in handed if p is not None and p.state == "yielded"]
         self._missing_rows(handed, missing)
+        # Decided again, not just marked ready: the version may have moved since `select` (set_version
+        # leaves yielded groups alone), and the bound holds at the version a group is handed out at.
         for p in handed:
             if not missing.intersection(p.group.sample_ids):
-                p.state = "ready"
+                self._decide(p)
+        self._apply_backpressure()
 
     def next_batch(self, num_groups: int, timeout_s: float) -> TrainBatch | None:
         """Up to num_groups usable groups with their padded tensors, waiting at most timeout_s for any."""
@@ -180,11 +182,13 @@ class ExperienceConsumer(FinalizedIntake):
         return None
 
     def ack(self, meta: BatchMeta) -> None:
-        """The trainer is done with these groups: their records resolve and, unless checkpointed, their
-        rows are cleared and the offsets committed (with checkpoints both wait for `checkpoint_durable`)."""
-        self._clears.clear(list(meta.sample_ids))
+        """The trainer is done with these groups: their records resolve and, unless checkpointed, the
+        offsets are committed and then their rows cleared (with checkpoints both wait for
+        `checkpoint_durable`). Rows go only once a commit names their records as consumed, so a trainer
+        that dies in between never leaves a successor thinking a trained group was lost (`clears.py`)."""
         for group, (part, offset) in zip(meta.groups, meta.positions, strict=True):
             self._book.release(group, part, offset)
+            self._clears.clear(list(group.sample_ids), part, offset)
         self._commit_resolved()
 
     def release(self, batch: TrainBatch) -> None:
@@ -220,14 +224,15 @@ class ExperienceConsumer(FinalizedIntake):
     def checkpoint_durable(self, state: dict[str, Any]) -> None:
         """The checkpoint holding `state` is safely stored: clear the rows it covers, commit its offsets."""
         st = decode_state(state, topic=self.config.finalized_topic, consumer_group=self.config.consumer_group)
+        release = None
         if st.run == self._run:  # a predecessor's cut numbers other acks
             if st.cut < self._durable_cut:
                 log.warning("a checkpoint older than the last durable one was declared durable: ignored")
                 return
-            self._clears.release_through(st.cut)
+            release = st.cut
             self._durable_cut = st.cut
         topic = self.config.finalized_topic
-        self._durable = []
+        self._durable, self._naming = [], []
         for part, mark in st.partitions.items():
             metadata, truncated = encode_ranges(mark.offset, mark.trained)
             if truncated:
@@ -238,7 +243,17 @@ class ExperienceConsumer(FinalizedIntake):
                     part,
                     mark.offset,
                 )
-            self._durable.append(TopicPartition(topic, part, mark.offset, metadata=metadata))
+            self._durable.append((part, mark.offset, metadata))
+            committed = self._book.committed_offset(part)
+            if release is not None and committed is not None and committed < mark.offset:
+                # Named first, from where the commit stands: a trainer started without this checkpoint
+                # after a crash between the clear and the marks' commit reads them again as trained.
+                before = [(committed, mark.offset - 1), *mark.trained]
+                self._naming.append((part, committed, encode_ranges(committed, before)[0]))
+        if release is not None and self._clears.due_through(release):
+            self._release_cut = release
+        else:
+            self._naming = []
         self._commit_durable()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

@@ -76,9 +76,10 @@ class Outbox:
     def offsets(self, partition: int) -> list[int]:
         return list(self._waiting.get(partition, ()))
 
-    def drop(self, partition: int) -> None:
-        """The partition was revoked: its records are read again by its next owner, letters and all."""
-        self._waiting.pop(partition, None)
+    def drop(self, partition: int) -> list[DeadLetter]:
+        """The partition was revoked: its records are read again by its next owner, letters and all.
+        Returns the letters dropped."""
+        return list(self._waiting.pop(partition, {}).values())
 
     def flush(self, timeout_s: float = 0.0) -> list[tuple[int, int]]:
         """Send the letters not in flight, serve delivery reports (waiting up to timeout_s for all);

@@ -23,7 +23,8 @@ from streams.producer import AckedProducer, Outgoing
 from streams.tq import KVStore
 from workers.telemetry.sensors import TrainerSensor
 from workers.trainer.book import DUPLICATE, NEW, REREAD, GroupBook, Pending
-from workers.trainer.checkpoint import DeferredClears, PartitionMark
+from workers.trainer.checkpoint import PartitionMark
+from workers.trainer.clears import RowClears
 from workers.trainer.config import ConsumerConfig
 from workers.trainer.deadletters import MISSING_ROWS, UNDECODABLE_FINALIZED, Outbox, make_letter
 from workers.trainer.errors import PollErrors
@@ -55,6 +56,9 @@ class ConsumerCounts:
     undecodable: int = 0
     # Records read again that were resolved already: after a rebalance, or before a restart (commit metadata).
     reread: int = 0
+    # Groups taken in that will never be trained (evicted as stale, dropped for missing rows), each once:
+    # what `VersionPublisher` tells admission gates, which give their capacity back.
+    lost: int = 0
     waiting: int = 0
     # Held groups more than the in_order lookahead ahead of the trainer (held, not dropped).
     ahead: int = 0
@@ -66,6 +70,7 @@ class FinalizedIntake:
     `ExperienceConsumer` (consumer.py) adds what the trainer calls on top of it.
     `sensor` gets every yield (with its staleness), eviction, duplicate, undecodable record and group
     with missing rows, e.g. a `PrometheusTrainerSensor`; `on_yield` / `on_evict` get the group itself.
+    `make_consumer` builds the Kafka consumer from its settings (a test passes one with faults).
     """
 
     def __init__(
@@ -79,6 +84,7 @@ class FinalizedIntake:
         on_yield: Callable[[FinalizedGroup, int], None] | None = None,
         on_evict: Callable[[FinalizedGroup, int], None] | None = None,
         sensor: TrainerSensor | None = None,
+        make_consumer: Callable[[dict[str, object]], Consumer] = Consumer,
     ):
         self.config = config
         self.policy = policy
@@ -88,14 +94,18 @@ class FinalizedIntake:
         self._on_yield = on_yield
         self._on_evict = on_evict
         self.sensor = sensor if sensor is not None else TrainerSensor()
-        # With checkpoints, rows of resolved groups stay until a durable checkpoint covers them.
-        self._clears = DeferredClears(store, config.train_partition, deferred=config.checkpointed)
+        # Rows of resolved groups stay until a commit names their records: a durable checkpoint's with
+        # checkpoints, else the next commit of the offsets (`clears.py`).
+        self._clears = RowClears(store, config.train_partition, deferred=config.checkpointed)
         self._book = GroupBook(store, config.train_partition, config.max_seen_groups, clear=self._clears.clear)
         self._run = uuid.uuid4().hex  # tells this consumer's states from a predecessor's
         # A restored checkpoint's marks, per partition, until that partition is first assigned.
         self._restored: dict[int, PartitionMark] = {}
         self._durable_cut = -1  # the last durable cut of this run: an older one never moves commits back
-        self._durable: list[TopicPartition] = []  # a durable checkpoint's offsets, until committed
+        # A durable checkpoint's commits, until done: one naming its records, its rows, then its marks.
+        self._naming: list[tuple[int, int, str]] = []
+        self._release_cut: int | None = None
+        self._durable: list[tuple[int, int, str]] = []
         self._paused: set[int] = set()
         self._errors = PollErrors(config.finalized_topic, config.consumer_group, config.max_poll_interval_ms)
         self._replay = AckedProducer(kafka) if config.stale_replay else None
@@ -105,7 +115,7 @@ class FinalizedIntake:
             "heartbeat.interval.ms": max(100, config.session_timeout_ms // 3),
             "max.poll.interval.ms": config.max_poll_interval_ms,
         }
-        self._consumer = Consumer(kafka.consumer(config.consumer_group, **settings))
+        self._consumer = make_consumer(kafka.consumer(config.consumer_group, **settings))
         self._consumer.subscribe(
             [config.finalized_topic], on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_revoke
         )
@@ -135,7 +145,9 @@ class FinalizedIntake:
             # A letter dropped unsent is written again when its record is read again: that record
             # must not then pass as one already consumed.
             self._book.forget_seen(tp.partition, self._letters.offsets(tp.partition))
-            self._letters.drop(tp.partition)
+            # Its missing-rows groups are read and counted again by whoever reads the partition next.
+            self.counts.lost -= sum(1 for d in self._letters.drop(tp.partition) if d.error_kind == MISSING_ROWS)
+            self._clears.drop(tp.partition)
             self._paused.discard(tp.partition)
 
     def poll(self, timeout_s: float = 0.1) -> int:
@@ -165,10 +177,10 @@ class FinalizedIntake:
             self._decide(pending)
         elif outcome == REREAD:
             self.counts.reread += 1
-            if resolved_before and self._clears.deferred:
-                # Trained before the checkpoint restored from; if it crashed before its rows were
-                # cleared they would stay forever.
-                self._clears.clear(list(group.sample_ids))
+            if resolved_before:
+                # Consumed before a restart (the commit or the checkpoint names it): a predecessor that
+                # died before clearing its rows would otherwise leave them forever.
+                self._clears.clear(list(group.sample_ids), part, offset)
         elif outcome == DUPLICATE:
             self.counts.duplicates += 1
             self.sensor.on_duplicate()
@@ -233,11 +245,12 @@ class FinalizedIntake:
             self._evict(p)
 
     def _evict(self, p: Pending) -> None:
-        self._clears.clear(list(p.group.sample_ids))
+        self._clears.clear(list(p.group.sample_ids), p.partition, p.offset)
         if self._replay is not None:
             topic = self.config.topics.replay(self.config.stale_replay)
             self._replay.send([Outgoing(topic, p.group.group_id.encode(), p.group.to_bytes())])
         self.counts.evicted_stale += 1
+        self.counts.lost += 1
         self.sensor.on_evict()
         self._book.resolved(p)
         self._book.group_resolved(p.group)
@@ -263,8 +276,9 @@ class FinalizedIntake:
             )
             log.error("%s; dropped and sent to %s", message, self._letters.topic)
             self.counts.missing_rows += 1
+            self.counts.lost += 1
             self.sensor.on_missing_rows()
-            self._clears.clear(list(p.group.sample_ids))
+            self._clears.clear(list(p.group.sample_ids), p.partition, p.offset)
             # Unresolved until its letter is acknowledged: the outbox holds the commit back instead.
             self._book.set_aside(p)
             letter = make_letter(
@@ -282,17 +296,37 @@ class FinalizedIntake:
         self._resolve_letters()
 
     def _commit_durable(self) -> None:
-        if not self._durable:
+        """A durable checkpoint's commits: first one naming its records without passing them, then (their
+        rows cleared) its marks; each step retried by the next call until it is done."""
+        what = f"{self.config.finalized_topic} offsets of a durable checkpoint"
+        if self._naming and not self._commit(self._naming, what):
             return
+        self._naming = []
+        if self._release_cut is not None:
+            self._clears.release_through(self._release_cut)
+            self._release_cut = None
+        if self._durable and self._commit(self._durable, what):
+            self._durable = []
+
+    def _commit(self, points: list[tuple[int, int, str]], what: str) -> bool:
+        """Commit (partition, offset, metadata) points; False, logged, when the broker refuses them for now."""
+        if not points:
+            return True
+        topic = self.config.finalized_topic
+        offsets = [TopicPartition(topic, part, offset, metadata=metadata) for part, offset, metadata in points]
         try:
-            self._consumer.commit(offsets=self._durable, asynchronous=False)
+            self._consumer.commit(offsets=offsets, asynchronous=False)
         except KafkaException as exc:
-            if exc.args[0].fatal():
+            err = exc.args[0]
+            if err.fatal():
                 raise
-            # The state itself is the trainer's place; the commit only helps one started without it.
-            log.warning("commit of a durable checkpoint's offsets failed, retrying later: %s", exc.args[0].str())
-            return
-        self._durable = []
+            # Retried by the next call; a record read again meanwhile is known to be resolved.
+            level = logging.DEBUG if err.code() in _RETRY_COMMIT else logging.WARNING
+            log.log(level, "commit of %s failed, retrying later: %s", what, err.str())
+            return False
+        for part, offset, metadata in points:
+            self._book.committed(part, offset, metadata)
+        return True
 
     def _start_from_state(self, consumer, partitions: list[TopicPartition]) -> list[TopicPartition]:
         """Seek the partitions a restored state names to where it says; the rest start from their commits.
@@ -320,26 +354,17 @@ class FinalizedIntake:
         return [tp for tp in partitions if tp.partition not in restored]
 
     def _commit_resolved(self) -> None:
+        """Commit what is resolved; rows waiting for a commit naming their records go after it, and the
+        offset passes those records with the next commit (`clears.py`)."""
         if self._clears.deferred:  # offsets move with durable checkpoints only
             self._commit_durable()
             return
         topic = self.config.finalized_topic
-        points = self._book.commit_points(topic, self._letters.offsets)
-        if not points:
+        held = self._clears.held
+        if not self._commit(self._book.commit_points(topic, self._letters.offsets, held), f"{topic} offsets"):
             return
-        offsets = [TopicPartition(topic, part, offset, metadata=metadata) for part, offset, metadata in points]
-        try:
-            self._consumer.commit(offsets=offsets, asynchronous=False)
-        except KafkaException as exc:
-            err = exc.args[0]
-            if err.fatal():
-                raise
-            # Retried by the next call; a record read again meanwhile is known to be resolved.
-            level = logging.DEBUG if err.code() in _RETRY_COMMIT else logging.WARNING
-            log.log(level, "commit of %s offsets failed, retrying later: %s", topic, err.str())
-            return
-        for part, offset, metadata in points:
-            self._book.committed(part, offset, metadata)
+        if self._clears.release_named(self._book.named):
+            self._commit(self._book.commit_points(topic, self._letters.offsets, held), f"{topic} offsets")
 
     def _update_waiting(self) -> None:
         waiting = [p for p in self._book.all_pending() if p.state in ("held", "ready")]
@@ -350,10 +375,20 @@ class FinalizedIntake:
 
     def close(self) -> None:
         # Letters sent but not yet acknowledged get a moment, so their records are committed past.
-        for part, offset in self._letters.flush(timeout_s=5.0):
-            self._book.resolve_offset(part, offset)
-        self._commit_resolved()
-        self._consumer.close()
-        self._letters.close()
-        if self._replay is not None:
-            self._replay.close()
+        try:
+            for part, offset in self._letters.flush(timeout_s=5.0):
+                self._book.resolve_offset(part, offset)
+            self._commit_resolved()
+        except Exception as exc:  # noqa: BLE001 - the Kafka member must go whatever TQ does
+            log.warning(
+                "closing with %d row(s) of resolved records not cleared (%s: %s); the next trainer clears"
+                " those the commits name when it reads their records again",
+                self._clears.kept_rows,
+                type(exc).__name__,
+                exc,
+            )
+        finally:
+            self._consumer.close()
+            self._letters.close()
+            if self._replay is not None:
+                self._replay.close()

@@ -1,10 +1,11 @@
 """Where the trainer stands in one partition of the finalized topic, and what its offset commits say.
 
 A partition's committed offset is its first record not yet resolved: a group held, ready, or yielded
-and not released; a duplicate waiting for its original; a dead letter not yet acknowledged. Records
-past it that are resolved already (released, evicted, dead-lettered) are named in the commit's
-metadata as offset ranges, so a restarted trainer reading them again knows they were consumed: their
-rows are gone from TQ on purpose, which is no alarm. Any other group whose rows are missing is one.
+and not released; a duplicate waiting for its original; a dead letter not yet acknowledged; or a
+resolved record whose rows are still to be cleared (`clears.py`). Records past it that are resolved
+already (released, evicted, dead-lettered) are named in the commit's metadata as offset ranges, so a
+restarted trainer reading them again knows they were consumed: their rows are gone from TQ on
+purpose, which is no alarm (or left for it to clear). Any other group whose rows are missing is one.
 
 The metadata is `rlstream.trainer/1:` and comma-separated ranges `gap.length` (base 36), each gap
 counted from the end of the previous range (the first from the committed offset). Ranges run across
@@ -136,23 +137,41 @@ class PartitionLedger:
     def resolve(self, offset: int) -> None:
         self.resolved.add(offset)
 
-    def snapshot(self, unresolved: Collection[int]) -> tuple[int, list[Range]] | None:
-        """(first unresolved offset, resolved ranges past it) given the unresolved offsets read; None before any."""
+    def snapshot(self, unresolved: Collection[int], held: Collection[int] = ()) -> tuple[int, list[Range]] | None:
+        """(first unresolved offset, resolved ranges past it) given the unresolved offsets read; None before any.
+
+        `held` are resolved records the offset must not pass yet (their rows are still to be cleared): the
+        offset stops at the first of them, and the ranges name them as resolved.
+        """
         if self.position is None:
             return None if self.start is None else (self.start, list(self.prior))
-        safe = min(unresolved) if unresolved else self.position
-        self.resolved = {o for o in self.resolved if o > safe}
+        stops = [*unresolved, *held]
+        safe = min(stops) if stops else self.position
+        self.resolved = {o for o in self.resolved if o >= safe}
         ranges = runs(self.resolved, [o for o in unresolved if o > safe])
         ranges += [(max(first, self.position), last) for first, last in self.prior if last >= self.position]
         return safe, _merged(ranges)
 
     def commit_point(
-        self, unresolved: Collection[int], limit: int = MAX_METADATA_CHARS
+        self, unresolved: Collection[int], held: Collection[int] = (), limit: int = MAX_METADATA_CHARS
     ) -> tuple[int, str, bool] | None:
         """(offset, metadata, truncated) to commit given the unresolved offsets read; None before any record."""
-        cut = self.snapshot(unresolved) if self.position is not None else None
+        cut = self.snapshot(unresolved, held) if self.position is not None else None
         if cut is None:
             return None
         safe, ranges = cut
         metadata, truncated = encode_ranges(safe, ranges, limit)
         return safe, metadata, truncated
+
+    def names(self, offset: int) -> bool:
+        """Whether the last commit passed the record at `offset` or named it resolved in its metadata."""
+        if self.committed is None:
+            return False
+        base, metadata = self.committed
+        if offset < base:
+            return True
+        try:
+            ranges = decode_ranges(base, metadata)
+        except ValueError:
+            return False
+        return any(first <= offset <= last for first, last in ranges)

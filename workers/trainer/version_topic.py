@@ -1,23 +1,31 @@
-"""The trainer's side of admission control: publish its weight version on the compacted version topic.
+"""The trainer's side of admission control: publish its weight version and its losses on the compacted version topic.
 
-`VersionPublisher.publish(version)` sends a `TrainerVersion` keyed by the trainer id, acked, only
-when the version differs from the last one it sent; rollout workers' admission gates
-(`workers/rollout/gate.py`) read it. The topic is compacted, so a gate starting late reads the latest
-record per trainer and nothing older that matters.
+`VersionPublisher.publish(version, lost_groups=...)` sends a `TrainerVersion` keyed by the trainer id,
+acked, only when the version or the loss count differs from what it sent last; rollout workers'
+admission gates (`workers/rollout/gate.py`) read it. The topic is compacted, so a gate starting late
+reads the latest record per trainer and nothing older that matters.
+
+`lost_groups` is the trainer's running count of groups it will never train (`ConsumerCounts.lost`:
+evicted as too stale, dropped for missing rows): a gate gives their capacity back. A trainer that
+cannot fill a batch still calls `publish` with its count, or its losses would never reach the gates
+and its version would never move. Each publisher is one `run`: a gate takes the count of a new run
+as starting from 0, so a restarted trainer's losses are neither lost nor counted twice.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+import uuid
 
+from schemas.errors import InvalidArgument
 from schemas.trainer_version import TrainerVersion
 from streams.config import KafkaConfig
 from streams.producer import AckedProducer, Outgoing
 
 
 class VersionPublisher:
-    """Publishes one trainer's weight version on each change (thread-safe; the first call always sends)."""
+    """Publishes one trainer's version and loss count on each change (thread-safe; the first call always sends)."""
 
     def __init__(self, kafka: KafkaConfig, topic: str, *, trainer_id: str, consumer_group: str, batch_groups: int):
         self._producer = AckedProducer(kafka)
@@ -25,31 +33,41 @@ class VersionPublisher:
         self._trainer_id = trainer_id
         self._consumer_group = consumer_group
         self._batch_groups = batch_groups
+        self._run = uuid.uuid4().hex[:16]
         self._lock = threading.Lock()
-        self._last: int | None = None
+        self._last: tuple[int, int] | None = None
 
     @property
     def last_published(self) -> int | None:
         """The version last acknowledged by the broker, None before the first."""
-        return self._last
+        return None if self._last is None else self._last[0]
 
-    def publish(self, version: int, *, timeout_s: float = 30.0) -> bool:
-        """Send `version` unless it is the one last sent; True when a record was sent (and acked)."""
+    def publish(self, version: int, *, lost_groups: int = 0, timeout_s: float = 30.0) -> bool:
+        """Send `version` and `lost_groups` unless both are what was sent last; True when a record was sent (acked).
+
+        `lost_groups` is a running count for this publisher's life: it never goes down.
+        """
         with self._lock:
-            if version == self._last:
+            if (version, lost_groups) == self._last:
                 return False
+            if self._last is not None and lost_groups < self._last[1]:
+                raise InvalidArgument(
+                    f"lost_groups went down from {self._last[1]} to {lost_groups}; a running count never goes down"
+                )
             msg = TrainerVersion(
                 trainer_id=self._trainer_id,
                 consumer_group=self._consumer_group,
                 version=version,
                 batch_groups=self._batch_groups,
                 time_ms=int(time.time() * 1000),
+                lost_groups=lost_groups,
+                run=self._run,
             )
             self._producer.send(
                 [Outgoing(self._topic, self._trainer_id.encode(), msg.to_bytes())],
                 timeout_s=timeout_s,
             )
-            self._last = version
+            self._last = (version, lost_groups)
             return True
 
     def close(self) -> None:

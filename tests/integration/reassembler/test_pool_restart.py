@@ -100,3 +100,41 @@ def test_a_killed_child_is_replaced_by_the_spare_under_its_worker_id_and_groups_
     text = log.read_text()
     assert code == 0, text
     assert "worker processes restarted 1 time(s): p-0 1" in text
+
+
+def test_two_workers_killed_in_turn_are_each_replaced_by_a_spare(kafka, unique, tmp_path):
+    """The spare is not only for the first death: after a promotion the pool's new spare takes the next one."""
+    names = setup_topics(kafka, f"pool2-{unique}", partitions=2)
+    log = tmp_path / "pool.log"
+    argv = [
+        sys.executable, "-m", "workers.cli.main", "reassemble", "--workers", "2",
+        "--bootstrap-servers", kafka.bootstrap_servers, "--prefix", names.prefix,
+        "--consumer-group", f"pool2.{unique}", "--worker-id", "q", "--ray-address", ray_address(),
+    ]  # fmt: skip
+    spares = re.compile(r"spare worker process started as pid (\d+)")
+    with open(log, "wb") as out:
+        pool = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        started = _wait_for(
+            "the pool's children",
+            lambda: re.search(r"started 2 reassembler processes: pids (\d+), (\d+)", log.read_text()),
+            log,
+        )
+        for n, (worker, victim) in enumerate((("q-0", started.group(1)), ("q-1", started.group(2))), start=1):
+            spare = _wait_for(f"spare {n}", lambda n=n: spares.findall(log.read_text())[n - 1 : n], log)[0]
+            subprocess.run(["kill", "-KILL", victim], check=True)
+            took = _wait_for(
+                f"{worker}'s takeover",
+                lambda w=worker: re.search(rf"\[{w}\] spare pid (\d+) took over \(restart 1\)", log.read_text()),
+                log,
+            )
+            assert took.group(1) == spare
+            assert _parent(int(spare)) == pool.pid
+        text = log.read_text()
+        assert "restarting it in" not in text, text  # neither death waited for a cold restart
+    finally:
+        pool.send_signal(signal.SIGTERM)
+        code = pool.wait(timeout=90)
+    text = log.read_text()
+    assert code == 0, text
+    assert "worker processes restarted 2 time(s): q-0 1, q-1 1" in text, text

@@ -11,7 +11,7 @@ from workers.trainer.batch import BatchMeta
 from workers.trainer.config import ConsumerConfig
 from workers.trainer.consumer import ExperienceConsumer
 from workers.trainer.dataset import ExperienceDataset, stateful_loader
-from workers.trainer.policies import ready_first
+from workers.trainer.policies import in_order, ready_first
 
 
 def _consumer(kafka, tq_store, names, unique, **config):
@@ -77,6 +77,30 @@ def test_rows_cleared_by_someone_else_after_select_withdraw_the_batch_even_with_
         consumer.ack(rest)
     finally:
         tq_store.clear(TRAIN, others)
+        consumer.close()
+
+
+def test_a_withdrawn_group_is_decided_again_at_the_version_the_trainer_moved_to(kafka, tq_store, unique):
+    """select(0), set_version(1), materialize finds another group's rows gone: the group put back must
+    not keep its version-0 decision, or select(1) hands out a version-0 group that in_order must evict."""
+    names, finalized = finalize_groups(kafka, tq_store, f"se-{unique}", versions=range(2), per_version=2)
+    evicted: list[str] = []
+    cfg = ConsumerConfig(prefix=names.prefix, consumer_group=f"se-{unique}")
+    consumer = ExperienceConsumer(kafka, tq_store, cfg, in_order(0), on_evict=lambda g, v: evicted.append(g.group_id))
+    try:
+        meta = consumer.select(0, min_groups=2, max_groups=2, timeout_s=30.0)
+        assert meta is not None and {g.group_min_wv for g in meta.groups} == {0}
+        consumer.set_version(1)  # the trainer moves on while the batch is out
+        gone, kept = meta.groups
+        tq_store.clear(TRAIN, list(gone.sample_ids))  # someone else clears one group's rows
+        with pytest.raises(MissingKeysError):
+            consumer.materialize(meta)
+        rest = consumer.select(1, min_groups=1, max_groups=4, timeout_s=30.0)
+        assert rest is not None
+        assert [(g.group_id, g.group_min_wv) for g in rest.groups if g.group_min_wv != 1] == []
+        assert evicted == [kept.group_id] and consumer.counts.missing_rows == 1
+        consumer.ack(rest)
+    finally:
         consumer.close()
 
 

@@ -12,6 +12,8 @@ import logging
 import time
 
 import msgspec
+import pytest
+from confluent_kafka import Consumer, KafkaError, KafkaException
 from prometheus_client import CollectorRegistry
 
 from schemas.deadletter import MAX_ORIGINAL_BYTES, DeadLetter
@@ -25,7 +27,7 @@ from workers.topics import TopicNames
 from workers.trainer.config import ConsumerConfig
 from workers.trainer.consumer import ExperienceConsumer
 from workers.trainer.deadletters import MISSING_ROWS, UNDECODABLE_FINALIZED
-from workers.trainer.policies import in_order, policy_by_name
+from workers.trainer.policies import in_order, policy_by_name, ready_first
 
 
 def _consumer(kafka, tq_store, names, group, policy=None, version=10, **config):
@@ -259,3 +261,106 @@ def test_a_trainer_step_longer_than_max_poll_interval_loses_and_repeats_nothing(
     assert any("max.poll.interval.ms" in r.getMessage() for r in caplog.records)
     assert not tq_store.present(TRAIN, [s for g in finalized.values() for s in g.sample_ids])
     wait_until(lambda: committed_at_end(kafka, group, names.finalized), timeout_s=10, what="final commit")
+
+
+class CommitsFail:
+    """The real Kafka consumer, except that every offset commit fails (a broker that takes no commits)."""
+
+    def __init__(self, conf):
+        self._consumer = Consumer(conf)
+        self.attempts = 0
+
+    def commit(self, *args, **kwargs):
+        self.attempts += 1
+        raise KafkaException(KafkaError(KafkaError._TRANSPORT, "commit refused by the test"))
+
+    def __getattr__(self, name):
+        return getattr(self._consumer, name)
+
+
+class ClearFails:
+    """The real TQ store, except that clearing train rows fails (TQ unreachable from this trainer)."""
+
+    def __init__(self, store):
+        self._store = store
+
+    def clear(self, partition, keys):
+        if partition == TRAIN and keys:
+            raise ConnectionError("TQ unreachable (the test)")
+        self._store.clear(partition, keys)
+
+    def __getattr__(self, name):
+        return getattr(self._store, name)
+
+
+def _train_all(consumer, n: int, checkpointed: bool) -> list[str]:
+    """Train n groups and ack them (with a durable checkpoint when checkpointed); their group ids."""
+    trained: list[str] = []
+    deadline = time.monotonic() + 60
+    while len(trained) < n:
+        assert time.monotonic() < deadline, f"trained {trained}"
+        meta = consumer.select(10, min_groups=1, max_groups=n - len(trained), timeout_s=5.0)
+        if meta is not None:
+            consumer.materialize(meta)
+            trained += [g.group_id for g in meta.groups]
+            consumer.ack(meta)
+    if checkpointed:
+        consumer.checkpoint_durable(consumer.state_dict())
+    return trained
+
+
+@pytest.mark.parametrize("checkpointed", [False, True])
+def test_groups_trained_while_commits_fail_are_trained_again_by_a_successor_never_reported_lost(
+    kafka, tq_store, unique, checkpointed
+):
+    """Rows cleared before the commit that failed: the successor, reading from the old commit, found a
+    trained group's rows gone and dead-lettered it as data loss."""
+    names, finalized = finalize_groups(kafka, tq_store, f"tf-c-{unique}", versions=range(1), per_version=3)
+    group = f"tf-c-{unique}"
+    failing: list[CommitsFail] = []
+    cfg = ConsumerConfig(prefix=names.prefix, consumer_group=group, checkpointed=checkpointed)
+    first = ExperienceConsumer(
+        kafka, tq_store, cfg, ready_first(), make_consumer=lambda conf: failing.append(CommitsFail(conf)) or failing[0]
+    )
+    try:
+        assert sorted(_train_all(first, len(finalized), checkpointed)) == sorted(finalized)
+    finally:
+        first.close()  # its last commit fails too: nothing of this run reached the broker
+    assert failing[0].attempts > 0 and set(committed_offsets(kafka, group, names.finalized).values()) == {-1001}
+    second, again, registry = _consumer(kafka, tq_store, names, group)
+    try:
+        _drain(second)
+        _settle(second, kafka, group, names.finalized)
+    finally:
+        second.close()
+    assert second.counts.missing_rows == 0 and not _letters(kafka, names)
+    assert sorted(again) == sorted(finalized)  # trained again (no checkpoint says otherwise), not lost
+    assert not tq_store.present(TRAIN, [s for g in finalized.values() for s in g.sample_ids])
+
+
+@pytest.mark.parametrize("checkpointed", [False, True])
+def test_a_trainer_that_dies_between_its_commit_and_the_clear_leaves_no_rows_behind(
+    kafka, tq_store, unique, checkpointed
+):
+    """The commit names the acked records before their rows go, and does not pass them until they are
+    gone: the successor reads them again as consumed and clears what is left."""
+    names, finalized = finalize_groups(kafka, tq_store, f"tf-k-{unique}", versions=range(1), per_version=3)
+    group = f"tf-k-{unique}"
+    cfg = ConsumerConfig(prefix=names.prefix, consumer_group=group, checkpointed=checkpointed)
+    first = ExperienceConsumer(kafka, ClearFails(tq_store), cfg, ready_first())
+    try:
+        with pytest.raises(ConnectionError):
+            _train_all(first, len(finalized), checkpointed)
+    finally:
+        first.close()
+    rows = [s for g in finalized.values() for s in g.sample_ids]
+    assert tq_store.present(TRAIN, rows) == set(rows)  # the trainer is gone, its rows are not
+    second, again, _ = _consumer(kafka, tq_store, names, group)
+    try:
+        _drain(second)
+        _settle(second, kafka, group, names.finalized)
+    finally:
+        second.close()
+    trained_first = len(finalized) - len(again)
+    assert trained_first >= 1 and second.counts.reread == trained_first and second.counts.missing_rows == 0
+    assert not tq_store.present(TRAIN, rows)

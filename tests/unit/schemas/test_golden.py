@@ -10,6 +10,7 @@ from schemas.finalized import FinalizedGroup
 from schemas.receipt import Receipt
 from schemas.request import ReassemblyRequest, RolloutReassemblerActorConfig
 from schemas.state import GroupState, PartitionProgress
+from schemas.trainer_version import TrainerVersion
 
 GOLDEN = Path(__file__).resolve().parents[3] / "schemas" / "golden"
 KINDS = {
@@ -22,6 +23,7 @@ KINDS = {
         PartitionProgress,
         ReassemblyRequest,
         RolloutReassemblerActorConfig,
+        TrainerVersion,
     )
 }
 

@@ -102,7 +102,7 @@ class RolloutWorker:
         self._publisher = RolloutPublisher(spec.kafka, TQStore(), names.receipts)
         self._gate = AdmissionGate(
             spec.kafka,
-            names.trainer_version,
+            names,
             max_staleness=spec.max_staleness,
             trainer_id=spec.trainer_id,
             batch_share=1.0 / spec.workers,

@@ -87,12 +87,18 @@ class GrpoTrainer:
         import ray
 
         ray.get(self.board.publish.remote(self.version, state_to_cpu(self.policy)))
-        self.versions.publish(self.version)
+        self._publish_version()
+
+    def _publish_version(self) -> None:
+        # With the groups lost so far: the rollout workers' gates give their capacity back.
+        self.versions.publish(self.version, lost_groups=self.consumer.counts.lost)
 
     def step(self, timeout_s: float) -> StepStats | None:
         """Train one batch at the current version and publish the next; None if no batch came in time."""
         meta = self.consumer.select(self.version, self.batch_groups, self.batch_groups, timeout_s=timeout_s)
         if meta is None:
+            # No full batch: perhaps because groups were lost, which the gates must hear of to admit more.
+            self._publish_version()
             return None
         td = self.consumer.materialize(meta, fields=FIELDS)
         rewards = td["total_reward"].float()

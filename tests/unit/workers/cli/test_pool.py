@@ -296,3 +296,73 @@ def test_a_first_crash_hands_the_worker_id_to_the_warm_spare_at_once(monkeypatch
     assert "handing its id to the spare (restart 1)" in warnings[0]
     assert f"[w-0] spare pid {spare_pid} took over (restart 1)" in lines
     assert sigterm_outside_the_pool == []
+
+
+class FakeProc:
+    """A stand-in for a `subprocess.Popen` the pool polls: alive until the test sets its return code."""
+
+    pids = iter(range(1000, 2000))
+
+    def __init__(self) -> None:
+        self.pid = next(self.pids)
+        self.returncode: int | None = None
+        self.stdin = None
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def send_signal(self, signum: int) -> None:
+        self.returncode = -signum
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def wait(self, timeout: float | None = None) -> int:
+        return self.returncode
+
+
+def test_the_spare_takes_over_from_each_worker_that_dies_in_turn_not_only_the_first():
+    from workers.reassembler.pool import Spare
+
+    spares: list[FakeProc] = []
+    promoted: list[tuple[int, str]] = []
+    cold: list[str] = []
+
+    def spawn_spare() -> FakeProc:
+        spares.append(FakeProc())
+        return spares[-1]
+
+    def spawn(worker_id: str) -> FakeProc:
+        cold.append(worker_id)
+        return FakeProc()
+
+    # A cold restart would wait 30 s: within the deadlines below only the spare can take over.
+    pool = Pool(log=lambda _: None, stop_grace_s=1, poll_s=0.01, spawn=spawn, restart=RestartPolicy(initial_s=30.0),
+                spare=Spare(spawn_spare, lambda proc, wid: promoted.append((proc.pid, wid))))  # fmt: skip
+    first = {"w-0": FakeProc(), "w-1": FakeProc()}
+    for worker_id, proc in first.items():
+        pool.add(worker_id, proc)
+    waiting = threading.Thread(target=pool.wait, daemon=True)
+    waiting.start()
+
+    def until(holds: Callable[[], bool]) -> None:
+        deadline = time.monotonic() + 5
+        while not holds():
+            assert time.monotonic() < deadline, (promoted, cold, len(spares))
+            time.sleep(0.01)
+
+    try:
+        until(lambda: len(spares) == 1)
+        first["w-0"].returncode = -signal.SIGKILL
+        until(lambda: len(promoted) == 1 and len(spares) == 2)  # promoted, and a fresh spare started
+        first["w-1"].returncode = -signal.SIGKILL  # another worker, later: the fresh spare takes over again
+        until(lambda: len(promoted) == 2 and len(spares) == 3)
+    finally:
+        pool.forward(signal.SIGTERM)
+        waiting.join(timeout=10)
+    assert promoted == [(spares[0].pid, "w-0"), (spares[1].pid, "w-1")]
+    assert cold == [] and pool.restarts == {"w-0": 1, "w-1": 1}
+    assert pool.procs == {"w-0": spares[0], "w-1": spares[1]}

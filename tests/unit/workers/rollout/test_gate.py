@@ -93,3 +93,61 @@ def test_bad_parameters_are_refused_by_name(kw):
     eta = args.pop("max_staleness")
     with pytest.raises(InvalidArgument, match=next(iter(kw))):
         StalenessBudget(eta, **args)
+
+
+def _run_loop(budget: StalenessBudget, *, batch: int, lost_every: int, report_losses: bool, rounds: int = 400) -> int:
+    """A rollout worker filling the budget and a trainer that steps its version after each `batch` groups
+    it trains; every `lost_every`-th group is lost on the way (evicted, dead-lettered). Returns the version."""
+    version, made, trained = 0, 0, 0
+    flowing: list[int] = []  # groups accepted, in the order the trainer meets them
+    budget.observe(version, batch)
+    for _ in range(rounds):
+        while budget.acquire(1, timeout=0):
+            budget.on_finished(accepted=True)
+            flowing.append(made)
+            made += 1
+            c = budget.counts()
+            # AReaL's bound for the groups still counted: never more than (eta + v + 1) * B of them.
+            assert c.accepted - c.lost + c.running <= (budget.max_staleness + version + 1) * batch
+        while flowing:
+            group = flowing.pop(0)
+            if group % lost_every == lost_every - 1:
+                if report_losses:
+                    budget.on_lost(1)
+                continue
+            trained += 1
+            if trained % batch == 0:
+                version += 1
+                budget.observe(version, batch)
+    return version
+
+
+def test_losses_give_their_capacity_back_so_the_version_keeps_moving():
+    """The issue's example: B = 4, eta = 1, one group in ten lost."""
+    stalled = _run_loop(StalenessBudget(1), batch=4, lost_every=10, report_losses=False)
+    assert stalled < 15  # each loss stays counted as accepted: nothing is admitted from version 11 on
+    budget = StalenessBudget(1)
+    assert _run_loop(budget, batch=4, lost_every=10, report_losses=True) >= 300
+    c = budget.counts()
+    assert c.lost == c.accepted // 10  # each loss counted once
+    assert budget.capacity() == (1 + budget.version + 1) * 4 - (c.accepted - c.lost) - c.running
+
+
+def test_a_share_of_the_trainer_gets_that_share_of_each_loss():
+    b = StalenessBudget(0, batch_share=0.5)
+    b.observe(0, 4)
+    assert b.acquire(2, timeout=0)
+    b.on_finished(True)
+    b.on_finished(True)
+    assert b.capacity() == 0
+    b.on_lost(1)
+    assert b.capacity() == 0  # half a group
+    b.on_lost(1)
+    assert b.capacity() == 1
+    with pytest.raises(InvalidArgument):
+        b.on_lost(-1)
+
+
+def test_capacity_counts_lost_groups_as_never_accepted():
+    assert cap(accepted=20, running=5, lost=3) == 2
+    assert cap(batch_groups=4 * 0.5, accepted=6, lost=2 * 0.5) == 1  # floor(3 * 2 - 6 + 1)

@@ -1,17 +1,13 @@
-"""The trainer's checkpoint state: validated on the way in, rows kept until a durable cut, ledgers from a mark."""
+"""The trainer's checkpoint state: validated on the way in, ledgers from a mark."""
 
 import json
 
 import pytest
-import torch
-from tensordict import TensorDict
 
 from schemas.errors import InvalidArgument
-from tests.unit.memory_store import InMemoryStore
 from workers.trainer.checkpoint import (
     STATE_VERSION,
     ConsumerState,
-    DeferredClears,
     PartitionMark,
     decode_state,
     encode_state,
@@ -45,30 +41,6 @@ def test_a_state_survives_json_and_comes_back_equal():
 def test_a_bad_state_is_refused_naming_what_is_wrong(data, message):
     with pytest.raises(InvalidArgument, match=message):
         decode_state(data, topic="t", consumer_group="g")
-
-
-def _put(store: InMemoryStore, ids: list[str]) -> None:
-    store.put("train", ids, TensorDict({"x": torch.zeros(len(ids), 2)}, batch_size=[len(ids)]), [{} for _ in ids])
-
-
-def test_deferred_rows_stay_until_a_cut_covering_them_is_released():
-    store = InMemoryStore()
-    _put(store, ["a", "b", "c"])
-    clears = DeferredClears(store, "train", deferred=True)
-    clears.clear(["a"])
-    cut = clears.cut
-    clears.clear(["b"])
-    assert store.present("train", ["a", "b", "c"]) == {"a", "b", "c"}
-    assert clears.release_through(cut) == 1
-    assert store.present("train", ["a", "b", "c"]) == {"b", "c"}
-    assert clears.kept_rows == 1
-
-
-def test_without_checkpoints_rows_are_cleared_at_once():
-    store = InMemoryStore()
-    _put(store, ["a"])
-    DeferredClears(store, "train", deferred=False).clear(["a"])
-    assert not store.present("train", ["a"])
 
 
 def test_a_ledger_from_a_mark_starts_there_and_knows_the_trained_records_past_it():
