@@ -60,7 +60,7 @@ KILL_KINDS = tuple(k for point in CRASH_POINTS for k in (point, "random"))
 @dataclass(order=True)
 class Event:
     at_s: float
-    kind: str  # a KILL_KINDS entry, zombie, zombie_end, builder, broker, broker_end, coordinator, trainer
+    kind: str  # a KILL_KINDS entry, zombie, zombie_end, builder, broker, coordinator, trainer
     arg: float = 0.0
 
 
@@ -75,7 +75,7 @@ def schedule(args: argparse.Namespace, rng: random.Random) -> list[Event]:
         events += [Event(t, "zombie"), Event(t + args.zombie_s, "zombie_end")]
     if args.broker_down_s > 0:
         t = at()
-        events += [Event(t, "broker", rng.randint(1, args.brokers)), Event(t + args.broker_down_s, "broker_end")]
+        events.append(Event(t, "broker", rng.randint(1, args.brokers)))  # up again broker_down_s after it died
     if args.frozen_build_s > 0:
         events.append(Event(at(), "builder"))
     if args.coordinator_freeze_s > 0:
@@ -97,10 +97,20 @@ class Drill:
             kafka, self.names, TQConfig(address=ray_address()), args.workers, workdir, self.events
         )
         self.trainer = Trainer(kafka, self.names, self.journal, workdir)
-        self.producer = Producer(kafka, self.names, args.groups, args.rate, args.seed, self.events)
+        self.producer = Producer(
+            kafka,
+            self.names,
+            args.groups,
+            args.rate,
+            args.seed,
+            self.events,
+            lost_share=args.lost_share,
+            max_staleness=args.gate_staleness,
+        )
         self.ray = ray_address()
         self.zombie_pid: int | None = None
         self.broker_down: int | None = None
+        self.broker_up_at: float | None = None  # when the killed broker starts again
         self.builder: tuple[str, object] | None = None  # the frozen builder's id and process
         self.builder_wake_at: float | None = None
         self.frozen_broker: tuple[int, float] | None = None  # broker frozen as a coordinator, until when
@@ -126,7 +136,14 @@ class Drill:
         say("auditing with a fresh read_committed consumer, the trainer's journal and TQ ...")
         self._read_worker_logs()
         acc = account(
-            self.kafka, self.names, TQStore(), self.producer.staged, self.journal, self.events, self.producer.digests
+            self.kafka,
+            self.names,
+            TQStore(),
+            self.producer.staged,
+            self.journal,
+            self.events,
+            self.producer.digests,
+            self.producer.poisoned,
         )
         for line in figures(acc, self.events):
             print(line, flush=True)
@@ -166,6 +183,9 @@ class Drill:
                     pending.sort()
             self._tend_builder()
             self._tend_coordinator()
+            if self.broker_up_at is not None and time.monotonic() >= self.broker_up_at:
+                self.broker_up_at = None
+                self._restart_broker(self.broker_down)
             self.workers.reap(respawn=True)
             self._check_trainer()
             if self.trainer_kill_due:
@@ -186,7 +206,8 @@ class Drill:
         if self.producer.is_alive() or any(x is not None for x in busy):
             return False
         trained, _ = read_journal(self.journal)
-        done = len(set(trained) & set(self.producer.staged)) >= len(self.producer.staged)
+        wanted = set(self.producer.staged) - self.producer.poisoned
+        done = len(set(trained) & wanted) >= len(wanted)
         if done and self.trainer_kill_due:  # nothing left to train: the kill can no longer land mid-step
             self.events.crash_workers_never_died.append("trainer (never seen mid-step)")
             self.trainer_kill_due = False
@@ -207,6 +228,8 @@ class Drill:
             if not self.workers.spare_ready():
                 return False  # each death is the spare's to take over
             pid = self.workers.kill_random(self.rng, spare=self.zombie_pid)
+            if pid is None:
+                return False
             say(f"SIGKILL reassembler pid {pid} at a random instant")
         elif ev.kind in CRASH_POINTS:
             wid = self.workers.spawn_crasher(ev.kind)
@@ -228,11 +251,10 @@ class Drill:
             if self.frozen_broker is not None:
                 return False  # one broker disruption at a time
             self.broker_down = int(ev.arg)
+            self.broker_up_at = time.monotonic() + self.args.broker_down_s
             self.cluster.kill(self.broker_down)
             self.events.broker = f"broker {self.broker_down} killed (kill -9)"
             say(f"kill -9 broker {self.broker_down}")
-        elif ev.kind == "broker_end" and self.broker_down is not None:
-            self._restart_broker(self.broker_down)
         elif ev.kind == "coordinator":
             if self.broker_down is not None:
                 return False
@@ -353,6 +375,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="how long the transaction coordinator of a live worker stays frozen (0: no freeze)",
     )
     p.add_argument("--no-trainer-kill", dest="trainer_kill", action="store_false")
+    p.add_argument(
+        "--lost-share", type=float, default=0.1, help="share of groups produced with every rollout failed (lost)"
+    )
+    p.add_argument("--gate-staleness", type=int, default=1, help="the admission gate's staleness bound, in versions")
     p.add_argument("--seed", type=int, default=None, help="random seed (default: random, printed)")
     p.add_argument("--ray-address", default=None, help="attach to this Ray instead of starting one")
     p.add_argument("--timeout", type=float, default=1800.0, help="give up after this many seconds")

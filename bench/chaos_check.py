@@ -11,6 +11,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from schemas.deadletter import ALL_ROLLOUTS_FAILED, DeadLetter
 from schemas.finalized import FinalizedGroup
 from streams.config import KafkaConfig
 from streams.consumer import read_topic
@@ -43,6 +44,7 @@ class DrillEvents:
     frozen_builder_refused: bool = True
     coordinator: str = "none"
     timeouts_ridden_out: int = 0
+    gate: object = None  # the producer's admission gate counts at the end (GateCounts)
     timed_out: bool = False
     elapsed_s: float = 0.0
 
@@ -99,6 +101,9 @@ class Accounting:
     never_trained: list[str] = field(default_factory=list)
     staging_left: int = 0
     train_left: int = 0
+    poisoned: int = 0  # groups produced with every rollout failed (lost to the gate)
+    poisoned_dead_lettered: int = 0
+    poisoned_trained: list[str] = field(default_factory=list)
     # Trained groups whose rows were not those their committed record describes (a zombie's put).
     rows_overwritten: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
@@ -112,6 +117,7 @@ def account(
     journal: Path,
     events: DrillEvents,
     expected_digests: dict[str, str] | None = None,
+    poisoned: set[str] = frozenset(),
 ) -> Accounting:
     """Count lost and duplicated groups, trainings per group and TQ leftovers; list every failed invariant.
 
@@ -122,14 +128,18 @@ def account(
     records = [FinalizedGroup.from_bytes(r.value) for r in read_topic(kafka, names.finalized)]
     counts = Counter(r.group_id for r in records)
     acc.finalized_records, acc.finalized_groups = len(records), len(counts)
-    acc.lost = sorted(set(produced) - set(counts))
+    letters = [DeadLetter.from_bytes(r.value) for r in read_topic(kafka, names.deadletter)]
+    failed = {d.source_key.decode(errors="replace") for d in letters if d.error_kind == ALL_ROLLOUTS_FAILED}
+    acc.poisoned, acc.poisoned_dead_lettered = len(poisoned), len(poisoned & failed)
+    acc.lost = sorted(set(produced) - set(counts) - (poisoned & failed))
     acc.duplicated = sorted(g for g, c in counts.items() if c > 1)
     acc.unknown = sorted(set(counts) - set(produced))
-    acc.dead_letters = sum(1 for _ in read_topic(kafka, names.deadletter))
+    acc.dead_letters = len(letters)
     trained, _ = read_journal(journal)
     acc.trained_once = sum(1 for g in counts if trained[g] == 1)
     acc.trained_twice = sorted(g for g, c in trained.items() if c > 1)
     acc.never_trained = sorted(g for g in counts if trained[g] == 0)
+    acc.poisoned_trained = sorted(g for g in poisoned if trained[g] or g in counts)
     acc.staging_left = len(store.present(STAGING, [k for keys in produced.values() for k in keys]))
     acc.train_left = len(store.present(TRAIN, [s for r in records for s in r.sample_ids]))
     if expected_digests is not None:
@@ -153,6 +163,7 @@ def _problems(acc: Accounting, ev: DrillEvents) -> list[str]:
             f"{len(acc.rows_overwritten)} group(s) trained on other rows, e.g. {acc.rows_overwritten[:3]}",
         ),
         (ev.fenced_exits, f"workers stopped as fenced (exit 78): {ev.fenced_exits[:2]}"),
+        (acc.poisoned_trained, f"groups whose rollouts all failed reached the trainer: {acc.poisoned_trained[:3]}"),
         (ev.pool_size_at_end < ev.pool_size, f"the pool ended with {ev.pool_size_at_end} of {ev.pool_size} workers"),
         (
             len(set(ev.spare_takeovers)) < min(2, ev.kills["random"]),
@@ -167,6 +178,12 @@ def _problems(acc: Accounting, ev: DrillEvents) -> list[str]:
     return [text for failed, text in checks if failed]
 
 
+def _gate_line(counts) -> str:
+    if counts is None:
+        return "none"
+    return f"trainer version {counts.version}, {counts.accepted} accepted, {counts.running} running"
+
+
 def figures(acc: Accounting, ev: DrillEvents) -> list[str]:
     kills = ", ".join(f"{k} {n}" for k, n in sorted(ev.kills.items())) or "none"
     rows = [
@@ -176,6 +193,11 @@ def figures(acc: Accounting, ev: DrillEvents) -> list[str]:
         ("lost", len(acc.lost)),
         ("duplicated", len(acc.duplicated)),
         ("dead letters", acc.dead_letters),
+        (
+            "all rollouts failed (lost to the gate)",
+            f"{acc.poisoned} produced, {acc.poisoned_dead_lettered} dead-lettered",
+        ),
+        ("admission gate", _gate_line(ev.gate)),
         ("trained exactly once", acc.trained_once),
         ("trained more than once", len(acc.trained_twice)),
         ("finalized but never trained", len(acc.never_trained)),

@@ -6,6 +6,7 @@ nothing else, and gets SIGTERM from the kernel if the drill itself dies (`die_wi
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import signal
@@ -24,8 +25,9 @@ from streams.config import KafkaConfig
 from streams.pids import die_with_parent
 from streams.tq import TQConfig, TQStore
 from workers.reassembler.config import ReassemblerConfig
-from workers.reassembler.pool import FENCED_EXIT, Pool, Spare
+from workers.reassembler.pool import FENCED_EXIT, SPARE_MIN_UPTIME_S, Pool, Spare
 from workers.reassembler.run import promote, spawn_worker
+from workers.rollout.gate import AdmissionGate
 from workers.rollout.publisher import RolloutPublisher
 from workers.rollout.synthetic import SyntheticShape, make_group
 from workers.topics import TopicNames
@@ -36,6 +38,9 @@ DRILL_WORKER = ("-m", "tests.tools.drill_worker")
 CRASH_POINTS = ("after_tq_put", "before_commit", "after_commit")
 
 SHAPE = SyntheticShape(group_size=8, calls=(1, 3), prompt_len=(4, 12), answer_len=(2, 16), observation_len=(1, 6))
+FAILING = dataclasses.replace(SHAPE, failure_rate=1.0)  # every rollout failed: a dead-lettered group
+# The trainer's id on the version topic, which the producer's admission gate follows.
+TRAINER_ID = "chaos-trainer"
 TRAINER = Path(__file__).resolve().with_name("chaos_trainer.py")
 STOP_GRACE_S = 60.0
 
@@ -185,7 +190,14 @@ class Reassemblers:
     def kill_random(self, rng: random.Random, *, spare: int | None) -> int | None:
         """SIGKILL a live pool child (not the zombie), one whose worker id died least so far, so that
         the spare takes over one worker after another; the pool hands the id to the spare."""
-        live = {wid: p for wid, p in self.children().items() if p.pid != spare}
+        # A child that crashed soon after its start is a crash loop to the pool, which then waits out
+        # a delay instead of using its spare: only children up for a while are killed.
+        now = time.monotonic()
+        live = {
+            wid: p
+            for wid, p in self.children().items()
+            if p.pid != spare and now - self.pool.started.get(wid, now) >= SPARE_MIN_UPTIME_S
+        }
         if not live:
             return None
         fewest = min(self.deaths.get(wid, 0) for wid in live)
@@ -308,12 +320,28 @@ class Trainer:
 
 
 class Producer(threading.Thread):
-    """Publishes `groups` prompt groups at `rate` groups/s; remembers each group's staging keys."""
+    """Publishes `groups` prompt groups at `rate` groups/s, each admitted by the gate following the
+    trainer's version; `lost_share` of them have every rollout failed, which the reassemblers
+    dead-letter (lost to the gate, which must give their capacity back). Remembers each group's
+    staging keys and the digest of its rows."""
 
-    def __init__(self, kafka: KafkaConfig, names: TopicNames, groups: int, rate: float, seed: int, ev: DrillEvents):
+    def __init__(
+        self,
+        kafka: KafkaConfig,
+        names: TopicNames,
+        groups: int,
+        rate: float,
+        seed: int,
+        ev: DrillEvents,
+        *,
+        lost_share: float = 0.0,
+        max_staleness: int = 1,
+    ):
         super().__init__(name="chaos-producer", daemon=True)
         self.kafka, self.names, self.groups, self.rate, self.seed, self.ev = kafka, names, groups, rate, seed, ev
+        self.lost_share, self.max_staleness = lost_share, max_staleness
         self.staged: dict[str, list[str]] = {}
+        self.poisoned: set[str] = set()  # groups whose rollouts all failed: dead-lettered, never trained
         # Per group, the digest of the token ids of the rows its staged rollouts make (what the
         # trainer must read, whoever finalized it).
         self.digests: dict[str, str] = {}
@@ -323,16 +351,25 @@ class Producer(threading.Thread):
 
     def run(self) -> None:
         pub = RolloutPublisher(self.kafka, TQStore(), self.names.receipts)
+        gate = AdmissionGate(self.kafka, self.names, max_staleness=self.max_staleness, trainer_id=TRAINER_ID)
+        lots = random.Random(self.seed)
         t0 = time.monotonic()
         try:
             for i in range(self.groups):
-                if self._halt.is_set():
-                    return
+                while not gate.acquire(1, timeout=0.5):
+                    if self._halt.is_set():
+                        return
                 gid = f"{self.names.prefix}-g{i:05d}"
-                rollouts = make_group(gid, i, 0, shape=SHAPE, seed=self.seed)
+                if lots.random() < self.lost_share:
+                    rollouts = make_group(gid, i, 0, shape=FAILING, seed=self.seed)
+                    self.poisoned.add(gid)
+                else:
+                    rollouts = make_group(gid, i, 0, shape=SHAPE, seed=self.seed)
+                    self.digests[gid] = rows_digest([torch.cat([s["token_ids"] for s in r.segments]) for r in rollouts])
                 self.staged[gid] = [c.staging_key for r in rollouts for c in r.receipt.manifest]
-                self.digests[gid] = rows_digest([torch.cat([s["token_ids"] for s in r.segments]) for r in rollouts])
                 self._publish(pub, rollouts)
+                # Published is accepted: what becomes of it (dead-lettered, evicted) the gate learns itself.
+                gate.on_finished(accepted=True)
                 if i == 0:
                     while not self.go.wait(0.5) and not self._halt.is_set():
                         pass
@@ -341,6 +378,8 @@ class Producer(threading.Thread):
         except Exception as exc:  # noqa: BLE001 - reported as a failed invariant
             self.ev.producer_errors.append(f"{type(exc).__name__}: {exc}")
         finally:
+            self.ev.gate = gate.counts()
+            gate.close()
             pub.close()
 
     def _publish(self, pub: RolloutPublisher, rollouts, attempts: int = 5) -> None:

@@ -20,14 +20,30 @@ import hashlib
 import os
 import signal
 import threading
+from pathlib import Path
 
 import torch
 
 from streams.config import KafkaConfig
 from streams.tq import TQConfig, TQStore, init_tq
+from workers.topics import TopicNames
 from workers.trainer.config import ConsumerConfig
 from workers.trainer.consumer import ExperienceConsumer
 from workers.trainer.policies import ready_first
+from workers.trainer.version_topic import VersionPublisher
+
+# What the producer's admission gate follows (chaos_procs.TRAINER_ID).
+TRAINER_ID = "chaos-trainer"
+
+
+def _trained_so_far(journal_path: str) -> int:
+    """Groups every trainer of this drill trained, from the shared journal: a restarted trainer
+    resumes its version where its predecessor left it (the version never goes back)."""
+    try:
+        lines = Path(journal_path).read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        return 0
+    return sum(len(line.split()) - 2 for line in lines if line.startswith("trained "))
 
 
 def trainer_group(prefix: str) -> str:
@@ -65,15 +81,27 @@ def run(args: argparse.Namespace) -> None:
     # After Ray's init, which installs its own SIGTERM handler.
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
+    kafka = KafkaConfig(args.bootstrap_servers)
     consumer = ExperienceConsumer(
-        KafkaConfig(args.bootstrap_servers),
+        kafka,
         TQStore(),
         ConsumerConfig(prefix=args.prefix, consumer_group=trainer_group(args.prefix)),
         ready_first(),
     )
+    # One version per `batch_groups` groups trained, published with the groups this trainer lost
+    # (evicted, rows missing): the producer's admission gate follows both.
+    versions = VersionPublisher(
+        kafka,
+        TopicNames(args.prefix).trainer_version,
+        trainer_id=TRAINER_ID,
+        consumer_group=trainer_group(args.prefix),
+        batch_groups=args.batch_groups,
+    )
+    trained = _trained_so_far(args.journal)
     try:
         with open(args.journal, "a", encoding="utf-8") as journal:
             while not stop.is_set():
+                versions.publish(trained // args.batch_groups, lost_groups=consumer.counts.lost)
                 batch = consumer.next_batch(args.batch_groups, timeout_s=0.5)
                 if batch is None:
                     continue
@@ -83,7 +111,9 @@ def run(args: argparse.Namespace) -> None:
                 stop.wait(args.train_step_s)  # the "training step"
                 _line(journal, "trained", ids)
                 consumer.release(batch)
+                trained += len(ids)
     finally:
+        versions.close()
         consumer.close()
         session.close()
 

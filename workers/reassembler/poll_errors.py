@@ -17,6 +17,11 @@ class WorkerFenced(RlstreamError, RuntimeError):
     """A newer worker with the same transactional id exists; this one must stop, not fence it back."""
 
 
+class MemberFenced(WorkerFenced):
+    """The coordinator fenced this static member's `group.instance.id`: another process joined under
+    it, or this very consumer did, through a join it retried while the coordinator stalled."""
+
+
 class GroupProtocolMismatch(RlstreamError, RuntimeError):
     """The consumer group's members ask for partition assignment strategies with nothing in common."""
 
@@ -28,7 +33,7 @@ def check_poll_error(error: KafkaError, worker_id: str, consumer_group: str) -> 
     ):
         # A newer process joined under this worker's static member id (a pool's spare promoted
         # while this one was frozen): the same verdict as a fenced producer.
-        raise WorkerFenced(f"{worker_id}: another process joined consumer group {consumer_group!r} as this member")
+        raise MemberFenced(f"{worker_id}: another process joined consumer group {consumer_group!r} as this member")
     if error.code() == KafkaError.INCONSISTENT_GROUP_PROTOCOL:
         # Not fatal to librdkafka, which would retry forever while the partitions stay with the others.
         raise GroupProtocolMismatch(

@@ -36,7 +36,7 @@ from workers.reassembler.faults import NO_FAULTS, Faults
 from workers.reassembler.finalize import LeaseExpired, StepAborted, finalize_groups
 from workers.reassembler.groups import OpenGroup
 from workers.reassembler.lease import SLOW_STEP_SHARE, Lease
-from workers.reassembler.poll_errors import WorkerFenced, check_poll_error
+from workers.reassembler.poll_errors import MemberFenced, WorkerFenced, check_poll_error
 from workers.reassembler.restore import restore_partition
 from workers.reassembler.sweeper import StagingSweeper
 from workers.reassembler.task import PartitionTask
@@ -48,6 +48,8 @@ T = TypeVar("T")
 MAX_RETRY_DELAY_S = 30.0
 # A step that finished within this share of max.poll.interval lets the next one finalize twice as many groups.
 FAST_STEP_SHARE = 0.125
+# A static member fenced again this many session timeouts after it rejoined has a live twin.
+TWIN_WINDOW_SESSIONS = 10
 
 
 def retry_delay(attempt: int) -> float:
@@ -96,7 +98,13 @@ class ReassemblerWorker:
         # coordinator aborting it, not a twin.
         self._txn_began: float | None = None
         self._producer = self._new_producer()
-        self._consumer = self._clients.consumer(
+        # When the coordinator last fenced this static member (None: never), to tell a twin apart.
+        self._member_fenced_at: float | None = None
+        self._consumer = self._new_consumer()
+
+    def _new_consumer(self):
+        config = self.config
+        consumer = self._clients.consumer(
             config.consumer_group,
             {
                 "session.timeout.ms": config.session_timeout_ms,
@@ -107,9 +115,34 @@ class ReassemblerWorker:
                 **({"group.instance.id": config.transactional_id} if config.static_membership else {}),
             },
         )
-        self._consumer.subscribe(
+        consumer.subscribe(
             [config.receipts_topic], on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_revoke
         )
+        return consumer
+
+    def _rejoin(self, fenced: MemberFenced) -> None:
+        """A static member fenced by the coordinator joins again, unless it was fenced again soon after.
+
+        The coordinator fences a `group.instance.id` when another consumer joins under it, but also
+        when this consumer's own join, timed out while the coordinator stalled and retried, lands
+        twice: a frozen or stalled worker fenced itself. One fence is ridden out with a new consumer
+        (its partitions restore as after any rebalance); a second within a few session timeouts of
+        that is a live twin, and the worker stops rather than fence it back.
+        """
+        now = self._clock()
+        window_s = TWIN_WINDOW_SESSIONS * self.config.session_timeout_ms / 1000
+        if self._member_fenced_at is not None and now - self._member_fenced_at < window_s:
+            raise fenced
+        self._member_fenced_at = now
+        log.warning("%s: %s; joining again with a new consumer", self.config.worker_id, fenced)
+        self._settle_clear()
+        self._tasks = {}
+        self._paused = False
+        try:
+            self._consumer.close()
+        except (KafkaException, RuntimeError):
+            pass  # a fatally failed consumer may refuse its own close: it is dropped all the same
+        self._consumer = self._new_consumer()
 
     @property
     def paused(self) -> bool:
@@ -209,7 +242,11 @@ class ReassemblerWorker:
         consumed = 0
         for m in msgs:
             if m.error() is not None:
-                check_poll_error(m.error(), self.config.worker_id, self.config.consumer_group)
+                try:
+                    check_poll_error(m.error(), self.config.worker_id, self.config.consumer_group)
+                except MemberFenced as fenced:
+                    self._rejoin(fenced)
+                    return 0
                 if m.error().code() != KafkaError._PARTITION_EOF:
                     self._warn_once(m.error())
                 continue

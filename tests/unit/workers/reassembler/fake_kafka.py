@@ -31,9 +31,10 @@ class FakeMessage:
     _value: bytes | None
     _ts: int
     _headers: tuple = ()
+    _error: Any = None
 
     def error(self):
-        return None
+        return self._error
 
     def topic(self) -> str:
         return self._topic
@@ -69,6 +70,8 @@ class FakeBroker:
     # Whether members learn of a new generation at their next poll; False: the heartbeat that would
     # tell them has not been answered yet, so they go on with their old assignment.
     members_notice: bool = True
+    # Static members the coordinator fenced: their consumer's next poll reports it (a fatal error).
+    fenced_members: set = field(default_factory=set)
     _ts: Any = field(default_factory=lambda: itertools.count(1_000))
 
     def create(self, topic: str, partitions: int = 1) -> None:
@@ -146,6 +149,12 @@ class FakeConsumer:
         self.callbacks["assign"](self, everything)
 
     def consume(self, num_messages: int = 1, timeout: float = -1) -> list[FakeMessage]:
+        if self.group in self.broker.fenced_members:
+            self.broker.fenced_members.discard(self.group)
+            error = KafkaError(
+                KafkaError._FATAL, "Static consumer fenced by other consumer with same group.instance.id"
+            )
+            return [FakeMessage(self.topic, -1, -1, None, None, 0, (), error)]
         self._rebalance()
         out: list[FakeMessage] = []
         for p in sorted(self.positions):

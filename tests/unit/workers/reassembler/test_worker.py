@@ -315,3 +315,21 @@ def test_a_staged_row_the_store_cannot_read_rejects_that_row_and_the_group_still
     steps(worker(broker, store), 2)
     (record,) = [FinalizedGroup.from_bytes(m.value()) for m in broker.records(NAMES.finalized)]
     assert record.valid_row_count == 1 and record.rejection_reasons[1] is not None
+
+
+def test_a_static_member_fenced_once_joins_again_but_fenced_twice_soon_after_stops_as_a_twin():
+    broker, store = make_broker(), RecordingStore()
+    clock = Clock()
+    w = worker(broker, store, clock=clock, static_membership=True)
+    publish(broker, store, "g1")
+    steps(w, 2)
+    # The coordinator fenced the member id (its own retried join, after the coordinator stalled).
+    broker.fenced_members.add(GROUP)
+    w.step()
+    publish(broker, store, "g2")
+    steps(w, 3)
+    assert sorted(finalized(broker)) == ["g1", "g2"], "a worker fenced once goes on"
+    clock.now += 30.0  # within ten session timeouts of the first fence
+    broker.fenced_members.add(GROUP)
+    with pytest.raises(WorkerFenced, match="joined consumer group"):
+        w.step()
