@@ -38,9 +38,11 @@ bench: jars
 	$(BIN)/python bench/bench_scaling.py
 	$(BIN)/python bench/bench_failover.py
 
-# The chaos drill, outside `make test`: 2,000 groups through SIGKILLed reassemblers (every crash point
-# and random instants), a zombie, a broker kill -9 and a trainer kill; exits 1 if any group is lost,
-# duplicated or trained twice, or TQ keeps anything. Scale it with CHAOS_ARGS="--groups 100 --kills 4".
+# The chaos drill, outside `make test`: 2,000 groups (10% lost to the admission gate) through a pool of
+# SIGKILLed reassemblers (every crash point, random instants taken over by the spare), a zombie, a
+# worker frozen mid-step, a frozen transaction coordinator, a broker kill -9 and a trainer kill; exits
+# 1 if any group is lost, duplicated, trained twice or on other rows, a worker exits fenced, or TQ
+# keeps anything. Scale it with CHAOS_ARGS="--groups 100 --kills 4".
 .PHONY: chaos drills
 chaos: jars
 	$(BIN)/python bench/chaos.py $(CHAOS_ARGS)
