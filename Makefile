@@ -5,7 +5,11 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.rlstream-installed
 
-.PHONY: test test-unit lint demo bench jars clean-venv
+.PHONY: help test test-unit lint demo bench jars clean-venv
+.DEFAULT_GOAL := help
+
+help: ## list the targets
+	@awk 'BEGIN {FS = ":.*## "} /^[a-z][a-z-]*:.*## / {printf "  make %-13s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 $(STAMP): pyproject.toml setup.py schemas/_rowcopy.c
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -13,30 +17,30 @@ $(STAMP): pyproject.toml setup.py schemas/_rowcopy.c
 	$(BIN)/python -m pip install --progress-bar off -e '.[dev]'
 	@touch $@
 
-jars: $(STAMP)
+jars: $(STAMP) ## the environment .venv and the locked Kafka jars (make test and make demo do it)
 	$(BIN)/rlstream broker fetch
 
-test: jars
+test: jars ## the whole suite against a real Kafka broker and real Ray/TQ
 	$(BIN)/python -m pytest -q -rs
 
 # Pure code only: no broker, no Ray.
-test-unit: $(STAMP)
+test-unit: $(STAMP) ## pure code only, no broker or Ray (under a minute)
 	$(BIN)/python -m pytest -q -rs tests/unit
 
-lint: $(STAMP)
+lint: $(STAMP) ## ruff check and format, as CI enforces
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-demo: jars
+demo: jars ## the whole pipeline locally, every group accounted for (about a minute)
 	$(BIN)/rlstream demo
 
-bench: jars
-	$(BIN)/python bench/bench_schemas.py
-	$(BIN)/python bench/bench_pipeline.py
-	$(BIN)/python bench/bench_restore.py
-	$(BIN)/python bench/bench_dataplane.py
-	$(BIN)/python bench/bench_scaling.py
-	$(BIN)/python bench/bench_failover.py
+bench: jars ## every benchmark, printing its figures (bench/README.md; about 25 minutes)
+	$(BIN)/python -m bench.codec
+	$(BIN)/python -m bench.pipeline
+	$(BIN)/python -m bench.restore
+	$(BIN)/python -m bench.dataplane
+	$(BIN)/python -m bench.scaling
+	$(BIN)/python -m bench.failover
 
 # The chaos drill, outside `make test`: 2,000 groups (10% lost to the admission gate) through a pool of
 # SIGKILLed reassemblers (every crash point, random instants taken over by the spare), a zombie, a
@@ -44,18 +48,18 @@ bench: jars
 # 1 if any group is lost, duplicated, trained twice or on other rows, a worker exits fenced, or TQ
 # keeps anything. Scale it with CHAOS_ARGS="--groups 100 --kills 4".
 .PHONY: chaos drills
-chaos: jars
-	$(BIN)/python bench/chaos.py $(CHAOS_ARGS)
+chaos: jars ## the chaos drill at full size (2,000 groups; CHAOS_ARGS to scale it)
+	$(BIN)/python -m tests.tools.chaos $(CHAOS_ARGS)
 
 # Fault drills too long for make test (a broker down past the client's timeouts, for minutes).
-drills: jars
+drills: jars ## the fault drills too long for make test (minutes each)
 	$(BIN)/python -m pytest -q -rs -m drill
 
 # A tiny GRPO run on CPU through the whole pipeline (broker, TQ, reassemblers, Ray rollout actors);
 # writes grpo.png and exits 1 if the reward did not rise. Tune it with GRPO_ARGS="--steps 100".
 .PHONY: example-grpo
-example-grpo: jars
+example-grpo: jars ## a tiny GRPO run on CPU that learns through the pipeline (GRPO_ARGS)
 	$(BIN)/rlstream example grpo $(GRPO_ARGS)
 
-clean-venv:
+clean-venv: ## remove .venv
 	rm -rf $(VENV)

@@ -75,7 +75,7 @@ class TQProfile:
 
 # Cluster defaults: TQ's own (8 client I/O threads), storage spread over two units (and nodes).
 CLUSTER = TQProfile(num_storage_units=2, client_io_threads=8, num_threads=None)
-# One node, chosen by measurement (bench/bench_dataplane.py, docs/DESIGN.md "TQ settings"): every
+# One node, chosen by measurement (bench/dataplane, docs/DESIGN.md "TQ settings"): every
 # process on the machine shares its cores, so one storage unit (each put, get and clear is then one
 # storage request, a dense field is never sliced with a step, one process fewer) and one I/O and
 # torch thread per client (8 I/O threads in each of the publisher, reassembler and trainer
@@ -191,6 +191,10 @@ def init_tq(config: TQConfig = TQConfig()) -> TQSession:
         if not local:
             _attach(ray, config, env)
         else:
+            # Ray turns token authentication on for a new local cluster and says so as a WARNING
+            # on every start, which a user of rlstream can do nothing about: that one logger of
+            # Ray's only speaks from ERROR up. Authentication itself is unchanged.
+            logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
             ray.init(
                 num_cpus=config.num_cpus,
                 include_dashboard=False,

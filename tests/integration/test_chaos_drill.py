@@ -1,6 +1,6 @@
 """The chaos drill (`make chaos`) at a small scale: it must pass, and its audit must really have counted.
 
-It runs `bench/chaos.py` as a program, as `make chaos` does, attached to the session's Ray, with its
+It runs `python -m tests.tools.chaos` as a program, as `make chaos` does, attached to the session's Ray, with its
 own one-broker cluster (the broker is killed and restarted on its data, a full outage, and frozen
 past the transaction timeout as a lost coordinator; `make chaos` does it to one of three): 80
 groups, five reassembler kills (one at each crash point and two pool children at random instants,
@@ -16,7 +16,7 @@ from pathlib import Path
 
 from streams.tq import ray_address
 
-DRILL = Path(__file__).resolve().parents[2] / "bench" / "chaos.py"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _figure(out: str, name: str) -> str:
@@ -32,7 +32,8 @@ def test_a_short_chaos_drill_loses_nothing_duplicates_nothing_and_leaves_tq_empt
     # the 8 groups lost (every rollout failed) stall it for good unless losses give capacity back.
     args += ["--frozen-build-s", "8", "--coordinator-freeze-s", "15", "--lost-share", "0.1", "--gate-staleness", "0"]
     proc = subprocess.Popen(
-        [sys.executable, str(DRILL), *args, "--ray-address", ray_address()],
+        [sys.executable, "-m", "tests.tools.chaos", *args, "--ray-address", ray_address()],
+        cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -113,7 +113,7 @@ class ReassemblerConfig(Settings, frozen=True):
         int, Meta(ge=1000, le=900_000, description="Kafka transaction timeout of one step")
     ] = 10_000
     # Cooperative rebalancing moves only the partitions that change owner: a worker joining or dying
-    # does not stop the others' partitions to restore them all again (bench/bench_failover.py).
+    # does not stop the others' partitions to restore them all again (bench/failover.py).
     partition_assignment: Annotated[
         Assignment,
         Meta(description="how the consumer group spreads partitions: cooperative-sticky moves only what must move"),

@@ -212,7 +212,7 @@ def finalize_groups(
     """Finalize ready groups; rows go to TQ train now, staging is cleared by the caller after commit.
 
     The rows of every group built go to TQ in one put per field layout, not one per group: TQ's cost
-    is mostly per call (bench/bench_dataplane.py). `lease(i, sample_ids)` is asked before put i and names why
+    is mostly per call (bench/dataplane). `lease(i, sample_ids)` is asked before put i and names why
     the caller may no longer own its partitions (None while it does): a zombie's put could overwrite
     rows a successor committed, or recreate rows a trainer already released. Then that put and the
     rest are not made and `LeaseExpired` is raised.

@@ -6,7 +6,7 @@ A restarted process takes seconds to import its libraries and attach to Ray befo
 the consumer group, and meanwhile its partitions wait for the group's session timeout to move. A
 spare has done all that ahead of time: promoted under the dead child's worker id (and, with static
 group membership, its `group.instance.id`), it fences the dead child's open transaction and takes
-its partitions back without a rebalance (`bench/bench_failover.py` measures the difference).
+its partitions back without a rebalance (`bench/failover.py` measures the difference).
 """
 
 from __future__ import annotations

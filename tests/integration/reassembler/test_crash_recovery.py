@@ -7,7 +7,7 @@ stake when it died (rows put but not committed; an open transaction holding fina
 committed step whose staging was not cleared), then lets a successor with the same worker id take
 over, and checks with a fresh read_committed consumer that every group was finalized exactly once
 and that no staged tensor is left. Random-time kills, a zombie and a broker loss are in the chaos
-drill (`bench/chaos.py`, `make chaos`).
+drill (`tests/tools/chaos`, `make chaos`).
 """
 
 import signal

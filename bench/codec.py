@@ -1,7 +1,7 @@
 """Throughput of the schemas layer on one core: receipt codec round trips, and pack + unpack of a
 16 x 4096-token group beside `torch.cat` of the same tensors (the memory-copy bound).
 
-Run by hand: `python bench/bench_schemas.py`; it prints its figures and whether targets are met.
+Run by hand: `python -m bench.codec`; it prints its figures and whether targets are met.
 """
 
 from __future__ import annotations

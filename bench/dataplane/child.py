@@ -1,10 +1,10 @@
-"""A reassembler worker process for `bench_dataplane.py`: the real `ReassemblerWorker` over a `TimedStore`.
+"""A reassembler worker process for `python -m bench.dataplane`: the real `ReassemblerWorker` over a `TimedStore`.
 
 Started like `rlstream reassemble --config-stdin` (its `WorkerSpec` arrives on stdin), with one
 argument: a file path. On SIGUSR1 it writes there, as JSON, the store and commit timings since the
 previous SIGUSR1 (then resets them); SIGTERM or SIGINT stops it.
 
-    python bench/dataplane_child.py OUT.json < spec.json
+    python -m bench.dataplane.child OUT.json < spec.json
 """
 
 from __future__ import annotations
@@ -18,8 +18,7 @@ import threading
 import time
 from pathlib import Path
 
-from dataplane_timing import CommitTimer, TimedStore
-
+from bench.dataplane.timing import CommitTimer, TimedStore
 from streams.config import KafkaConfig
 from streams.pids import die_with_parent
 from streams.tq import TQConfig, TQStore, init_tq
@@ -31,7 +30,7 @@ def spawn(kafka: KafkaConfig, config: ReassemblerConfig, tq: TQConfig, out: Path
     """Start this module as a worker process; its timings go to `out` on SIGUSR1."""
     _, document = child_process(kafka, config, tq)
     proc = subprocess.Popen(
-        [sys.executable, __file__, str(out)],
+        [sys.executable, "-m", "bench.dataplane.child", str(out)],
         stdin=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

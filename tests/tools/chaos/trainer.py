@@ -10,7 +10,7 @@ are still in TQ). One killed inside `release`, after its rows were cleared but b
 were committed (a broker outage stretches that window), did train them: its successor drops them.
 SIGTERM stops it gracefully.
 
-    python bench/chaos_trainer.py --bootstrap-servers B --prefix P --ray-address A --journal FILE
+    python -m tests.tools.chaos.trainer --bootstrap-servers B --prefix P --ray-address A --journal FILE
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from workers.trainer.consumer import ExperienceConsumer
 from workers.trainer.policies import ready_first
 from workers.trainer.version_topic import VersionPublisher
 
-# What the producer's admission gate follows (chaos_procs.TRAINER_ID).
+# What the producer's admission gate follows (procs.TRAINER_ID).
 TRAINER_ID = "chaos-trainer"
 
 

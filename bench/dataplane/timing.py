@@ -1,4 +1,4 @@
-"""Per-call accounting for `bench_dataplane.py`: a KVStore wrapper and a reassembler sensor that time.
+"""Per-call accounting for `python -m bench.dataplane`: a KVStore wrapper and a reassembler sensor that time.
 
 `TimedStore` wraps any KVStore and sums, per operation and partition, the calls, rows and seconds;
 `CommitTimer` sums the seconds of the reassembler's commit steps (finalize plus Kafka transaction).

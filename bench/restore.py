@@ -8,7 +8,7 @@ changelog from the restore point (`read_changelog`) and rebuild the partition (`
 With --full it also times reading the whole partition, as restores did before the horizon.
 Target (issue 11): under 10 s for a partition that has seen 1M groups.
 
-    .venv/bin/python bench/bench_restore.py [--groups 1000000] [--full]
+    .venv/bin/python -m bench.restore [--groups 1000000] [--full]
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 It starts its own KRaft cluster (`streams.cluster.LocalCluster`) and Ray/TQ (or attaches to one with
 `--ray-address`), a consumer group of reassembler processes (`rlstream reassemble`, one slot per
-worker id), a trainer process (`bench/chaos_trainer.py`) and a producer thread. While the producer
+worker id), a trainer process (`tests/tools/chaos/trainer.py`) and a producer thread. While the producer
 publishes, the drill, at random times:
 
 - SIGKILLs reassemblers: pool children from outside at a random instant, each time another worker
@@ -19,13 +19,13 @@ publishes, the drill, at random times:
 - kill -9s one broker and restarts it on its data;
 - SIGKILLs the trainer in the middle of a training step and starts a new one.
 
-Afterwards `bench.chaos_check` counts from the system's own outputs: lost and duplicated finalized
+Afterwards `tests.tools.chaos.check` counts from the system's own outputs: lost and duplicated finalized
 records (a fresh read_committed consumer), groups trained more than once (the trainer's journal),
 and what is left in TQ staging and train. It prints the figures and exits 1 if an invariant fails.
 It stops only the processes it started, by their pid. An operator drill, not part of the runtime:
-it lives in bench/ with the benchmarks and is run by `make chaos`.
+it lives with the test tools, apart from the benchmarks, and is run by `make chaos`.
 
-    .venv/bin/python bench/chaos.py [--groups 2000] [--kills 20] [--rate 10]
+    .venv/bin/python -m tests.tools.chaos [--groups 2000] [--kills 20] [--rate 10]
 
 (from the repository root: its crash and freeze workers run `python -m tests.tools.drill_worker`).
 """
@@ -43,13 +43,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from chaos_check import DrillEvents, account, figures, read_journal, unfinished_batches
-from chaos_procs import CRASH_POINTS, Producer, Reassemblers, Trainer, coordinator_of, process_state
-
 from streams.admin import create_topics
 from streams.cluster import ClusterConfig, LocalCluster
 from streams.config import KafkaConfig
 from streams.tq import TQConfig, TQStore, init_tq, ray_address
+from tests.tools.chaos.check import DrillEvents, account, figures, read_journal, unfinished_batches
+from tests.tools.chaos.procs import Producer, Reassemblers, Trainer, coordinator_of, process_state
+from tests.tools.faults import CRASH_POINTS
 from workers.telemetry.logs import configure_logging
 from workers.topics import TopicNames, pipeline_topics
 

@@ -1,4 +1,4 @@
-"""py-spy profiles of `bench_dataplane.py`'s phases, per process, and their summary.
+"""py-spy profiles of `python -m bench.dataplane`'s phases, per process, and their summary.
 
 `Profiler.phase(name, pids)` runs one `py-spy record --format raw` per process (this one, the
 reassembler children, the TQ controller and storage units, the Ray RPC actor) for exactly the
@@ -7,7 +7,7 @@ Client processes are sampled with `--idle`, so time blocked on a socket shows as
 Ray actors without it, so their samples are CPU time. `summarize` prints, per phase and process,
 the top frames by self time and by inclusive time, in ms per group. Re-summarize a directory with
 
-    .venv/bin/python bench/dataplane_profile.py DIR [--top 8]
+    .venv/bin/python -m bench.dataplane.profile DIR [--top 8]
 """
 
 from __future__ import annotations
@@ -174,7 +174,7 @@ def _groups_of(phase: str) -> int:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description="summarize bench_dataplane.py --profile output")
+    parser = argparse.ArgumentParser(description="summarize python -m bench.dataplane --profile output")
     parser.add_argument("dir", type=Path)
     parser.add_argument("--top", type=int, default=8)
     parser.add_argument("--rate", type=int, default=RATE)

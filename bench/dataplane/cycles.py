@@ -1,7 +1,7 @@
-"""The bounds `bench_dataplane.py` compares rlstream with: the raw TQ cycle, Ray RPC by value, memcpy.
+"""The bounds `python -m bench.dataplane` compares rlstream with: the raw TQ cycle, Ray RPC by value, memcpy.
 
 Every bound moves the bytes a prompt group must go through on its way to the trainer, in one of the
-`SHAPES`: `dense` is `bench_pipeline.py`'s (8 rollouts x 2048 tokens, 4 calls each), `moe` the same
+`SHAPES`: `dense` is `bench/pipeline.py`'s (8 rollouts x 2048 tokens, 4 calls each), `moe` the same
 group at 8 rollouts x 8,192 tokens with mixture-of-experts router replay (routed experts: 48 layers x
 top-8 per token, uint8). A group's 32 staged call deltas (token ids int64, mask bool, logprobs
 float32, routed experts, jagged) are put and fetched, then its 8 training rows (as `build_group`
@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 
 import msgspec
 import torch
-from bench_pipeline import SHAPE
 from tensordict import TensorDict
 
+from bench.common import SHAPE
 from schemas.group_build import build_group
 from schemas.request import RolloutReassemblerActorConfig
 from workers.reassembler.config import default_actor_config

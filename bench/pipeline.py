@@ -7,7 +7,7 @@ rate, by default half of the drain rate just measured (half of peak load), from 
 group's last receipt to the moment its finalized record is visible to a read_committed consumer.
 Target: p99 under 100 ms at half of peak.
 
-    .venv/bin/python bench/bench_pipeline.py [--groups 60] [--rate GROUPS_PER_S]
+    .venv/bin/python -m bench.pipeline [--groups 60] [--rate GROUPS_PER_S]
 """
 
 from __future__ import annotations
@@ -15,14 +15,11 @@ from __future__ import annotations
 import argparse
 import subprocess
 import tempfile
-import threading
 import time
 import uuid
 from pathlib import Path
 
-from confluent_kafka import Consumer
-
-from schemas.finalized import FinalizedGroup
+from bench.common import SHAPE, Arrivals, percentile
 from streams.admin import create_topics
 from streams.broker import BrokerConfig, LocalBroker
 from streams.config import KafkaConfig
@@ -31,42 +28,11 @@ from streams.tq import TRAIN, TQConfig, TQStore, init_tq, ray_address
 from workers.reassembler.config import ReassemblerConfig
 from workers.reassembler.run import spawn_worker
 from workers.rollout.publisher import RolloutPublisher, stage_rollouts
-from workers.rollout.synthetic import SyntheticShape, make_group
+from workers.rollout.synthetic import make_group
 from workers.topics import TopicNames, pipeline_topics
 
-# 256 prompt tokens + 4 answers of 412 + 3 observations of 48 = 2048 tokens per rollout.
-SHAPE = SyntheticShape(
-    group_size=8, calls=(4, 4), prompt_len=(256, 256), answer_len=(412, 412), observation_len=(48, 48)
-)
 
-
-def _percentile(values: list[float], q: float) -> float:
-    s = sorted(values)
-    return s[min(len(s) - 1, int(round(q * (len(s) - 1))))] if s else float("nan")
-
-
-class _Arrivals(threading.Thread):
-    """Records when each finalized record becomes visible to a read_committed consumer."""
-
-    def __init__(self, kafka: KafkaConfig, topic: str):
-        super().__init__(daemon=True)
-        self.seen: dict[str, float] = {}
-        self.metrics: dict[str, dict[str, float]] = {}  # the reassembler's own timings per group
-        self.stop = threading.Event()
-        self._consumer = Consumer(kafka.consumer(f"bench-{uuid.uuid4().hex[:8]}"))
-        self._consumer.subscribe([topic])
-
-    def run(self) -> None:
-        while not self.stop.is_set():
-            for m in self._consumer.consume(500, 0.05):
-                if m.error() is None:
-                    group = FinalizedGroup.from_bytes(m.value())
-                    self.seen.setdefault(group.group_id, time.time())
-                    self.metrics.setdefault(group.group_id, group.metrics)
-        self._consumer.close()
-
-
-def _paced(pub: RolloutPublisher, arrivals: _Arrivals, n: int, rate: float) -> dict[str, float]:
+def _paced(pub: RolloutPublisher, arrivals: Arrivals, n: int, rate: float) -> dict[str, float]:
     """Publish n groups at `rate` groups/s and wait for all; returns group id -> time its receipts were acked."""
     paced = [make_group(f"l{i:04d}", i, 1, shape=SHAPE) for i in range(n)]
     acked: dict[str, float] = {}
@@ -83,7 +49,7 @@ def _paced(pub: RolloutPublisher, arrivals: _Arrivals, n: int, rate: float) -> d
 def run_case(kafka: KafkaConfig, store: TQStore, workers: int, groups: int, rate: float | None) -> dict:
     names = TopicNames(f"bench-{workers}w-{uuid.uuid4().hex[:6]}")
     create_topics(kafka, pipeline_topics(names, 4))
-    arrivals = _Arrivals(kafka, names.finalized)
+    arrivals = Arrivals(kafka, names.finalized)
     arrivals.start()
     procs = [
         spawn_worker(
@@ -132,12 +98,12 @@ def run_case(kafka: KafkaConfig, store: TQStore, workers: int, groups: int, rate
         "seconds": drain_s,
         "groups_per_s": groups / drain_s,
         "tokens_per_s": tokens / drain_s,
-        "p50_ms": _percentile(latencies, 0.5),
-        "p99_ms": _percentile(latencies, 0.99),
+        "p50_ms": percentile(latencies, 0.5),
+        "p99_ms": percentile(latencies, 0.99),
         # Medians over the paced groups of the reassembler's staging fetch (ownership lookup and get)
         # and build + train put, as each finalized record reports them.
-        "fetch_ms": _percentile([arrivals.metrics[g]["fetch_ms"] for g in acked], 0.5),
-        "build_put_ms": _percentile([arrivals.metrics[g]["build_put_ms"] for g in acked], 0.5),
+        "fetch_ms": percentile([arrivals.metrics[g]["fetch_ms"] for g in acked], 0.5),
+        "build_put_ms": percentile([arrivals.metrics[g]["build_put_ms"] for g in acked], 0.5),
     }
 
 

@@ -1,9 +1,9 @@
 """Scaling benchmark: rlstream end to end while one dimension at a time moves away from a base point.
 
 Base point: 1 producer, 1 reassembler worker, groups of 8 rollouts x 2048 tokens (4 calls, as in
-`bench_pipeline.py`). Sweeps: producers = workers in 1, 2, 4 (N publisher threads and N reassembler
+`bench/pipeline.py`). Sweeps: producers = workers in 1, 2, 4 (N publisher threads and N reassembler
 processes), group size 4, 8, 16 rollouts, tokens per rollout 512, 2048, 8192 (prompt, answer and
-observation lengths scaled alike). Each configuration is a fresh `dataplane_e2e.EndToEnd` (own topics
+observation lengths scaled alike). Each configuration is a fresh `bench.dataplane.e2e.EndToEnd` (own topics
 and consumer groups, `--partitions` partitions so 4 workers all get some) on one broker and one Ray;
 a warm-up group through every publisher, once every worker owns partitions, keeps process start,
 Ray attach and rebalances out. Then `--groups` groups run, 1 per publish call (a rollout worker
@@ -20,7 +20,7 @@ commit steps, trainer select/materialize/ack), and writes a PNG with a column pe
 default bench-results/scaling.png). The machine may be shared and loaded: the load average is
 printed at start and end, and points run one after the other, so drifting load skews a sweep.
 
-    .venv/bin/python bench/bench_scaling.py [--quick] [--groups 64] [--json PATH] [--png PATH]
+    .venv/bin/python -m bench.scaling [--quick] [--groups 64] [--json PATH] [--png PATH]
 """
 
 from __future__ import annotations
@@ -35,9 +35,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench_pipeline import SHAPE, _percentile
-from dataplane_e2e import EndToEnd
-
+from bench.common import SHAPE, percentile
+from bench.dataplane.e2e import EndToEnd
 from streams.broker import BrokerConfig, LocalBroker
 from streams.config import KafkaConfig
 from streams.tq import TQConfig, init_tq
@@ -140,8 +139,8 @@ def measure(kafka: KafkaConfig, point: Point, args: argparse.Namespace) -> dict:
         "tokens_per_s": r.tokens / r.seconds,
         "mb_per_s": r.staged_bytes / r.seconds / 1e6,
         "offered_per_s": r.groups / r.publish_done_s,
-        "p50_ms": 1000 * _percentile(lat, 0.5),
-        "p99_ms": 1000 * _percentile(lat, 0.99),
+        "p50_ms": 1000 * percentile(lat, 0.5),
+        "p99_ms": 1000 * percentile(lat, 0.99),
         "publisher": r.publisher,
         "trainer": r.trainer,
         "commits": r.commits,

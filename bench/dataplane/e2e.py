@@ -1,8 +1,8 @@
-"""rlstream end to end for `bench_dataplane.py` and `bench_scaling.py`: publisher staging through trainer ack.
+"""rlstream end to end for `bench.dataplane` and `bench.scaling`: publisher staging through trainer ack.
 
 The real pieces: `producers` `RolloutPublisher`s (each in a thread of this process, with its own
 Kafka producer) stage and publish `groups_per_publish` groups per call (default `groups_per_call`);
-`workers` reassembler processes (`dataplane_child.py`, the real `ReassemblerWorker`) finalize them;
+`workers` reassembler processes (`bench/dataplane/child.py`, the real `ReassemblerWorker`) finalize them;
 the trainer's `ExperienceConsumer` (this process's main thread, policy `ready_first`) selects
 `groups_per_call` groups at a time, materializes them padded and acks them. A round's time runs from
 its first publish to its last ack; the groups are generated before. A group's latency runs from the
@@ -20,12 +20,12 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench_pipeline import SHAPE
 from confluent_kafka import ConsumerGroupState, KafkaException
 from confluent_kafka.admin import AdminClient
-from dataplane_child import request_timings, spawn
-from dataplane_timing import TimedStore, merge
 
+from bench.common import SHAPE
+from bench.dataplane.child import request_timings, spawn
+from bench.dataplane.timing import TimedStore, merge
 from schemas.request import RolloutReassemblerActorConfig
 from streams.admin import create_topics
 from streams.config import KafkaConfig

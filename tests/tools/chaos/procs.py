@@ -18,12 +18,13 @@ from pathlib import Path
 
 import msgspec
 import torch
-from chaos_check import DrillEvents, read_journal
-from chaos_trainer import rows_digest
 
 from streams.config import KafkaConfig
 from streams.pids import die_with_parent
 from streams.tq import TQConfig, TQStore
+from tests.tools.chaos.check import DrillEvents, read_journal
+from tests.tools.chaos.trainer import rows_digest
+from tests.tools.faults import CRASH_POINTS
 from workers.reassembler.config import ReassemblerConfig
 from workers.reassembler.pool import FENCED_EXIT, SPARE_MIN_UPTIME_S, Pool, Spare
 from workers.reassembler.run import promote, spawn_worker
@@ -34,14 +35,12 @@ from workers.topics import TopicNames
 
 # The drill worker, run from the repository root (the cwd of every drill).
 DRILL_WORKER = ("-m", "tests.tools.drill_worker")
-# Its crash points (tests/tools/faults.py, not imported: bench scripts do not see tests/).
-CRASH_POINTS = ("after_tq_put", "before_commit", "after_commit")
 
 SHAPE = SyntheticShape(group_size=8, calls=(1, 3), prompt_len=(4, 12), answer_len=(2, 16), observation_len=(1, 6))
 FAILING = dataclasses.replace(SHAPE, failure_rate=1.0)  # every rollout failed: a dead-lettered group
 # The trainer's id on the version topic, which the producer's admission gate follows.
 TRAINER_ID = "chaos-trainer"
-TRAINER = Path(__file__).resolve().with_name("chaos_trainer.py")
+TRAINER = ("-m", "tests.tools.chaos.trainer")
 STOP_GRACE_S = 60.0
 
 
@@ -272,12 +271,12 @@ class Reassemblers:
 
 
 class Trainer:
-    """The trainer process (`chaos_trainer.py`); restarted after a kill, journal shared by all of them."""
+    """The trainer process (`tests/tools/chaos/trainer.py`); restarted after a kill, journal shared by all of them."""
 
     def __init__(self, kafka: KafkaConfig, names: TopicNames, journal: Path, workdir: Path, train_step_s: float = 0.3):
         self.argv = [
             sys.executable,
-            str(TRAINER),
+            *TRAINER,
             "--bootstrap-servers",
             kafka.bootstrap_servers,
             "--prefix",

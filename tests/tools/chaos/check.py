@@ -2,7 +2,7 @@
 
 Every figure is computed from the system's own outputs after everything stopped, never from what
 the drill believes it did: the finalized topic read again from the beginning, the dead-letter
-topic, the trainer's journal (`bench/chaos_trainer.py`) and the staging and train partitions of TQ.
+topic, the trainer's journal (`tests/tools/chaos/trainer.py`) and the staging and train partitions of TQ.
 """
 
 from __future__ import annotations

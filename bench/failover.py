@@ -14,7 +14,7 @@ settings, worker p-1 is SIGKILLed `--kills` times at arbitrary moments, and the 
 Recovery is the longest a group waited past a kill (counted from the kill, or from its publish if
 later): detection, the rebalance, the restore and the worker's return all count.
 
-    .venv/bin/python bench/bench_failover.py [--quick] [--variants range,cooperative,spare] [--kills 3]
+    .venv/bin/python -m bench.failover [--quick] [--variants range,cooperative,spare] [--kills 3]
 """
 
 from __future__ import annotations
@@ -35,8 +35,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench_pipeline import _Arrivals
-
+from bench.common import Arrivals
 from streams.admin import create_topics
 from streams.broker import BrokerConfig, LocalBroker
 from streams.config import KafkaConfig
@@ -67,7 +66,7 @@ class Timeline:
 
     def __init__(self, kafka: KafkaConfig, names: TopicNames, rate: float):
         self.published: dict[str, float] = {}
-        self._arrivals = _Arrivals(kafka, names.finalized)
+        self._arrivals = Arrivals(kafka, names.finalized)
         self.finalized = self._arrivals.seen
         self._stop = threading.Event()
         self._publisher = threading.Thread(target=self._publish, args=(kafka, names, rate), daemon=True)

@@ -1,28 +1,28 @@
 """Data-plane benchmark: rlstream end to end against the raw TQ cycle, Ray RPC by value and memcpy.
 
-One run, one Ray/TQ and one local broker, two group shapes side by side (`dataplane_cycles.SHAPES`):
+One run, one Ray/TQ and one local broker, two group shapes side by side (`cycles.SHAPES`):
 `dense` (8 rollouts x 2048 tokens, 4 calls each; token ids int64, mask bool, logprobs float32) and
 `moe` (8 rollouts x 8,192 tokens, plus routed experts 48 layers x top-8 per token as uint8):
 
   (a) raw TQ cycle: put a group's 32 staged rows, get them, put its 8 training rows, get them, clear
       both, with TQ's KV API in this process and TQ's own layout (one item per row and field)
-      (`dataplane_cycles.py`), at 1 and at 8 groups per call (moe: 1);
+      (`cycles.py`), at 1 and at 8 groups per call (moe: 1);
   (b) the same cycle against a Ray actor that receives and returns the tensors by value;
   (c) rlstream: `RolloutPublisher` -> reassembler process(es) -> `ExperienceConsumer` select,
       materialize and ack, 8 groups per publish and per select (moe: 1), first publish to last ack
-      (`dataplane_e2e.py`);
+      (`e2e.py`);
   (d) the memcpy of the same bytes (each of the cycle's four moves as one copy);
   (f) fetch (dense): the trainer's select + materialize against a raw TQ get of the same rows, 8
-      groups per call (`dataplane_fetch.py`);
+      groups per call (`fetch.py`);
   latency: last receipt acked -> committed finalized record visible, p50/p99 at half of the peak
-      drain rate measured just before, with where the time goes (`dataplane_latency.py`).
+      drain rate measured just before, with where the time goes (`latency.py`).
 
 The bounds and the end-to-end run alternate in rounds, so load that drifts during the run touches
 them alike; each figure is the median over rounds and the ratios are per round, then their median.
 The machine is shared and loaded: compare ratios from one run, not figures across runs. Per-call
 breakdowns (seconds in each TQ operation per role, Kafka commit steps) follow the summary.
 
-    .venv/bin/python bench/bench_dataplane.py [--quick] [--rounds 3] [--shapes dense,moe]
+    .venv/bin/python -m bench.dataplane [--quick] [--rounds 3] [--shapes dense,moe]
         [--only raw,rpc,memcpy,e2e,fetch,latency]
 """
 
@@ -36,7 +36,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from dataplane_cycles import (
+from bench.dataplane.cycles import (
     OPS,
     SHAPES,
     BenchShape,
@@ -46,12 +46,11 @@ from dataplane_cycles import (
     raw_tq_cycle,
     ray_rpc_cycle,
 )
-from dataplane_e2e import E2EResult, EndToEnd
-from dataplane_fetch import FetchBench, FetchRound, print_round
-from dataplane_fetch import print_summary as print_fetch_summary
-from dataplane_latency import LatencyResult, measure_latency, print_latency
-from dataplane_profile import Profiler, summarize
-
+from bench.dataplane.e2e import E2EResult, EndToEnd
+from bench.dataplane.fetch import FetchBench, FetchRound, print_round
+from bench.dataplane.fetch import print_summary as print_fetch_summary
+from bench.dataplane.latency import LatencyResult, measure_latency, print_latency
+from bench.dataplane.profile import Profiler, summarize
 from streams.broker import BrokerConfig, LocalBroker
 from streams.config import KafkaConfig
 from streams.tq import TQConfig, init_tq

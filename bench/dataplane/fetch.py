@@ -1,4 +1,4 @@
-"""The trainer's fetch path against a raw TQ get of the same rows, for `bench_dataplane.py --only fetch`.
+"""The trainer's fetch path against a raw TQ get of the same rows, for `python -m bench.dataplane --only fetch`.
 
 Each round puts `groups` groups' packed training rows into a TQ partition of their own as a
 reassembler does (sample ids `{group_id}_g{i}`, the rows and tags `build_group` makes, several
@@ -24,8 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
-from dataplane_cycles import make_payload
 
+from bench.dataplane.cycles import make_payload
 from schemas.finalized import FinalizedGroup
 from schemas.payload import unpack_payload
 from schemas.rowpack import PACKED_FIELD, unpack_rows

@@ -1,6 +1,6 @@
-"""Latency for `bench_dataplane.py`: a group's last receipt acked -> its committed finalized record visible.
+"""Latency for `python -m bench.dataplane`: a group's last receipt acked -> its committed finalized record visible.
 
-Measured as `bench_pipeline.py` does, on one reassembler process (`dataplane_child.py`, the real
+Measured as `bench/pipeline.py` does, on one reassembler process (`bench/dataplane/child.py`, the real
 worker): first the peak, the drain rate of a backlog whose tensors were staged beforehand and whose
 receipts are then produced at once; then `groups` groups published one at a time at half of that
 rate, each timed from the return of its publish call (receipts acked by the broker) to the moment a
@@ -24,10 +24,9 @@ from bisect import bisect_left
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench_pipeline import _Arrivals, _percentile
-from dataplane_child import request_timings, spawn
-from dataplane_e2e import wait_for_members
-
+from bench.common import Arrivals, percentile
+from bench.dataplane.child import request_timings, spawn
+from bench.dataplane.e2e import wait_for_members
 from schemas.finalized import FinalizedGroup
 from streams.admin import create_topics
 from streams.config import KafkaConfig
@@ -51,8 +50,8 @@ class LatencyResult:
     parts: dict[str, list[float]] = field(default_factory=dict)  # part -> ms per group
 
 
-class _Records(_Arrivals):
-    """`_Arrivals` that also keeps each record's `finalized_at_ms`."""
+class _Records(Arrivals):
+    """`Arrivals` that also keeps each record's `finalized_at_ms`."""
 
     def __init__(self, kafka: KafkaConfig, topic: str):
         super().__init__(kafka, topic)
@@ -129,7 +128,7 @@ def measure_latency(kafka: KafkaConfig, shape: SyntheticShape, groups: int) -> L
         parts["build + put"].append(m["build_put_ms"])
         parts["transaction"].append((committed - built) * 1000)
         parts["visibility"].append((seen - committed) * 1000)
-    return LatencyResult(peak, rate, len(acked), _percentile(latencies, 0.5), _percentile(latencies, 0.99), parts)
+    return LatencyResult(peak, rate, len(acked), percentile(latencies, 0.5), percentile(latencies, 0.99), parts)
 
 
 def print_latency(r: LatencyResult) -> None:
@@ -139,4 +138,4 @@ def print_latency(r: LatencyResult) -> None:
     )
     print(f"  p50 {r.p50_ms:.1f} ms, p99 {r.p99_ms:.1f} ms; where it goes, ms per group (median, p99):")
     for part, values in r.parts.items():
-        print(f"    {part:<12} {statistics.median(values):>8.1f} {_percentile(values, 0.99):>8.1f}")
+        print(f"    {part:<12} {statistics.median(values):>8.1f} {percentile(values, 0.99):>8.1f}")
