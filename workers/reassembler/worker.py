@@ -97,6 +97,7 @@ class ReassemblerWorker:
         # When the open transaction began (None: none open): a fence after its timeout is the
         # coordinator aborting it, not a twin.
         self._txn_began: float | None = None
+        self._closing = False
         self._producer = self._new_producer()
         # When the coordinator last fenced this static member (None: never), to tell a twin apart.
         self._member_fenced_at: float | None = None
@@ -182,6 +183,10 @@ class ReassemblerWorker:
     # ----- rebalance -------------------------------------------------------------------------
 
     def _on_assign(self, consumer, partitions) -> None:
+        if self._closing:
+            # An assignment served while the consumer closes (a rebalance under way): restoring
+            # partitions now is wasted, and the client refuses calls made from it once destroyed.
+            return
         # A clear still running could race the restore's clear of the same keys (see `_settle_clear`).
         self._settle_clear()
         for tp in partitions:
@@ -541,6 +546,7 @@ class ReassemblerWorker:
 
     def close(self) -> None:
         self._lease.close()
+        self._closing = True
         try:
             self._consumer.close()
         except RuntimeError:
