@@ -25,3 +25,18 @@ class SchemaError(RlstreamError, ValueError):
 
 class InvalidArgument(RlstreamError, ValueError):
     """A value a caller passed is outside what the operation accepts; the message names it."""
+
+
+class MetadataViolation(SchemaError):
+    """A control-plane value carries a tensor, an array, an unknown type or a per-token field."""
+
+
+class LayoutError(RlstreamError, ValueError):
+    """A fetched row is not a packed row this code can read; the message names partition, key and layout."""
+
+    def __init__(self, partition: str, key: str, layout: object, reason: str) -> None:
+        super().__init__(f"TQ partition {partition!r}, key {key!r}, row layout {layout}: {reason}")
+        self.partition, self.key, self.layout, self.reason = partition, key, layout, reason
+
+    def __reduce__(self):
+        return (type(self), (self.partition, self.key, self.layout, self.reason))

@@ -9,7 +9,7 @@ import msgspec
 import torch
 from tensordict import TensorDictBase
 
-from schemas.errors import SchemaError
+from schemas.errors import MetadataViolation
 
 # Token-aligned row fields and their per-call staging deltas: heavy, so they belong in TQ.
 # Per-row scalars such as input_lengths are metadata and stay allowed.
@@ -34,10 +34,6 @@ _FORBIDDEN_RPC_KEYS: frozenset[str] = frozenset(
 
 _SCALARS = (str, int, float, bool, type(None))
 _MAX_DEPTH = 64
-
-
-class MetadataViolation(SchemaError):
-    """A control-plane value carries a tensor, an array, an unknown type or a per-token field."""
 
 
 def assert_metadata_only(value: Any, *, path: str = "rpc") -> None:

@@ -32,7 +32,7 @@ import msgspec
 import numpy as np
 import torch
 
-from schemas.errors import RlstreamError
+from schemas.errors import LayoutError
 from schemas.jagged import is_nested, jagged_rows, make_jagged
 
 LAYOUT_VERSION = 1
@@ -62,17 +62,6 @@ _NAMES = {d: n for n, d in _DTYPES.items()}
 _SIZES = {d: torch.empty(0, dtype=d).element_size() for d in _DTYPES.values()}
 _HEADER = msgspec.msgpack.Encoder()
 _READ = msgspec.msgpack.Decoder(tuple[str, str, list[tuple[str, str, list[int], int, int]]])
-
-
-class LayoutError(RlstreamError, ValueError):
-    """A fetched row is not a packed row this code can read; the message names partition, key and layout."""
-
-    def __init__(self, partition: str, key: str, layout: object, reason: str) -> None:
-        super().__init__(f"TQ partition {partition!r}, key {key!r}, row layout {layout}: {reason}")
-        self.partition, self.key, self.layout, self.reason = partition, key, layout, reason
-
-    def __reduce__(self):
-        return (type(self), (self.partition, self.key, self.layout, self.reason))
 
 
 @dataclass(frozen=True)

@@ -14,12 +14,8 @@ from dataclasses import dataclass, field
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from schemas.errors import RlstreamError
 from streams.config import KafkaConfig
-
-
-class TopicError(RlstreamError, RuntimeError):
-    """A topic could not be created or described; the message names the topic."""
+from streams.errors import TopicError
 
 
 @contextmanager

@@ -25,10 +25,10 @@ from pathlib import Path
 
 from streams import security
 from streams.config import CLIENT_LOGGER, read_client_properties
+from streams.errors import BrokerError
 from streams.jars import ensure_kafka_jars
 from streams.java import JavaRuntime, find_java
 from streams.kraft_dir import (
-    BrokerError,
     StoredNode,
     check_port_free,
     format_storage,

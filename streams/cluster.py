@@ -34,10 +34,10 @@ from streams.broker import (
     stop_broker,
 )
 from streams.config import KafkaConfig
+from streams.errors import BrokerError
 from streams.jars import ensure_kafka_jars
 from streams.java import find_java
 from streams.kraft_dir import (
-    BrokerError,
     StoredNode,
     check_port_free,
     format_storage,

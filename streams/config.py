@@ -15,7 +15,8 @@ from typing import Annotated
 
 from msgspec import Meta
 
-from streams.settings import ConfigError, Settings
+from streams.errors import ConfigError
+from streams.settings import Settings
 
 # librdkafka's own log lines go through Python logging under this name, never straight to stderr.
 CLIENT_LOGGER = "rlstream.kafka"

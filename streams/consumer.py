@@ -9,12 +9,8 @@ from dataclasses import dataclass
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
 
-from schemas.errors import RlstreamError
 from streams.config import KafkaConfig
-
-
-class ReadTimeout(RlstreamError, TimeoutError):
-    """Reading a topic stopped making progress, or a condition was not met in time; an expected failure."""
+from streams.errors import ReadTimeout
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from schemas.errors import RlstreamError
+from streams.errors import JarsError
 
 LOCK_RESOURCE = "resources/kafka-jars.lock"
 POM_RESOURCE = "resources/kafka-pom.xml"
@@ -33,10 +33,6 @@ REPOSITORY_ENV = "RLSTREAM_MAVEN_REPOSITORY"
 # Maven's own default for the central repository.
 DEFAULT_REPOSITORY = "https://repo.maven.apache.org/maven2"
 _POM_LINE = re.compile(r"^# pom-sha256 ([0-9a-f]{64})$")
-
-
-class JarsError(RlstreamError, RuntimeError):
-    """The jars could not be fetched, verified or locked; the message names the jar or the step."""
 
 
 @dataclass(frozen=True)

@@ -15,15 +15,11 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from schemas.errors import RlstreamError
+from streams.errors import JavaError
 
 JAVA_ENV = "RLSTREAM_JAVA"
 MIN_MAJOR = 17
 _VERSION = re.compile(r'version "(?P<v>[^"]+)"')
-
-
-class JavaError(RlstreamError, RuntimeError):
-    """No usable Java was found; the message says where rlstream looked."""
 
 
 @dataclass(frozen=True)

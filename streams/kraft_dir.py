@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from schemas.errors import RlstreamError
 from streams.config import write_private
+from streams.errors import BrokerError
 
 STORAGE_TOOL = "kafka.tools.StorageTool"
 STORAGE_DIR = "kraft-logs"
@@ -30,10 +30,6 @@ PROPERTIES_FILE = "server.properties"
 SECURITY_DIR = "security"
 NODE_PREFIX = "node-"  # a cluster's node directories: node-1, node-2, ...
 _LISTENER = re.compile(r"(PLAINTEXT|SASL_SSL|CONTROLLER)://[^,:]+:(\d+)")
-
-
-class BrokerError(RlstreamError, RuntimeError):
-    """The local broker could not be fetched, started, or stopped; the message says which step."""
 
 
 @dataclass(frozen=True)

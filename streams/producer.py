@@ -12,14 +12,10 @@ from dataclasses import dataclass
 
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
-from schemas.errors import RlstreamError
 from streams.config import KafkaConfig
+from streams.errors import DeliveryError
 
 Headers = Sequence[tuple[str, bytes]]
-
-
-class DeliveryError(RlstreamError, RuntimeError):
-    """The broker did not acknowledge a record; the message names topic and key."""
 
 
 @dataclass(frozen=True)

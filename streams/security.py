@@ -31,7 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from streams.config import KafkaConfig, read_client_properties, write_private
-from streams.kraft_dir import SECURITY_DIR, BrokerError, StoredNode
+from streams.errors import BrokerError
+from streams.kraft_dir import SECURITY_DIR, StoredNode
 
 PLAINTEXT = "plaintext"
 SASL_SSL = "sasl_ssl"

@@ -24,14 +24,10 @@ from typing import Any, ClassVar, TypeVar
 
 import msgspec
 
-from schemas.errors import RlstreamError
+from streams.errors import ConfigError
 
 S = TypeVar("S", bound="Settings")
 ENV_PREFIX = "RLSTREAM_"
-
-
-class ConfigError(RlstreamError, ValueError):
-    """Settings that do not validate; the message names the section, the field and the source."""
 
 
 class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

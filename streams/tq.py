@@ -20,30 +20,14 @@ import psutil
 import torch
 from tensordict import TensorDict
 
-from schemas.errors import RlstreamError
 from schemas.jagged import is_nested
 from schemas.rowpack import PACKED_FIELD, pack_rows, unpack_rows
+from streams.errors import MissingKeysError, TQError
 from streams.pids import record_pid
 
 # Prefixed, so rlstream's rows never share a partition with a framework's own "train" (verl's, ...).
 STAGING = "rlstream.staging"
 TRAIN = "rlstream.train"
-
-
-class TQError(RlstreamError, RuntimeError):
-    """Ray or TQ could not be reached or started; the message says where."""
-
-
-class MissingKeysError(RlstreamError, KeyError):
-    """Some requested keys are not in the partition; `missing` lists them."""
-
-    def __init__(self, partition: str, missing: Sequence[str]):
-        self.partition = partition
-        self.missing = list(missing)
-        super().__init__(
-            f"{len(self.missing)} key(s) missing from TQ partition {partition!r}: "
-            f"{', '.join(self.missing[:5])}{' ...' if len(self.missing) > 5 else ''}"
-        )
 
 
 class KVStore(Protocol):

@@ -202,7 +202,8 @@ PLACEMENT = """
 import json, sys
 import ray
 from ray.util.state import list_actors
-from streams.tq import TQError, nodes_offering
+from streams.tq import nodes_offering
+from streams.errors import TQError
 
 ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False)
 try:

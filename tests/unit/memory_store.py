@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from tensordict import TensorDict
 
-from streams.tq import MissingKeysError
+from streams.errors import MissingKeysError
 
 
 class InMemoryStore:

@@ -184,7 +184,7 @@ def broker_user_add(name: str, data_dir: Path, prefixes, group_prefixes, txn_pre
     """
     from streams import security
     from streams.broker import read_handle
-    from streams.kraft_dir import BrokerError
+    from streams.errors import BrokerError
 
     if read_handle(data_dir) is None:
         raise BrokerError(f"no broker is running from {data_dir}; start it with --security sasl_ssl first")

@@ -120,7 +120,7 @@ def _configure_logging(log_json: bool, debug: bool) -> Callable[[str], None]:
 
 def _run_child(ctx: click.Context) -> int:
     """A worker started by `run_pool`: its whole spec is on stdin, so no other flag may be given."""
-    from workers.reassembler.poll_errors import WorkerFenced
+    from workers.reassembler.errors import WorkerFenced
     from workers.reassembler.pool import FENCED_EXIT
     from workers.reassembler.run import await_promotion, read_spec
 

@@ -15,17 +15,14 @@ from pathlib import Path
 import torch
 from tensordict import TensorDict
 
-from schemas.errors import InvalidArgument, RlstreamError
+from schemas.errors import InvalidArgument
 from streams.admin import TopicSpec, create_topics
 from streams.broker import BrokerConfig, LocalBroker
 from streams.config import KafkaConfig
 from streams.consumer import read_topic
 from streams.producer import AckedProducer, Outgoing
 from streams.tq import STAGING, TQConfig, TQStore, init_tq
-
-
-class SmokeFailed(RlstreamError, RuntimeError):
-    """A round trip through Kafka or TQ did not return what was sent."""
+from workers.demo.errors import SmokeFailed
 
 
 @dataclass(frozen=True)

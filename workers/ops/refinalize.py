@@ -23,7 +23,8 @@ from schemas.receipt import Receipt
 from schemas.request import RolloutReassemblerActorConfig
 from streams.config import KafkaConfig
 from streams.consumer import read_topic
-from streams.tq import KVStore, MissingKeysError
+from streams.errors import MissingKeysError
+from streams.tq import KVStore
 from workers.reassembler.config import default_actor_config
 from workers.reassembler.finalize import build_one, fetch_segments, tensor_rows
 from workers.reassembler.groups import OpenGroup, PartitionGroups

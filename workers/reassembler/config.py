@@ -8,7 +8,8 @@ import msgspec
 from msgspec import Meta
 
 from schemas.request import RolloutReassemblerActorConfig
-from streams.settings import ConfigError, Settings
+from streams.errors import ConfigError
+from streams.settings import Settings
 from streams.tq import STAGING, TRAIN
 from workers.topics import TopicNames
 

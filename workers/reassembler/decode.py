@@ -8,8 +8,8 @@ from dataclasses import dataclass
 import msgpack
 
 from schemas import deadletter as dl
-from schemas.errors import SchemaError
-from schemas.metadata_guard import MetadataViolation, assert_metadata_only
+from schemas.errors import MetadataViolation, SchemaError
+from schemas.metadata_guard import assert_metadata_only
 from schemas.receipt import Receipt
 
 # Header `rlstream deadletter redrive` puts on a re-published record: how many times it was redriven.

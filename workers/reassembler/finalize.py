@@ -11,27 +11,16 @@ import torch
 from tensordict import TensorDict
 
 from schemas.deadletter import ALL_ROLLOUTS_FAILED, INCONSISTENT_GROUP
-from schemas.errors import RlstreamError
 from schemas.finalized import FinalizedGroup, SourceRange
 from schemas.group_build import GroupBuild, build_group
 from schemas.request import RolloutReassemblerActorConfig
-from streams.tq import KVStore, MissingKeysError
+from streams.errors import MissingKeysError
+from streams.tq import KVStore
+from workers.reassembler.errors import LeaseExpired, StagingUnstable
 from workers.reassembler.groups import OpenGroup
 from workers.rollout.publisher import ROUTED_EXPERTS, SEGMENT_FIELDS
 
 Segments = dict[str, dict[str, torch.Tensor]]
-
-
-class StepAborted(RlstreamError, RuntimeError):
-    """The step cannot finish safely; the worker rebuilds from committed state, as after an abort."""
-
-
-class LeaseExpired(StepAborted):
-    """The worker may have lost its partitions (paused past its session): it must not write to TQ train."""
-
-
-class StagingUnstable(StepAborted):
-    """Staged rows kept vanishing while they were fetched (cleared by another owner)."""
 
 
 @dataclass(frozen=True)

@@ -10,20 +10,7 @@ from __future__ import annotations
 
 from confluent_kafka import KafkaError, KafkaException
 
-from schemas.errors import RlstreamError
-
-
-class WorkerFenced(RlstreamError, RuntimeError):
-    """A newer worker with the same transactional id exists; this one must stop, not fence it back."""
-
-
-class MemberFenced(WorkerFenced):
-    """The coordinator fenced this static member's `group.instance.id`: another process joined under
-    it, or this very consumer did, through a join it retried while the coordinator stalled."""
-
-
-class GroupProtocolMismatch(RlstreamError, RuntimeError):
-    """The consumer group's members ask for partition assignment strategies with nothing in common."""
+from workers.reassembler.errors import GroupProtocolMismatch, MemberFenced
 
 
 def check_poll_error(error: KafkaError, worker_id: str, consumer_group: str) -> None:

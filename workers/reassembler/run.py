@@ -20,8 +20,8 @@ from typing import BinaryIO
 import msgspec
 
 from streams.config import KafkaConfig
+from streams.errors import ConfigError
 from streams.pids import die_with_parent
-from streams.settings import ConfigError
 from streams.tq import TQConfig, TQStore, init_tq
 from workers.reassembler.config import ReassemblerConfig
 from workers.reassembler.faults import NO_FAULTS, Faults

@@ -25,18 +25,20 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from schemas.errors import InvalidArgument
 from streams.config import KafkaConfig
-from streams.consumer import ReadTimeout, Record, partitions_of
+from streams.consumer import Record, partitions_of
+from streams.errors import ReadTimeout
 from streams.producer import TransactionalProducer, is_fatal, is_fenced
 from streams.tq import KVStore
 from workers.reassembler.clearing import StagingClearer
 from workers.reassembler.clients import KafkaClients, WorkerClients
 from workers.reassembler.commit import PartitionCommit, commit_transaction, confirm_membership, dead_letter_counts
 from workers.reassembler.config import ReassemblerConfig
+from workers.reassembler.errors import LeaseExpired, MemberFenced, StepAborted, WorkerFenced
 from workers.reassembler.faults import NO_FAULTS, Faults
-from workers.reassembler.finalize import LeaseExpired, StepAborted, finalize_groups
+from workers.reassembler.finalize import finalize_groups
 from workers.reassembler.groups import OpenGroup
 from workers.reassembler.lease import SLOW_STEP_SHARE, Lease
-from workers.reassembler.poll_errors import MemberFenced, WorkerFenced, check_poll_error
+from workers.reassembler.poll_errors import check_poll_error
 from workers.reassembler.restore import restore_partition
 from workers.reassembler.sweeper import StagingSweeper
 from workers.reassembler.task import PartitionTask

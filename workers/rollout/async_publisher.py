@@ -32,8 +32,9 @@ from confluent_kafka import Producer
 
 from schemas.metadata_guard import assert_metadata_only
 from streams.config import KafkaConfig
-from streams.producer import DeliveryError
+from streams.errors import DeliveryError
 from streams.tq import STAGING, KVStore
+from workers.rollout.errors import UnacknowledgedReceipts
 from workers.rollout.publisher import StagedRollout, stage_rollouts
 
 Ack = tuple[int, int]
@@ -46,19 +47,6 @@ def _settle(fut: asyncio.Future, outcome: Ack | DeliveryError) -> None:
         fut.set_exception(outcome)
     else:
         fut.set_result(outcome)
-
-
-class UnacknowledgedReceipts(DeliveryError):
-    """Some receipts of a publish were not acknowledged; `unacknowledged` names their rollouts, in order.
-
-    `staged` is the part of them whose rows are in TQ staging. Publish the same rollouts again: one
-    whose first receipt lands late as well is refused by the reassembler as a duplicate.
-    """
-
-    def __init__(self, message: str, *, unacknowledged: Sequence[str], staged: Sequence[str]):
-        super().__init__(message)
-        self.unacknowledged = tuple(unacknowledged)
-        self.staged = tuple(staged)
 
 
 class AsyncRolloutPublisher:

@@ -7,7 +7,8 @@ from typing import Annotated
 import msgspec
 from msgspec import Meta
 
-from streams.settings import ConfigError, Settings
+from streams.errors import ConfigError
+from streams.settings import Settings
 from streams.tq import TRAIN
 from workers.topics import TopicNames
 

@@ -19,7 +19,7 @@ from tensordict import TensorDict
 
 from schemas.errors import InvalidArgument
 from schemas.finalized import FinalizedGroup
-from streams.tq import MissingKeysError
+from streams.errors import MissingKeysError
 from workers.trainer.batch import BatchMeta, Layout, TrainBatch, materialize, padded
 from workers.trainer.book import Pending
 from workers.trainer.checkpoint import STATE_VERSION, ConsumerState, PartitionMark, decode_state, encode_state

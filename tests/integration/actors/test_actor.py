@@ -6,7 +6,7 @@ import pytest
 import ray
 import torch
 
-from schemas.metadata_guard import MetadataViolation
+from schemas.errors import MetadataViolation
 from schemas.request import ReassemblyRequest
 from streams.tq import TRAIN
 from tests.integration.helpers import SMALL

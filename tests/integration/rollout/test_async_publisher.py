@@ -17,7 +17,8 @@ from streams.tq import STAGING, TRAIN
 from tests.integration.helpers import dead_letters, drive, finalized_records, setup_topics
 from workers.reassembler.config import ReassemblerConfig
 from workers.reassembler.worker import ReassemblerWorker
-from workers.rollout.async_publisher import AsyncRolloutPublisher, UnacknowledgedReceipts
+from workers.rollout.async_publisher import AsyncRolloutPublisher
+from workers.rollout.errors import UnacknowledgedReceipts
 from workers.rollout.synthetic import SyntheticShape, make_group
 
 SHAPE = SyntheticShape(group_size=3, calls=(1, 3), prompt_len=(4, 8), answer_len=(4, 8), observation_len=(2, 4))

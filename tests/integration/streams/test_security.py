@@ -17,9 +17,10 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
 from streams import security
-from streams.admin import TopicError, TopicSpec, create_topics
+from streams.admin import TopicSpec, create_topics
 from streams.broker import BrokerConfig, LocalBroker
 from streams.config import KafkaConfig
+from streams.errors import TopicError
 from streams.tq import TRAIN
 from tests.integration.helpers import drive, finalized_records, publish_groups, setup_topics
 from workers.cli.options import resolve_kafka

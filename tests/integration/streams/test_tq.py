@@ -4,7 +4,8 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from streams.tq import STAGING, MissingKeysError
+from streams.errors import MissingKeysError
+from streams.tq import STAGING
 
 
 def test_jagged_rows_round_trip_with_tags_field_selection_list_and_clear(tq_store, unique):

@@ -5,7 +5,8 @@ import torch
 
 from schemas.errors import InvalidArgument
 from schemas.metadata_guard import assert_metadata_only
-from streams.tq import TRAIN, MissingKeysError
+from streams.errors import MissingKeysError
+from streams.tq import TRAIN
 from tests.integration.trainer.staging import committed_at_end, finalize_groups
 from workers.trainer.batch import BatchMeta
 from workers.trainer.config import ConsumerConfig

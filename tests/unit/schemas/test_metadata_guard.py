@@ -5,8 +5,8 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from schemas.errors import SchemaError
-from schemas.metadata_guard import _FORBIDDEN_RPC_KEYS, MetadataViolation, assert_metadata_only
+from schemas.errors import MetadataViolation, SchemaError
+from schemas.metadata_guard import _FORBIDDEN_RPC_KEYS, assert_metadata_only
 from schemas.receipt import CallRecord, Receipt
 from schemas.request import ReassemblyRequest
 

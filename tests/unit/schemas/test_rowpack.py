@@ -5,7 +5,8 @@ import struct
 import pytest
 import torch
 
-from schemas.rowpack import LAYOUT_VERSION, LayoutError, pack_rows, unpack_rows
+from schemas.errors import LayoutError
+from schemas.rowpack import LAYOUT_VERSION, pack_rows, unpack_rows
 
 
 def _as_tq_returns(packed: torch.Tensor) -> torch.Tensor:

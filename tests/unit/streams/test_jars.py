@@ -7,17 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from streams.jars import (
-    JarLock,
-    JarsError,
-    LockedJar,
-    ensure_kafka_jars,
-    format_lock,
-    jars_dir,
-    parse_lock,
-    pom_text,
-    read_lock,
-)
+from streams.errors import JarsError
+from streams.jars import JarLock, LockedJar, ensure_kafka_jars, format_lock, jars_dir, parse_lock, pom_text, read_lock
 
 
 def test_the_packaged_lock_was_generated_from_the_current_pom():

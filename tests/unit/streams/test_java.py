@@ -4,7 +4,8 @@ import stat
 
 import pytest
 
-from streams.java import JavaError, find_java, java_version
+from streams.errors import JavaError
+from streams.java import find_java, java_version
 
 
 def _fake_java(tmp_path, version: str) -> str:

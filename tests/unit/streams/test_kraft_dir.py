@@ -3,8 +3,8 @@ refuses (and says why), and what --fresh wipes."""
 
 import pytest
 
+from streams.errors import BrokerError
 from streams.kraft_dir import (
-    BrokerError,
     StoredNode,
     is_formatted,
     node_dir,

@@ -10,8 +10,8 @@ from confluent_kafka.admin import AclOperation, ResourcePatternType, ResourceTyp
 from schemas.errors import RlstreamError
 from streams import security
 from streams.config import read_client_properties, write_private
+from streams.errors import BrokerError
 from streams.kraft_dir import (
-    BrokerError,
     format_storage,
     prepare_storage,
     server_properties,

@@ -8,8 +8,9 @@ from msgspec import Meta
 
 from streams import settings
 from streams.config import KafkaConfig, is_secret, parse_client_settings
+from streams.errors import ConfigError
 from streams.pids import PID_DIR_ENV, forget_pid, record_pid
-from streams.settings import ConfigError, Settings
+from streams.settings import Settings
 
 
 class Demo(Settings, frozen=True):

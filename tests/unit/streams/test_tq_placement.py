@@ -9,7 +9,8 @@ import ray
 import transfer_queue
 
 import streams.tq as tq_mod
-from streams.tq import TQConfig, TQError, init_tq, nodes_offering
+from streams.errors import TQError
+from streams.tq import TQConfig, init_tq, nodes_offering
 from workers.actors.reassembler import (
     NODE_RESOURCE_SHARE,
     DataPlaneConfig,

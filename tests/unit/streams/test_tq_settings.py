@@ -8,7 +8,8 @@ import ray
 import transfer_queue
 
 import streams.tq as tq_mod
-from streams.tq import CLUSTER, SINGLE_NODE, TQConfig, TQError, init_tq
+from streams.errors import TQError
+from streams.tq import CLUSTER, SINGLE_NODE, TQConfig, init_tq
 
 SETTINGS = ("TQ_CLIENT_ZMQ_IO_THREADS", "TQ_NUM_THREADS")
 

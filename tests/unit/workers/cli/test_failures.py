@@ -103,7 +103,8 @@ def test_an_os_error_is_an_expected_failure(monkeypatch, capsys, clean_env, exc,
 
 
 def test_a_read_timeout_is_an_expected_failure(monkeypatch, capsys):
-    from streams.consumer import ReadTimeout, wait_until
+    from streams.consumer import wait_until
+    from streams.errors import ReadTimeout
 
     with pytest.raises(TimeoutError):  # still a TimeoutError for callers that catch that
         wait_until(lambda: False, timeout_s=0, what="nothing")

@@ -2,7 +2,8 @@
 
 import pytest
 
-from streams.settings import ConfigError, decode, encode, fields_of, load
+from streams.errors import ConfigError
+from streams.settings import decode, encode, fields_of, load
 from workers.demo.config import DemoConfig
 from workers.trainer.policies import InOrder, ReadyFirst, Windowed, policy_by_name
 

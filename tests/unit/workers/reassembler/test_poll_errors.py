@@ -3,7 +3,8 @@
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from workers.reassembler.poll_errors import GroupProtocolMismatch, WorkerFenced, check_poll_error
+from workers.reassembler.errors import GroupProtocolMismatch, WorkerFenced
+from workers.reassembler.poll_errors import check_poll_error
 
 FENCED_TEXT = "Fatal consumer error: Broker: Static consumer fenced by other consumer with same group.instance.id"
 

@@ -98,7 +98,7 @@ def test_a_row_staged_without_a_time_is_aged_from_when_the_sweeper_first_saw_it(
 
 
 def test_the_sweep_age_must_stay_above_the_group_timeout():
-    from streams.settings import ConfigError
+    from streams.errors import ConfigError
 
     with pytest.raises(ConfigError, match="staging_sweep_age_s"):
         ReassemblerConfig(group_timeout_s=30.0, staging_sweep_age_s=30.0)

@@ -16,8 +16,8 @@ from streams.partitioner import partition_of
 from streams.tq import STAGING, TRAIN
 from tests.unit.memory_store import InMemoryStore
 from workers.reassembler.config import ReassemblerConfig
+from workers.reassembler.errors import WorkerFenced
 from workers.reassembler.faults import Faults
-from workers.reassembler.poll_errors import WorkerFenced
 from workers.reassembler.worker import ReassemblerWorker
 from workers.rollout.publisher import stage_rollouts
 from workers.rollout.synthetic import SyntheticShape, make_group
@@ -284,7 +284,7 @@ def test_an_aborted_step_waits_for_the_background_clear_before_the_restore_clear
 
 
 def test_config_refuses_a_group_timeout_at_or_above_the_closed_retention():
-    from streams.settings import ConfigError
+    from streams.errors import ConfigError
 
     with pytest.raises(ConfigError, match="group_timeout_s"):
         ReassemblerConfig(group_timeout_s=60.0, closed_retention_s=60.0)

@@ -2,7 +2,8 @@
 
 import pytest
 
-from streams.settings import ConfigError, fields_of, load
+from streams.errors import ConfigError
+from streams.settings import fields_of, load
 from workers.trainer.config import ConsumerConfig
 
 

@@ -13,7 +13,8 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from streams.tq import MissingKeysError, TQStore
+from streams.errors import MissingKeysError
+from streams.tq import TQStore
 
 P = "rlstream.train"
 
