@@ -20,8 +20,9 @@ $(STAMP): pyproject.toml setup.py schemas/_rowcopy.c
 jars: $(STAMP) ## the environment .venv and the locked Kafka jars (make test and make demo do it)
 	$(BIN)/rlstream broker fetch
 
+# Two processes, whole files each (so a file's module fixtures start once); `TEST_ARGS=-n0` runs serially.
 test: jars ## the whole suite against a real Kafka broker and real Ray/TQ
-	$(BIN)/python -m pytest -q -rs
+	$(BIN)/python -m pytest -q -rs -n 2 --dist loadfile $(TEST_ARGS)
 
 # Pure code only: no broker, no Ray.
 test-unit: $(STAMP) ## pure code only, no broker or Ray (under a minute)

@@ -60,6 +60,21 @@ def make_topic(kafka, unique):
     return make
 
 
+# The files that take minutes, run first: with the suite spread over processes (make test), a long
+# file started last would leave the other process idle at the end.
+LONG_FIRST = (
+    "test_chaos_drill.py",
+    "test_job_restart.py",
+    "test_grpo.py",
+    "test_broker.py",
+    "test_demo.py",
+    "test_no_system_java.py",
+    "test_broker_loss.py",
+    "test_restart.py",
+    "test_pool_restart.py",
+)
+
+
 def pytest_collection_modifyitems(config, items):
     # Everything under tests/integration talks to the real broker or Ray/TQ: mark it so
     # `-m "not integration"` (make test-unit) leaves it out.
@@ -67,3 +82,10 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if here in Path(item.fspath).parents:
             item.add_marker(pytest.mark.integration)
+    rank = {name: i for i, name in enumerate(LONG_FIRST)}
+    # A stable sort: files keep their order otherwise, and the unit tests come last.
+    items.sort(
+        key=lambda item: (
+            rank.get(Path(item.fspath).name, len(rank)) if here in Path(item.fspath).parents else len(rank) + 1
+        )
+    )
