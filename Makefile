@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.rlstream-installed
 
-.PHONY: help test test-unit lint demo bench jars clean-venv
+.PHONY: help test test-unit test-verl lint demo bench jars clean-venv
 .DEFAULT_GOAL := help
 
 help: ## list the targets
@@ -27,6 +27,19 @@ test: jars ## the whole suite against a real Kafka broker and real Ray/TQ
 # Pure code only: no broker, no Ray.
 test-unit: $(STAMP) ## pure code only, no broker or Ray (under a minute)
 	$(BIN)/python -m pytest -q -rs tests/unit
+
+# verl 0.9.1 pins tensordict<=0.10, so its tests get their own environment (.venv-verl) beside the
+# project; the stamp makes a warm run skip pip. tests/verl is never collected by `make test`.
+VERL_VENV := .venv-verl
+VERL_STAMP := $(VERL_VENV)/.rlstream-verl-installed
+$(VERL_STAMP): pyproject.toml setup.py schemas/_rowcopy.c
+	@test -x $(VERL_VENV)/bin/python || $(PYTHON) -m venv $(VERL_VENV)
+	$(VERL_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(VERL_VENV)/bin/python -m pip install --progress-bar off 'verl==0.9.1' 'tensordict==0.10.0' -e '.[dev]' pytest
+	@touch $@
+
+test-verl: $(VERL_STAMP) ## tests/verl inside real verl 0.9.1 on CPU (its own .venv-verl)
+	$(VERL_VENV)/bin/python -m pytest -q -rs -p no:xdist tests/verl $(TEST_ARGS)
 
 lint: $(STAMP) ## ruff check and format, as CI enforces
 	$(BIN)/ruff check .

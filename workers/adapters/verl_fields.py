@@ -20,6 +20,15 @@ With P = the row's prompt length (its ``prompt_ids_for_adv`` row) and L = ``inpu
 | routed_experts      | routed_experts, row shape from its tag | int16 | only when the rows carry it       |
 | sample_mask         | sample_mask                        | float32 | per row, for losses that scale by it    |
 | uid                 | group_id (percent-encoded "_")     | str     | verl groups GRPO rows by it             |
+| num_turns           | tag num_turns, else 2              | int     | _compute_metrics pops it (padding: 0)   |
+| extra_fields        | min/max_global_steps, reward_extra_info {} | dict | as AgentLoopOutput.as_dict     |
+| raw_prompt          | tag raw_prompt, else []            | list    | verl's dataset column                   |
+| data_source         | tag data_source, else "rlstream"   | str     | _validate / reward managers key on it   |
+| reward_model        | tag reward_model, else {}          | dict    | ground_truth for verl's dumps           |
+| multi_modal_inputs  | {}                                 | dict    | text only; verl's padding sets it {}    |
+
+The non-tensor columns are NonTensorStacks of plain values, as verl's ``list_of_dict_to_tensordict``
+stores them, so verl's padding rows (copied from a real row, ``num_turns=0``) read back alike.
 
 Tags: ``status`` "success", ``prompt_len``, ``response_len``, ``seq_len``, ``global_steps`` (the
 step of the group's oldest weights), ``min_global_steps``/``max_global_steps`` (the row's weight
@@ -61,7 +70,29 @@ VERL_TOKEN_FIELDS = (
     "rollout_log_probs",
     "rm_scores",
 )
-VERL_FIELDS = (*VERL_TOKEN_FIELDS, "sample_mask", "uid")
+VERL_NON_TENSOR_FIELDS = (
+    "num_turns",
+    "extra_fields",
+    "raw_prompt",
+    "data_source",
+    "reward_model",
+    "multi_modal_inputs",
+)
+VERL_FIELDS = (*VERL_TOKEN_FIELDS, "sample_mask", "uid", *VERL_NON_TENSOR_FIELDS)
+# One rlstream row is a prompt and its whole rollout: two turns unless the row says otherwise.
+DEFAULT_NUM_TURNS = 2
+
+
+def _non_tensor(tag: dict[str, Any], step: int) -> dict[str, Any]:
+    """The non-tensor columns verl reads of one row, from its tag where the rollout recorded them."""
+    return {
+        "num_turns": int(tag.get("num_turns", DEFAULT_NUM_TURNS)),
+        "extra_fields": {"min_global_steps": step, "max_global_steps": step, "reward_extra_info": {}},
+        "raw_prompt": list(tag.get("raw_prompt", [])),
+        "data_source": str(tag.get("data_source", "rlstream")),
+        "reward_model": dict(tag.get("reward_model", {})),
+        "multi_modal_inputs": {},
+    }
 
 
 def verl_uid(group_id: str) -> str:
@@ -146,6 +177,7 @@ def to_verl_rows(meta: BatchMeta, rows: TensorDict, *, version_offset: int = 0) 
     kept = _kept_rows(meta)
     out: dict[str, list[torch.Tensor]] = {}
     keys, tags, uids = [], [], []
+    plain: dict[str, list[Any]] = {name: [] for name in VERL_NON_TENSOR_FIELDS}
     for row, g_index, session in kept:
         group = meta.groups[g_index]
         tag = dict(group.tags[session])
@@ -153,6 +185,8 @@ def to_verl_rows(meta: BatchMeta, rows: TensorDict, *, version_offset: int = 0) 
         step = int(tag.get("weight_version", group.group_min_wv)) - version_offset
         keys.append(verl_key(group.group_id, session))
         uids.append(verl_uid(group.group_id))
+        for name, value in _non_tensor(tag, step).items():
+            plain[name].append(value)
         tags.append(
             {
                 "status": "success",
@@ -170,4 +204,6 @@ def to_verl_rows(meta: BatchMeta, rows: TensorDict, *, version_offset: int = 0) 
     fields: dict[str, Any] = {n: torch.nested.as_nested_tensor(v, layout=torch.jagged) for n, v in out.items()}
     fields["sample_mask"] = torch.stack([values["sample_mask"][row].to(torch.float32) for row, _, _ in kept])
     fields["uid"] = NonTensorStack(*uids)
+    for name, values_ in plain.items():
+        fields[name] = NonTensorStack(*values_)
     return VerlRows(keys, TensorDict(fields, batch_size=[len(keys)]), tags, rejected)

@@ -23,7 +23,9 @@ train_partition``), which must differ from verl's; verl's trainer clears its cop
 Staleness is rlstream's policy: by default `windowed(max_off_policy_threshold - 1)`, verl's "drop"
 bound (verl counts a span of versions, rlstream a distance). `refill_fn` is not called: rlstream's
 rollout workers produce on their own, and nothing verl generates lands where this buffer reads.
-Validation (``partition_id="val"``) is not served from rlstream.
+Validation (``partition_id="val"``) is verl's: verl builds one buffer and ``_validate`` samples "val"
+from it (``trainer.val_before_train`` defaults to true), so those calls go to verl's own
+``ReplayBuffer``/``ReplayBufferAsync``, built with the same arguments on first use.
 """
 
 from __future__ import annotations
@@ -115,6 +117,16 @@ class RlstreamReplayBuffer:
         self.max_off_policy_strategy = max_off_policy_strategy
         self.poll_interval = poll_interval
         self.refill_fn = refill_fn  # kept for verl's introspection; never called (module doc)
+        # verl builds one replay buffer for both partitions; validation stays verl's (module doc).
+        self._verl_kwargs = dict(
+            trainer_mode=trainer_mode,
+            trainer_config=trainer_config,
+            max_off_policy_threshold=max_off_policy_threshold,
+            max_off_policy_strategy=max_off_policy_strategy,
+            sampler_kwargs=sampler_kwargs,
+            refill_fn=refill_fn,
+        )
+        self._verl_val: Any = None
         options = dict(_plain(sampler_kwargs or {}).get("rlstream", {}) or {})
         self.settings, consumer_options = VerlSamplerSettings.split(options)
         if store is None:
@@ -137,12 +149,20 @@ class RlstreamReplayBuffer:
     def close(self) -> None:
         self._consumer.close()
 
+    def _verl_buffer(self) -> Any:
+        """verl's own buffer, built on first use as verl's _build_replay_buffer would without a custom sampler."""
+        if self._verl_val is None:
+            # Imported here: rlstream itself never imports verl (it pins tensordict<=0.10).
+            from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer, ReplayBufferAsync
+
+            cls = ReplayBuffer if self.trainer_mode == "sync" else ReplayBufferAsync
+            self._verl_val = cls(**self._verl_kwargs)
+        return self._verl_val
+
     def version_at(self, global_steps: int) -> int:
         return int(global_steps) + self.settings.version_offset
 
     def _check_partition(self, partition_id: str) -> None:
-        if partition_id == VALIDATION_PARTITION:
-            raise InvalidArgument("rlstream serves training groups only; validate with verl's own buffer")
         if partition_id == self._consumer.config.train_partition:
             raise InvalidArgument(
                 f"verl's partition {partition_id!r} is rlstream's train partition: rlstream's rows would be"
@@ -158,8 +178,13 @@ class RlstreamReplayBuffer:
 
     def get_sampleable_count(self, global_steps: int, partition_id: str) -> int:
         """How many groups a `sample` at `global_steps` could take now (reads what Kafka has, waits for nothing)."""
+        if partition_id == VALIDATION_PARTITION:
+            return self._verl_buffer().get_sampleable_count(global_steps, partition_id)
         self._check_partition(partition_id)
-        return len(self._ready_groups(self.version_at(global_steps)))
+        # verl asks at global_steps + 1 before it gets there (on_step_end): moving the consumer's
+        # version now would evict groups still usable at the step verl actually samples.
+        self._consumer.poll(0.0)
+        return self._consumer.usable_at(self.version_at(global_steps))
 
     def wait_for_sampleable(
         self, global_steps: int, partition_id: str, target_count: int, *, timeout_s: float | None = None
@@ -169,6 +194,8 @@ class RlstreamReplayBuffer:
         Waits at most `timeout_s` (default: the settings' wait_timeout_s; None: for ever) and then
         raises SampleTimeout. Nothing is handed out: the groups stay ready for `sample`.
         """
+        if partition_id == VALIDATION_PARTITION:
+            return self._verl_buffer().wait_for_sampleable(global_steps, partition_id, target_count)
         self._check_partition(partition_id)
         if target_count < 1:
             raise InvalidArgument(f"target_count must be >= 1, got {target_count}")
@@ -199,6 +226,8 @@ class RlstreamReplayBuffer:
         """`batch_size` groups in verl's partition `partition_id`: verl's KVBatchMeta and rlstream's metrics."""
         from transfer_queue import KVBatchMeta
 
+        if partition_id == VALIDATION_PARTITION:
+            return self._verl_buffer().sample(global_steps, partition_id, batch_size)
         self._check_partition(partition_id)
         if batch_size < 1:
             raise InvalidArgument(f"batch_size must be >= 1, got {batch_size}")

@@ -26,6 +26,7 @@ from workers.trainer.checkpoint import STATE_VERSION, ConsumerState, PartitionMa
 from workers.trainer.config import ConsumerConfig
 from workers.trainer.intake import ConsumerCounts, FinalizedIntake
 from workers.trainer.ledger import encode_ranges
+from workers.trainer.policies import Decision
 
 log = logging.getLogger("rlstream.trainer")
 
@@ -60,6 +61,18 @@ class ExperienceConsumer(FinalizedIntake):
     def ready_groups(self) -> list[FinalizedGroup]:
         """The groups usable now at the trainer's version, in the order `select` would take them."""
         return [p.group for p in self._ready()]
+
+    def usable_at(self, version: int) -> int:
+        """How many waiting groups the policy would yield at `version`, deciding nothing.
+
+        verl's trainer asks for the count at the next step before it moves there; `set_version`
+        would evict on the strength of that question, so this only asks the policy.
+        """
+        return sum(
+            1
+            for p in self._book.all_pending()
+            if p.state in ("held", "ready") and self.policy.decide(p.group, version) is Decision.YIELD
+        )
 
     def _wait_ready(self, want: int, at_deadline: int, deadline: float) -> list[Pending] | None:
         """Groups ready at the current version once `want` are (or `at_deadline` by the deadline); else None."""

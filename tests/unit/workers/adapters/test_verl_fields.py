@@ -8,7 +8,7 @@ import torch
 
 from schemas.finalized import FinalizedGroup
 from schemas.payload import Completion, PromptGroupRecord, pack_payload, record_to_train_batch
-from workers.adapters.verl_fields import VERL_FIELDS, to_verl_rows, verl_key, verl_uid
+from workers.adapters.verl_fields import VERL_FIELDS, VERL_TOKEN_FIELDS, to_verl_rows, verl_key, verl_uid
 from workers.trainer.batch import BatchMeta
 
 PROMPT = torch.tensor([11, 12, 13], dtype=torch.int64)
@@ -70,8 +70,8 @@ def test_rows_get_verl_names_and_contents_and_the_rejected_row_is_left_out():
     verl = to_verl_rows(meta, rows, version_offset=2)
     assert verl.rejected == 1 and verl.keys == ["gA_0_0", "gA_2_0"]
     assert set(verl.fields.keys()) == set(VERL_FIELDS)
-    f = {name: verl.fields[name].unbind(0) for name in VERL_FIELDS if name != "uid"}
-    assert list(verl.fields["uid"].tolist()) == ["gA", "gA"]
+    f = {name: verl.fields[name].unbind(0) for name in VERL_TOKEN_FIELDS}
+    assert list(verl.fields["uid"]) == ["gA", "gA"]  # tensordict 0.10 returns a LinkedList: no .tolist()
     # Multi-turn rollout: prompt, then assistant/tool/assistant turns as one response.
     assert f["prompts"][0].tolist() == [11, 12, 13] and f["prompts"][0].dtype == torch.int64
     assert f["responses"][0].tolist() == [21, 22, 31, 32, 33, 23]
