@@ -17,11 +17,12 @@ from workers.adapters.verl_fields import to_verl_rows
 def test_verls_padding_rows_and_num_turns_read_work_on_rlstream_rows():
     meta, rows = _batch()
     verl = to_verl_rows(meta, rows, version_offset=2)
-    first = {name: verl.fields[name][0] for name in verl.fields.keys()}
+    names = list(verl.fields.keys())  # iterating a TensorDict walks its rows, not its keys
+    first = {name: verl.fields[name][0] for name in names}
     # verl pads a batch by copying its first real row (upsample_batch_to_divisible_size).
     pad, pad_tag = construct_minimal_padding_template(first, verl.tags[0], eos_token_id=2)
     assert pad_tag["is_padding"] and pad["num_turns"] == 0
-    real = [{name: verl.fields[name][i] for name in verl.fields.keys()} for i in range(len(verl.keys))]
+    real = [{name: verl.fields[name][i] for name in names} for i in range(len(verl.keys))]
     batch = list_of_dict_to_tensordict([*real, pad])
     # _compute_metrics: np.array(data.pop("num_turns").tolist()); a missing field raised KeyError.
     turns = np.array(batch.pop("num_turns").tolist())
