@@ -16,6 +16,9 @@ OPEN = "open"
 CLOSED = "closed"
 FINALIZED = "finalized"
 DEAD_LETTERED = "dead_lettered"
+# Its staging rows were all gone from TQ (the job restarted): a `Regenerate` record was committed instead.
+HANDED_BACK = "handed_back"
+CLOSED_OUTCOMES = (FINALIZED, DEAD_LETTERED, HANDED_BACK)
 
 # Compaction key of a partition's progress entry. 0xFF never occurs in UTF-8, so no prompt group's
 # key (its id, UTF-8 encoded) can collide with it and be compacted away in its place.
@@ -25,7 +28,7 @@ PROGRESS_KEY = b"\xffpartition_progress"
 class GroupState(Message, frozen=True, tag="group_state"):
     """Whether a prompt group is open or closed in its receipts partition, and the offsets it spans.
 
-    A closed group says how it ended (`outcome` "finalized" or "dead_lettered"); an open one has
+    A closed group says how it ended (`outcome` "finalized", "dead_lettered" or "handed_back"); an open one has
     no outcome yet.
     """
 
@@ -60,10 +63,9 @@ class GroupState(Message, frozen=True, tag="group_state"):
             if self.staging_cleared:
                 raise SchemaError("group_state.staging_cleared", "an open group's staging is still in use")
         elif self.status == CLOSED:
-            if self.outcome not in (FINALIZED, DEAD_LETTERED):
+            if self.outcome not in CLOSED_OUTCOMES:
                 raise SchemaError(
-                    "group_state.outcome",
-                    f"a closed group needs outcome {FINALIZED!r} or {DEAD_LETTERED!r}, got {self.outcome!r}",
+                    "group_state.outcome", f"a closed group needs an outcome of {CLOSED_OUTCOMES}, got {self.outcome!r}"
                 )
         else:
             raise SchemaError("group_state.status", f"must be {OPEN!r} or {CLOSED!r}, got {self.status!r}")

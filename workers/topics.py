@@ -18,6 +18,7 @@ from schemas.deadletter import DeadLetter
 from schemas.errors import InvalidArgument, SchemaError
 from schemas.finalized import FinalizedGroup
 from schemas.receipt import Receipt
+from schemas.regenerate import Regenerate
 from schemas.state import GroupState, PartitionProgress
 from schemas.trainer_version import TrainerVersion
 from streams.admin import TopicSpec
@@ -30,6 +31,8 @@ TRAINER_DEADLETTER = "trainer.deadletter"
 STATE = "reassembler.state"
 # The trainer's current weight version, keyed by trainer id (compacted): what admission gates read.
 TRAINER_VERSION = "trainer.version"
+# Prompt groups handed back for regeneration (their tensors were lost with the job), keyed by group id.
+REGENERATE = "rollout.regenerate"
 REPLAY_PREFIX = "replay."
 
 
@@ -66,6 +69,10 @@ class TopicNames:
     def trainer_version(self) -> str:
         return self._p(TRAINER_VERSION)
 
+    @property
+    def regenerate(self) -> str:
+        return self._p(REGENERATE)
+
     def replay(self, name: str) -> str:
         return self._p(REPLAY_PREFIX + name)
 
@@ -81,8 +88,9 @@ def pipeline_topics(
     replication_factor: int = 1,
     config: Mapping[str, str] | None = None,
 ) -> list[TopicSpec]:
-    """Receipts, finalized, the two dead-letter topics, the trainer's version (compacted, one partition)
-    and the state changelog (compacted, co-partitioned with receipts); the changelog comes last.
+    """Receipts, finalized, the two dead-letter topics, the trainer's version (compacted, one partition),
+    the hand-backs for regeneration and the state changelog (compacted, co-partitioned with receipts);
+    the changelog comes last.
 
     `config` applies to every topic. With 3 or more replicas, `min.insync.replicas` defaults to 2, so
     an acknowledged write (acks=all) survives the loss of any one broker; with 2 replicas it is 1.
@@ -101,12 +109,14 @@ def pipeline_topics(
         TopicSpec(names.deadletter, 1, dict(common), replication_factor=replication_factor),
         TopicSpec(names.trainer_deadletter, 1, dict(common), replication_factor=replication_factor),
         TopicSpec(names.trainer_version, 1, dict(compacted), replication_factor=replication_factor),
+        TopicSpec(names.regenerate, partitions, dict(common), replication_factor=replication_factor),
         TopicSpec(names.state, partitions, compacted, replication_factor=replication_factor),
     ]
 
 
 RECEIPTS_ROLE, FINALIZED_ROLE, DEADLETTER_ROLE, STATE_ROLE = "receipts", "finalized", "deadletter", "state"
 TRAINER_VERSION_ROLE = "trainer_version"
+REGENERATE_ROLE = "regenerate"
 _SUFFIXES = {
     RECEIPTS: RECEIPTS_ROLE,
     FINALIZED: FINALIZED_ROLE,
@@ -114,6 +124,7 @@ _SUFFIXES = {
     TRAINER_DEADLETTER: DEADLETTER_ROLE,
     STATE: STATE_ROLE,
     TRAINER_VERSION: TRAINER_VERSION_ROLE,
+    REGENERATE: REGENERATE_ROLE,
 }
 # The state topic holds two kinds (a prompt group's entry and its partition's progress); the first
 # kind of a role is what an unrecognised value is decoded as, so its error names the usual message.
@@ -123,6 +134,7 @@ _BY_ROLE: dict[str, tuple[type[Message], ...]] = {
     DEADLETTER_ROLE: (DeadLetter,),
     STATE_ROLE: (GroupState, PartitionProgress),
     TRAINER_VERSION_ROLE: (TrainerVersion,),
+    REGENERATE_ROLE: (Regenerate,),
 }
 _BY_KIND: dict[str, type[Message]] = {cls.kind(): cls for kinds in _BY_ROLE.values() for cls in kinds}
 
@@ -139,7 +151,7 @@ def is_replay_topic(topic: str) -> bool:
 
 
 def topic_role(topic: str) -> str | None:
-    """Role from the name: 'receipts' | 'finalized' | 'deadletter' | 'state' | 'trainer_version'; else None."""
+    """Role from the name: receipts, finalized, deadletter, state, trainer_version, regenerate; else None."""
     if is_replay_topic(topic):
         return None
     for suffix, role in _SUFFIXES.items():
@@ -178,7 +190,7 @@ def _role_class(role: str, value: bytes) -> type[Message] | None:
 
 def message_group_id(msg: Message) -> str | None:
     """The prompt group a message is about (a dead letter: the group of its original receipt, if any)."""
-    if isinstance(msg, (Receipt, FinalizedGroup, GroupState)):
+    if isinstance(msg, (Receipt, FinalizedGroup, GroupState, Regenerate)):
         return msg.group_id
     if isinstance(msg, DeadLetter):
         try:

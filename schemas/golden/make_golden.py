@@ -14,6 +14,7 @@ from schemas.finalized import FinalizedGroup, SourceRange
 from schemas.receipt import CallRecord, Receipt
 from schemas.request import ReassemblyRequest, RolloutReassemblerActorConfig
 from schemas.state import GroupState, PartitionProgress
+from schemas.regenerate import STAGING_LOST, Regenerate
 from schemas.trainer_version import TrainerVersion
 
 HERE = Path(__file__).resolve().parent
@@ -104,6 +105,17 @@ EXAMPLES = {
         prompt_idx=42,
         mask_sample=(False, True),
         loss_multiplier=0.5,
+    ),
+    "regenerate": Regenerate(
+        prompt_idx=17,
+        group_id="g-17",
+        new_group_id="g-17~r1",
+        group_size=4,
+        weight_version=3,
+        reason=STAGING_LOST,
+        source="p.rollout.receipts[2]@41",
+        worker_id="reassembler-0",
+        time_ms=1_700_000_000_000,
     ),
     "trainer_version": TrainerVersion(
         trainer_id="trainer-0",

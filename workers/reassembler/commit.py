@@ -15,6 +15,7 @@ from confluent_kafka import TopicPartition
 
 from schemas.deadletter import DeadLetter
 from schemas.finalized import FinalizedGroup
+from schemas.regenerate import Regenerate
 from schemas.state import PROGRESS_KEY, GroupState, PartitionProgress
 from streams.producer import Outgoing, TransactionalProducer
 from workers.topics import TopicNames
@@ -27,6 +28,8 @@ class PartitionCommit:
     partition: int
     finalized: tuple[FinalizedGroup, ...] = ()
     dead_letters: tuple[DeadLetter, ...] = ()
+    # Groups handed back for regeneration: committed with the offsets that close them.
+    regenerate: tuple[Regenerate, ...] = ()
     # Produced in this order to the same state partition; compaction keeps each group's last entry.
     state: tuple[GroupState, ...] = ()
     progress: PartitionProgress | None = None
@@ -44,6 +47,7 @@ class PartitionCommit:
         return not (
             self.finalized
             or self.dead_letters
+            or self.regenerate
             or self.state
             or self.forgotten
             or self.progress
@@ -91,6 +95,8 @@ def commit_transaction(
             producer.produce(Outgoing(topics.finalized, f.group_id.encode(), f.to_bytes()))
         for d in c.dead_letters:
             producer.produce(Outgoing(topics.deadletter, d.source_key, d.to_bytes()))
+        for r in c.regenerate:
+            producer.produce(Outgoing(topics.regenerate, r.group_id.encode(), r.to_bytes()))
         written = writes[c.partition] = StateWrites()
         for s in c.state:
             out = Outgoing(topics.state, s.group_id.encode(), s.to_bytes(), partition=c.partition)

@@ -20,6 +20,8 @@ from workers.reassembler.errors import LeaseExpired, StagingUnstable
 from workers.reassembler.groups import OpenGroup
 from workers.rollout.publisher import ROUTED_EXPERTS, SEGMENT_FIELDS
 
+MISSING_STAGING_ROW = "missing_staging_row"  # schemas.linearize's rejection of a receipt whose row is gone
+
 Segments = dict[str, dict[str, torch.Tensor]]
 
 
@@ -32,6 +34,9 @@ class GroupOutcome:
     dead_letter_kind: str | None
     dead_letter_message: str | None
     staging_keys: tuple[str, ...]
+    # Set when none of the group's staged rows exist any more (TQ lost with the job): the group is
+    # handed back for regeneration instead of dead-lettered; the caller makes the `Regenerate`.
+    handed_back: bool = False
 
 
 def fetch_segments(
@@ -258,6 +263,11 @@ def _build_or_letter(
         return GroupOutcome(group, None, INCONSISTENT_GROUP, message, staging)
     if build.valid_row_count == 0:
         reasons = sorted({r for r in build.rejection_reasons if r})
+        if reasons == [MISSING_STAGING_ROW] and not mine:
+            # Not one row of the group is left, and no rollout failed: its staging was lost (a whole-job
+            # restart emptied TQ), not refused. Generating the prompt again is the only way to train it.
+            message = f"group {group.group_id}: none of its staged rows are in TQ; handed back for regeneration"
+            return GroupOutcome(group, None, None, message, staging, handed_back=True)
         kind = ALL_ROLLOUTS_FAILED if reasons == ["rollout_failed"] else INCONSISTENT_GROUP
         return GroupOutcome(group, None, kind, f"group {group.group_id}: no valid row ({', '.join(reasons)})", staging)
     return group, build, staging, (time.perf_counter() - t1) * 1000.0

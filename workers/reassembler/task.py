@@ -18,7 +18,8 @@ import msgspec
 from schemas import deadletter as dl
 from schemas.deadletter import DeadLetter, bounded_key, bounded_message, bounded_original
 from schemas.receipt import Receipt
-from schemas.state import CLOSED, DEAD_LETTERED, FINALIZED, OPEN, GroupState, PartitionProgress
+from schemas.regenerate import STAGING_LOST, Regenerate, regenerated_group_id
+from schemas.state import CLOSED, DEAD_LETTERED, FINALIZED, HANDED_BACK, OPEN, GroupState, PartitionProgress
 from streams.consumer import Record
 from streams.tq import KVStore
 from workers.reassembler.commit import PartitionCommit, StateWrites
@@ -197,13 +198,15 @@ class PartitionTask:
         forgotten = [*self._forgotten, *self.groups.forget(self.max_ts, int(self.config.closed_retention_s * 1000))]
         # Before this step's closings: every entry still needed lies at or after it.
         restore_from = self.groups.restore_from(self.state_end)
-        finalized, dead, closed = [], list(self._dead), []
+        finalized, dead, closed, handed = [], list(self._dead), [], []
         for o in outcomes:
             entry, letters = self._close(o, now_ms)
             closed.append(entry)
             dead.extend(letters)
             if o.finalized is not None:
                 finalized.append(o.finalized)
+            if o.handed_back:
+                handed.append(self._hand_back(o.group, entry, now_ms))
         offset = self.groups.safe_offset(self.position) if self._dirty and self.position is not None else None
         # Cleared-closed entries first: a redriven receipt may reopen the same group in this step,
         # and its OPEN entry must be the one compaction keeps. A group opened and closed in the same
@@ -211,7 +214,7 @@ class PartitionTask:
         closing = {e.group_id for e in closed}
         state = (*self._owed, *(e for e in self._opened if e.group_id not in closing), *closed)
         progress = None
-        if self._dirty or state or dead or finalized or forgotten:
+        if self._dirty or state or dead or finalized or handed or forgotten:
             # With every state write, so a restore finds the latest near the partition's end.
             # Never below what was already recorded: compaction keeps only the latest entry.
             read = self.position - 1 if self.position is not None else -1
@@ -222,7 +225,7 @@ class PartitionTask:
                 horizon_ms=self.groups.horizon_ms or 0,
                 restore_from=restore_from,
             )
-        if offset is None and (state or dead or finalized or forgotten):
+        if offset is None and (state or dead or finalized or handed or forgotten):
             offset = self.committed_offset
         strays = tuple(self._strays)
         # Complete groups this step had no room for stay ready for the next one.
@@ -232,6 +235,7 @@ class PartitionTask:
             partition=self.partition,
             finalized=tuple(finalized),
             dead_letters=tuple(dead),
+            regenerate=tuple(handed),
             state=state,
             progress=progress,
             commit_offset=offset,
@@ -240,9 +244,24 @@ class PartitionTask:
             strays=strays,
         )
 
+    def _hand_back(self, g: OpenGroup, entry: GroupState, now_ms: int) -> Regenerate:
+        versions = [c.weight_version for r in g.receipts.values() for c in r.manifest]
+        return Regenerate(
+            prompt_idx=g.prompt_idx,
+            group_id=g.group_id,
+            new_group_id=regenerated_group_id(g.group_id),
+            group_size=g.group_size,
+            weight_version=max(versions, default=0),
+            reason=STAGING_LOST,
+            source=f"{self.config.receipts_topic}[{entry.partition}]@{entry.first_offset}-{entry.last_offset}",
+            worker_id=self.config.worker_id,
+            time_ms=now_ms,
+        )
+
     def _close(self, o: GroupOutcome, now_ms: int) -> tuple[GroupState, list[DeadLetter]]:
         failed = o.finalized is None
-        g = self.groups.close(o.group.group_id, dead_lettered=failed, closed_ms=self.max_ts)
+        # A handed-back group is not a dead letter: a redrive must not reopen it (it is regenerated).
+        g = self.groups.close(o.group.group_id, dead_lettered=failed and not o.handed_back, closed_ms=self.max_ts)
         letters = []
         if o.dead_letter_kind is not None:
             # The group's receipts go to the dead-letter topic intact, so a redrive can replay them.
@@ -271,7 +290,7 @@ class PartitionTask:
             first_offset=g.first_offset,
             last_offset=g.last_offset,
             first_seen_ms=g.first_seen_ms,
-            outcome=DEAD_LETTERED if failed else FINALIZED,
+            outcome=HANDED_BACK if o.handed_back else DEAD_LETTERED if failed else FINALIZED,
             finalized_at_ms=now_ms,
             staging_keys=o.staging_keys if self.config.clear_staging else (),
             closed_event_ms=self.groups.closed[g.group_id].closed_ms,

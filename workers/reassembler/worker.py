@@ -390,6 +390,7 @@ class ReassemblerWorker:
             finalized=sum(len(c.finalized) for c in commits),
             dead_letters=dead_letter_counts(commits),
         )
+        self.sensor.on_handed_back(sum(len(c.regenerate) for c in commits))
 
     def _recover(self, exc: KafkaException) -> None:
         """Abort the step and rebuild from committed offsets and the state topic (the step never happened)."""

@@ -70,6 +70,11 @@ class _ReassemblerFamilies:
         self.dead_letters = Counter(
             "rlstream_dead_letters_total", "Dead letters committed, by reason", ["reason"], registry=r
         )
+        self.handed_back = Counter(
+            "rlstream_groups_handed_back_total",
+            "Groups whose staging rows were all gone from TQ, handed back for regeneration",
+            registry=r,
+        )
         self.transaction_aborts = Counter(
             "rlstream_transaction_aborts_total",
             "Steps whose transaction failed and was rebuilt from committed state",
@@ -155,6 +160,9 @@ class PrometheusReassemblerSensor(ReassemblerSensor):
 
     def on_swept(self, n: int) -> None:
         self._m.staging_swept.inc(n)
+
+    def on_handed_back(self, n: int) -> None:
+        self._m.handed_back.inc(n)
 
     def on_lag(self, topic: str, lags: Mapping[int, int]) -> None:
         """Replace this sensor's lag series of `topic` with `lags`, removing partitions no longer listed."""

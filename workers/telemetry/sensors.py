@@ -35,6 +35,9 @@ class ReassemblerSensor:
     def on_swept(self, n: int) -> None:
         """A sweep of the staging partition cleared `n` staged rows no receipt will use (0: none found)."""
 
+    def on_handed_back(self, n: int) -> None:
+        """`n` groups whose staging rows were all gone (TQ lost with the job) were handed back to regenerate."""
+
 
 class TrainerSensor:
     """Readings of the trainer's experience consumer; the base class ignores them all."""
@@ -69,6 +72,7 @@ class ReassemblerStats(ReassemblerSensor):
         self.paused = False
         self.commit_seconds_total = 0.0
         self.swept = 0
+        self.handed_back = 0
 
     def on_receipts(self, n: int) -> None:
         self.receipts += n
@@ -92,6 +96,9 @@ class ReassemblerStats(ReassemblerSensor):
     def on_swept(self, n: int) -> None:
         self.swept += n
 
+    def on_handed_back(self, n: int) -> None:
+        self.handed_back += n
+
     def snapshot(self) -> dict[str, object]:
         """Plain totals (what a Ray actor returns)."""
         return {
@@ -103,6 +110,7 @@ class ReassemblerStats(ReassemblerSensor):
             "retries": self.retries,
             "open_groups": self.open_groups,
             "swept": self.swept,
+            "handed_back": self.handed_back,
         }
 
 

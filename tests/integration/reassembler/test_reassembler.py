@@ -211,3 +211,27 @@ def test_router_replay_carries_routed_experts_to_the_train_rows(kafka, tq_store,
         staged = torch.cat([s["routed_experts"] for s in rollout.segments])
         assert rec.tags[i]["routed_experts__row_shapes"] == [staged.shape[0], 4]
         assert torch.equal(tensors["routed_experts"][i, : staged.shape[0]].to(staged.dtype), staged)
+
+
+def test_a_group_whose_staged_rows_are_all_gone_is_handed_back_once_in_its_commit(kafka, tq_store, unique):
+    # A whole-job restart: Kafka kept the receipts, TQ came back without their staged rows.
+    from schemas.regenerate import Regenerate
+    from streams.consumer import read_topic
+    from workers.rollout.publisher import RolloutPublisher
+    from workers.rollout.synthetic import make_group
+
+    names = setup_topics(kafka, f"handback-{unique}", partitions=1)
+    lost, kept = make_group("lost", 0, 3, shape=SMALL), make_group("kept", 1, 3, shape=SMALL)
+    pub = RolloutPublisher(kafka, tq_store, names.receipts)
+    pub.publish(lost + kept)
+    pub.close()
+    tq_store.clear(STAGING, [c.staging_key for r in lost for c in r.receipt.manifest])
+    stats = ReassemblerStats()
+    worker = _worker(kafka, tq_store, names, sensor=stats)
+    try:
+        drive([worker], lambda: stats.handed_back >= 1 and len(finalized_records(kafka, names)) >= 1, timeout_s=60)
+    finally:
+        worker.close()
+    (regen,) = [Regenerate.from_bytes(r.value) for r in read_topic(kafka, names.regenerate)]
+    assert (regen.group_id, regen.new_group_id, regen.prompt_idx, regen.group_size) == ("lost", "lost~r1", 0, 8)
+    assert [r.group_id for r in finalized_records(kafka, names)] == ["kept"] and dead_letters(kafka, names) == []

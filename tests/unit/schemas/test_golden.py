@@ -8,6 +8,7 @@ import pytest
 from schemas.deadletter import DeadLetter
 from schemas.finalized import FinalizedGroup
 from schemas.receipt import Receipt
+from schemas.regenerate import Regenerate
 from schemas.request import ReassemblyRequest, RolloutReassemblerActorConfig
 from schemas.state import GroupState, PartitionProgress
 from schemas.trainer_version import TrainerVersion
@@ -24,6 +25,7 @@ KINDS = {
         ReassemblyRequest,
         RolloutReassemblerActorConfig,
         TrainerVersion,
+        Regenerate,
     )
 }
 

@@ -6,7 +6,8 @@ import msgspec
 import pytest
 
 from schemas import deadletter as dl
-from schemas.state import CLOSED, DEAD_LETTERED, FINALIZED, OPEN, GroupState, PartitionProgress
+from schemas.regenerate import STAGING_LOST
+from schemas.state import CLOSED, DEAD_LETTERED, FINALIZED, HANDED_BACK, OPEN, GroupState, PartitionProgress
 from streams.tq import STAGING, TRAIN
 from tests.unit.memory_store import InMemoryStore
 from workers.reassembler.commit import StateWrites
@@ -452,3 +453,29 @@ def test_a_receipt_read_again_after_a_restart_never_reopens_a_forgotten_group_wh
     assert "gone" not in task.groups.open
     assert commit.finalized == () and commit.dead_letters == ()  # replayed: its letter was written before
     assert ("gone-r0/c0", "gone", "gone-r0") in commit.strays
+
+
+def test_a_group_whose_staging_rows_are_all_gone_is_handed_back_with_its_offsets_not_dead_lettered():
+    # A whole-job restart: the receipts are in Kafka, TQ came back empty.
+    store = InMemoryStore()
+    task = make_task(store)
+    keys = received(task, store, "g")
+    store.clear(STAGING, keys)
+    commit = step(task, store)
+    assert commit.finalized == () and commit.dead_letters == ()
+    (regen,) = commit.regenerate
+    assert (regen.group_id, regen.new_group_id, regen.group_size, regen.reason) == ("g", "g~r1", 2, STAGING_LOST)
+    assert regen.source == "t.rollout.receipts[0]@10-11"
+    # Closed in the same transaction as the offset past its receipts: never handed back twice.
+    assert commit.state[-1].outcome == HANDED_BACK and commit.commit_offset == 12
+    assert "g" not in task.groups.dead_lettered
+
+
+def test_a_partial_group_whose_surviving_rollouts_are_in_tq_is_completed_not_handed_back():
+    store = InMemoryStore()
+    task = make_task(store)
+    keys = received(task, store, "g")
+    store.clear(STAGING, keys[:1])  # the first rollout's first call lost, the second rollout survived
+    commit = step(task, store)
+    assert [f.group_id for f in commit.finalized] == ["g"] and commit.regenerate == ()
+    assert commit.finalized[0].valid_row_count == 1

@@ -11,6 +11,7 @@ def test_base_sensors_accept_every_reading_and_keep_nothing():
     r.on_open_groups(4, paused=True)
     r.on_lag("t", {0: 5})
     r.on_swept(2)
+    r.on_handed_back(1)
     t.on_yield(3, 1)
     t.on_evict(2)
     t.on_duplicate()
@@ -30,6 +31,7 @@ def test_reassembler_stats_fold_readings_into_totals():
     s.on_open_groups(4, paused=False)
     s.on_swept(2)
     s.on_swept(0)
+    s.on_handed_back(2)
     assert s.snapshot() == {
         "receipts": 8,
         "finalized": 3,
@@ -39,6 +41,7 @@ def test_reassembler_stats_fold_readings_into_totals():
         "retries": 2,
         "open_groups": 4,
         "swept": 2,
+        "handed_back": 2,
     }
     assert s.commit_seconds_total == 0.75 and s.paused is False
     snap = s.snapshot()
