@@ -221,7 +221,10 @@ def finalize_groups(
         store, config.staging_partition, keys, routed_experts=config.router_replay_enabled, tags=tags
     )
     fetch_ms = (time.perf_counter() - t0) * 1000.0
-    results = [_build_or_letter(group, owned[group.group_id], fetched, config) for group in groups]
+    results = [
+        _build_or_letter(group, owned[group.group_id], fetched, config, gone=_staging_gone(group, tags))
+        for group in groups
+    ]
     builds = [r[1] for r in results if not isinstance(r, GroupOutcome)]
     put_ms = _put_rows(store, config.partition_id, builds, lease) / max(1, len(builds))
     outcomes = []
@@ -246,10 +249,20 @@ def finalize_groups(
 _Built = tuple[OpenGroup, GroupBuild, tuple[str, ...], float]  # group, its rows, staging keys, build ms
 
 
+def _staging_gone(group: OpenGroup, tags: dict[str, dict[str, Any]]) -> bool:
+    """Whether not one staging key the group claims exists in TQ at all (under any owner)."""
+    return not any(k in tags for k in group.staging_keys())
+
+
 def _build_or_letter(
-    group: OpenGroup, mine: set[str], fetched: Segments, config: RolloutReassemblerActorConfig
+    group: OpenGroup, mine: set[str], fetched: Segments, config: RolloutReassemblerActorConfig, *, gone: bool
 ) -> GroupOutcome | _Built:
-    """The group's rows, or its dead-letter outcome when it has no valid row or its build fails."""
+    """The group's rows, or its dead-letter outcome when it has no valid row or its build fails.
+
+    `gone`: none of the group's staging keys exist in TQ (a whole-job restart emptied it), so the
+    group is handed back. A group whose keys exist but belong to another group is hostile input and
+    is dead-lettered like any other group without a valid row.
+    """
     t1 = time.perf_counter()
     # Only the group's own rows are cleared after the commit: a foreign key stays with its owner.
     staging = tuple(k for k in dict.fromkeys(group.staging_keys()) if k in mine)
@@ -263,7 +276,7 @@ def _build_or_letter(
         return GroupOutcome(group, None, INCONSISTENT_GROUP, message, staging)
     if build.valid_row_count == 0:
         reasons = sorted({r for r in build.rejection_reasons if r})
-        if reasons == [MISSING_STAGING_ROW] and not mine:
+        if reasons == [MISSING_STAGING_ROW] and gone:
             # Not one row of the group is left, and no rollout failed: its staging was lost (a whole-job
             # restart emptied TQ), not refused. Generating the prompt again is the only way to train it.
             message = f"group {group.group_id}: none of its staged rows are in TQ; handed back for regeneration"
