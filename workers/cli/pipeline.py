@@ -50,6 +50,7 @@ def smoke(target: KafkaTarget) -> int:
 )
 @click.option(
     "--spare/--no-spare",
+    "keep_spare",
     default=True,
     show_default=True,
     help="with --workers N: keep one more process attached to Ray that takes over a crashed worker's id and "
@@ -65,7 +66,7 @@ def reassemble(
     workers: int,
     ray_address: str,
     metrics_port: int | None,
-    spare: bool,
+    keep_spare: bool,
     log_json: bool,
     config_stdin: bool,
 ) -> int:
@@ -79,7 +80,7 @@ def reassemble(
     debug = bool(ctx.find_root().params.get("debug"))
     say = _configure_logging(log_json, debug)
     config = load(ReassemblerConfig, file=target.config_file, overrides={**settings, "prefix": target.prefix})
-    if spare and workers > 1 and config.worker_id:
+    if keep_spare and workers > 1 and config.worker_id:
         # Stable ids: a spare (or a whole pool started again) rejoins as the same static members.
         # Not with random ones: static members do not leave on a clean stop, so a new pool's
         # members would wait a session timeout for the old ones' partitions.
@@ -105,7 +106,7 @@ def reassemble(
         metrics_port=metrics_port,
         log_json=log_json,
         debug=debug,
-        spare=spare,
+        keep_spare=keep_spare,
     )
 
 
@@ -129,7 +130,7 @@ def _run_child(ctx: click.Context) -> int:
         raise click.UsageError(f"--config-stdin takes its settings from stdin only, not from {', '.join(extra)}")
     spec = read_spec(sys.stdin.buffer.readline())
     say = _configure_logging(spec.log_json, spec.debug)
-    if spec.standby:
+    if spec.as_spare:
         spec = await_promotion(spec, sys.stdin.buffer, log=say)
         if spec is None:
             return 0
