@@ -96,7 +96,9 @@ def reassemble(
         f"TQ train partition {config.actor.partition_id!r}, broker {target.kafka.bootstrap_servers}, ray {tq.address}"
     )
     if workers == 1:
-        return _serve_one(target.kafka, config, tq, metrics_port, say)
+        from workers.reassembler.run import serve_worker
+
+        return serve_worker(target.kafka, config, tq, metrics_port, say)
     return run_pool(
         target.kafka,
         config,
@@ -121,37 +123,12 @@ def _configure_logging(log_json: bool, debug: bool) -> Callable[[str], None]:
 
 def _run_child(ctx: click.Context) -> int:
     """A worker started by `run_pool`: its whole spec is on stdin, so no other flag may be given."""
-    from workers.reassembler.errors import WorkerFenced
-    from workers.reassembler.pool import FENCED_EXIT
-    from workers.reassembler.run import await_promotion, read_spec
+    from workers.reassembler.run import run_child
 
     extra = given_flags(ctx, ignore=("config_stdin",))
     if extra:
         raise click.UsageError(f"--config-stdin takes its settings from stdin only, not from {', '.join(extra)}")
-    spec = read_spec(sys.stdin.buffer.readline())
-    say = _configure_logging(spec.log_json, spec.debug)
-    if spec.as_spare:
-        spec = await_promotion(spec, sys.stdin.buffer, log=say)
-        if spec is None:
-            return 0
-    try:
-        return _serve_one(spec.kafka, spec.reassembler, spec.tq, spec.metrics_port, say)
-    except WorkerFenced as exc:  # its own exit code: the pool must not restart it (that would fence the twin)
-        say(f"rlstream reassemble: {exc}")
-        return FENCED_EXIT
-
-
-def _serve_one(kafka, config, tq, metrics_port: int | None, say: Callable[[str], None]) -> int:
-    from workers.reassembler.run import run_worker
-
-    sensor = None
-    if metrics_port is not None:
-        from workers.telemetry.prometheus import PrometheusReassemblerSensor, start_metrics_server
-
-        sensor = PrometheusReassemblerSensor()
-        say(f"metrics: http://0.0.0.0:{start_metrics_server(metrics_port)}/metrics")
-    run_worker(kafka, config, tq, log=say, sensor=sensor)
-    return 0
+    return run_child(sys.stdin.buffer, _configure_logging)
 
 
 @click.command(

@@ -218,6 +218,43 @@ def run_worker(
     return stats
 
 
+def serve_worker(
+    kafka: KafkaConfig, config: ReassemblerConfig, tq: TQConfig, metrics_port: int | None, log: Callable[[str], None]
+) -> int:
+    """One worker in this process, with a Prometheus endpoint on `metrics_port` if one is given."""
+    sensor = None
+    if metrics_port is not None:
+        from workers.telemetry.prometheus import PrometheusReassemblerSensor, start_metrics_server
+
+        sensor = PrometheusReassemblerSensor()
+        log(f"metrics: http://0.0.0.0:{start_metrics_server(metrics_port)}/metrics")
+    run_worker(kafka, config, tq, log=log, sensor=sensor)
+    return 0
+
+
+def run_child(stdin: BinaryIO, configure_logging: Callable[[bool, bool], Callable[[str], None]]) -> int:
+    """A child of `run_pool`, its whole life: spec from stdin, as a spare wait for a promotion, serve.
+
+    Exits FENCED_EXIT when a live twin holds its id, so that the pool does not restart it (a restart
+    would fence the twin back).
+    """
+    from workers.reassembler.errors import WorkerFenced
+    from workers.reassembler.pool import FENCED_EXIT
+
+    spec = read_spec(stdin.readline())
+    log = configure_logging(spec.log_json, spec.debug)
+    if spec.as_spare:
+        promoted = await_promotion(spec, stdin, log=log)
+        if promoted is None:
+            return 0
+        spec = promoted
+    try:
+        return serve_worker(spec.kafka, spec.reassembler, spec.tq, spec.metrics_port, log)
+    except WorkerFenced as exc:
+        log(f"rlstream reassemble: {exc}")
+        return FENCED_EXIT
+
+
 def run_pool(
     kafka: KafkaConfig,
     config: ReassemblerConfig,
