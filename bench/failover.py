@@ -193,7 +193,7 @@ def run_variant(kafka: KafkaConfig, variant: str, args: argparse.Namespace, work
         _wait("both workers' partitions", ready, 300, timeline, pool)
         _wait("a steady flow", lambda: len(timeline.finalized) >= 10 and timeline.pending() <= 3, 300, timeline, pool)
         if variant == "spare":
-            _wait("the spare", lambda: "[standby] attached" in pool.text(), 300, timeline, pool)
+            _wait("the spare", lambda: "[spare] attached" in pool.text(), 300, timeline, pool)
         rng = random.Random(args.seed)
         for i in range(args.kills):
             kill = _kill(variant, pool, timeline, args, rng)
@@ -204,7 +204,7 @@ def run_variant(kafka: KafkaConfig, variant: str, args: argparse.Namespace, work
                 flush=True,
             )
             if variant == "spare":  # the next kill finds a spare again, as a long run would
-                _wait("a new spare", lambda n=i + 2: pool.text().count("[standby] attached") >= n, 300, timeline, pool)
+                _wait("a new spare", lambda n=i + 2: pool.text().count("[spare] attached") >= n, 300, timeline, pool)
     finally:
         timeline.stop()
         pool.stop()

@@ -38,7 +38,7 @@ class Record:
         )
 
 
-def _throwaway_group() -> str:
+def _throwaway_consumer_group() -> str:
     return f"rlstream-reader-{uuid.uuid4().hex[:12]}"
 
 
@@ -53,7 +53,7 @@ def end_offsets(
     kafka: KafkaConfig, topic: str, *, read_committed: bool = True, timeout_s: float = 10.0
 ) -> dict[int, tuple[int, int]]:
     """partition -> (low, high) watermark; with read_committed, high is the last stable offset."""
-    c = Consumer(kafka.consumer(_throwaway_group(), read_committed=read_committed))
+    c = Consumer(kafka.consumer(_throwaway_consumer_group(), read_committed=read_committed))
     try:
         return {
             p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s, cached=False)
@@ -100,7 +100,7 @@ def read_topic(
 
     Uses manual assignment and no group, so it never disturbs production consumer groups.
     """
-    c = Consumer(kafka.consumer(_throwaway_group(), read_committed=read_committed))
+    c = Consumer(kafka.consumer(_throwaway_consumer_group(), read_committed=read_committed))
     try:
         parts = list(partitions) if partitions is not None else partitions_of(c, topic)
         ends = {p: _watermarks(c, topic, p, idle_timeout_s) for p in parts}

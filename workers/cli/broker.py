@@ -158,8 +158,8 @@ def broker_user() -> None:
     "--prefix", "prefixes", multiple=True, required=True, help="topic name prefix the user may use; repeatable"
 )
 @click.option(
-    "--group-prefix",
-    "group_prefixes",
+    "--consumer-group-prefix",
+    "consumer_group_prefixes",
     multiple=True,
     help="consumer group prefix the user may use; repeatable (default: the topic prefixes)",
 )
@@ -175,7 +175,9 @@ def broker_user() -> None:
     default=None,
     help="where to write the user's client settings (default: <data-dir>/security/users/NAME.properties)",
 )
-def broker_user_add(name: str, data_dir: Path, prefixes, group_prefixes, txn_prefixes, out: Path | None) -> int:
+def broker_user_add(
+    name: str, data_dir: Path, prefixes, consumer_group_prefixes, txn_prefixes, out: Path | None
+) -> int:
     """Create (or reset) user NAME with a generated password and prefixed ACLs for a pipeline.
 
     The ACLs allow topics starting with each --prefix (read, write, describe, create), consumer groups
@@ -190,7 +192,7 @@ def broker_user_add(name: str, data_dir: Path, prefixes, group_prefixes, txn_pre
         raise BrokerError(f"no broker is running from {data_dir}; start it with --security sasl_ssl first")
     admin = security.admin_kafka(data_dir)
     files = security.SecurityFiles.of(data_dir)
-    groups = tuple(group_prefixes) or tuple(prefixes)
+    groups = tuple(consumer_group_prefixes) or tuple(prefixes)
     grant = security.Grant(tuple(prefixes), groups, tuple(txn_prefixes) or groups)
     password = security.new_password()
     count = security.add_user(admin, name, password, grant)

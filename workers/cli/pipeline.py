@@ -50,6 +50,7 @@ def smoke(target: KafkaTarget) -> int:
 )
 @click.option(
     "--spare/--no-spare",
+    "keep_spare",
     default=True,
     show_default=True,
     help="with --workers N: keep one more process attached to Ray that takes over a crashed worker's id and "
@@ -65,7 +66,7 @@ def reassemble(
     workers: int,
     ray_address: str,
     metrics_port: int | None,
-    spare: bool,
+    keep_spare: bool,
     log_json: bool,
     config_stdin: bool,
 ) -> int:
@@ -79,7 +80,7 @@ def reassemble(
     debug = bool(ctx.find_root().params.get("debug"))
     say = _configure_logging(log_json, debug)
     config = load(ReassemblerConfig, file=target.config_file, overrides={**settings, "prefix": target.prefix})
-    if spare and workers > 1 and config.worker_id:
+    if keep_spare and workers > 1 and config.worker_id:
         # Stable ids: a spare (or a whole pool started again) rejoins as the same static members.
         # Not with random ones: static members do not leave on a clean stop, so a new pool's
         # members would wait a session timeout for the old ones' partitions.
@@ -95,7 +96,9 @@ def reassemble(
         f"TQ train partition {config.actor.partition_id!r}, broker {target.kafka.bootstrap_servers}, ray {tq.address}"
     )
     if workers == 1:
-        return _serve_one(target.kafka, config, tq, metrics_port, say)
+        from workers.reassembler.run import serve_worker
+
+        return serve_worker(target.kafka, config, tq, metrics_port, say)
     return run_pool(
         target.kafka,
         config,
@@ -105,7 +108,7 @@ def reassemble(
         metrics_port=metrics_port,
         log_json=log_json,
         debug=debug,
-        spare=spare,
+        keep_spare=keep_spare,
     )
 
 
@@ -120,37 +123,12 @@ def _configure_logging(log_json: bool, debug: bool) -> Callable[[str], None]:
 
 def _run_child(ctx: click.Context) -> int:
     """A worker started by `run_pool`: its whole spec is on stdin, so no other flag may be given."""
-    from workers.reassembler.errors import WorkerFenced
-    from workers.reassembler.pool import FENCED_EXIT
-    from workers.reassembler.run import await_promotion, read_spec
+    from workers.reassembler.run import run_child
 
     extra = given_flags(ctx, ignore=("config_stdin",))
     if extra:
         raise click.UsageError(f"--config-stdin takes its settings from stdin only, not from {', '.join(extra)}")
-    spec = read_spec(sys.stdin.buffer.readline())
-    say = _configure_logging(spec.log_json, spec.debug)
-    if spec.standby:
-        spec = await_promotion(spec, sys.stdin.buffer, log=say)
-        if spec is None:
-            return 0
-    try:
-        return _serve_one(spec.kafka, spec.reassembler, spec.tq, spec.metrics_port, say)
-    except WorkerFenced as exc:  # its own exit code: the pool must not restart it (that would fence the twin)
-        say(f"rlstream reassemble: {exc}")
-        return FENCED_EXIT
-
-
-def _serve_one(kafka, config, tq, metrics_port: int | None, say: Callable[[str], None]) -> int:
-    from workers.reassembler.run import run_worker
-
-    sensor = None
-    if metrics_port is not None:
-        from workers.telemetry.prometheus import PrometheusReassemblerSensor, start_metrics_server
-
-        sensor = PrometheusReassemblerSensor()
-        say(f"metrics: http://0.0.0.0:{start_metrics_server(metrics_port)}/metrics")
-    run_worker(kafka, config, tq, log=say, sensor=sensor)
-    return 0
+    return run_child(sys.stdin.buffer, _configure_logging)
 
 
 @click.command(

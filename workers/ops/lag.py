@@ -24,7 +24,7 @@ class LagRow:
         return f"{self.consumer_group}\t{self.topic}\t{self.partition}\t{committed}\t{self.end}\t{self.lag}"
 
 
-def group_lag(kafka: KafkaConfig, consumer_group: str, topic: str) -> list[LagRow]:
+def consumer_group_lag(kafka: KafkaConfig, consumer_group: str, topic: str) -> list[LagRow]:
     """Per partition: the group's committed offset (None if it has none), the end offset and the lag.
 
     The end is the last stable offset (read_committed), what a transactional consumer can reach;
@@ -51,6 +51,6 @@ def lag(
     input_topic: str | None = None,
 ) -> list[LagRow]:
     """Lag of the reassembler group on receipts (or `input_topic`) and of the trainer group on finalized."""
-    return group_lag(kafka, reassembler_consumer_group, input_topic or names.receipts) + group_lag(
+    return consumer_group_lag(kafka, reassembler_consumer_group, input_topic or names.receipts) + consumer_group_lag(
         kafka, trainer_consumer_group, names.finalized
     )

@@ -27,7 +27,7 @@ from streams.errors import MissingKeysError
 from streams.tq import KVStore
 from workers.reassembler.config import default_actor_config
 from workers.reassembler.finalize import build_one, fetch_segments, tensor_rows
-from workers.reassembler.groups import OpenGroup, PartitionGroups
+from workers.reassembler.groups import OpenGroup, PromptGroups
 from workers.topics import TopicNames, decode_value
 
 # Compared field by field; partition_id, source, metrics and finalized_at_ms describe the run, not the result.
@@ -67,14 +67,14 @@ def replayed_groups(kafka: KafkaConfig, topic: str) -> dict[str, OpenGroup]:
 
     Bad records, duplicates and inconsistent receipts are left out as the reassembler would leave them.
     """
-    parts: dict[int, PartitionGroups] = {}
+    parts: dict[int, PromptGroups] = {}
     for rec in read_topic(kafka, topic):
         try:
             msg = decode_value(rec.value)
         except SchemaError:
             continue
         if isinstance(msg, Receipt):
-            parts.setdefault(rec.partition, PartitionGroups(rec.partition)).add(msg, rec.offset, rec.timestamp_ms)
+            parts.setdefault(rec.partition, PromptGroups(rec.partition)).add(msg, rec.offset, rec.timestamp_ms)
     return {gid: g for groups in parts.values() for gid, g in groups.open.items()}
 
 

@@ -36,11 +36,11 @@ class PartitionCommit:
     # The receipts offset a successor resumes from; None leaves the committed offset where it is.
     commit_offset: int | None = None
     # This step's closed entries that name staging keys: cleared after the commit, recorded next step.
-    closed: tuple[GroupState, ...] = ()
+    staging_to_clear: tuple[GroupState, ...] = ()
     # Closed groups the partition forgot this step (past its horizon): tombstoned in the state topic.
     forgotten: tuple[str, ...] = ()
     # (staging key, group id, rollout id) of receipts refused this step: cleared after the commit.
-    strays: tuple[tuple[str, str, str], ...] = ()
+    refused_staging: tuple[tuple[str, str, str], ...] = ()
 
     @property
     def empty(self) -> bool:

@@ -21,7 +21,7 @@ class MemberFenced(WorkerFenced):
     it, or this very consumer did, through a join it retried while the coordinator stalled."""
 
 
-class GroupProtocolMismatch(RlstreamError, RuntimeError):
+class ConsumerGroupProtocolMismatch(RlstreamError, RuntimeError):
     """The consumer group's members ask for partition assignment strategies with nothing in common."""
 
 
@@ -29,7 +29,7 @@ class StepAborted(RuntimeError):
     """The step cannot finish safely; the worker rebuilds from committed state, as after an abort."""
 
 
-class LeaseExpired(StepAborted):
+class LeaseRefused(StepAborted):
     """The worker may have lost its partitions (paused past its session): it must not write to TQ train."""
 
 

@@ -16,7 +16,7 @@ from schemas.group_build import GroupBuild, build_group
 from schemas.request import RolloutReassemblerActorConfig
 from streams.errors import MissingKeysError
 from streams.tq import KVStore
-from workers.reassembler.errors import LeaseExpired, StagingUnstable
+from workers.reassembler.errors import LeaseRefused, StagingUnstable
 from workers.reassembler.groups import OpenGroup
 from workers.rollout.publisher import ROUTED_EXPERTS, SEGMENT_FIELDS
 
@@ -201,15 +201,15 @@ def finalize_groups(
     *,
     receipts_topic: str,
     now_ms: int,
-    lease: Callable[[int, list[str]], str | None] = lambda put, sample_ids: None,
+    lease_refusal: Callable[[int, list[str]], str | None] = lambda put, sample_ids: None,
 ) -> list[GroupOutcome]:
     """Finalize ready groups; rows go to TQ train now, staging is cleared by the caller after commit.
 
     The rows of every group built go to TQ in one put per field layout, not one per group: TQ's cost
-    is mostly per call (bench/dataplane). `lease(i, sample_ids)` is asked before put i and names why
+    is mostly per call (bench/dataplane). `lease_refusal(i, sample_ids)` is asked before put i and names why
     the caller may no longer own its partitions (None while it does): a zombie's put could overwrite
     rows a successor committed, or recreate rows a trainer already released. Then that put and the
-    rest are not made and `LeaseExpired` is raised.
+    rest are not made and `LeaseRefused` is raised.
     """
     t0 = time.perf_counter()
     owned, tags = owned_keys(store, config.staging_partition, groups) if groups else ({}, {})
@@ -226,7 +226,7 @@ def finalize_groups(
         for group in groups
     ]
     builds = [r[1] for r in results if not isinstance(r, GroupOutcome)]
-    put_ms = _put_rows(store, config.partition_id, builds, lease) / max(1, len(builds))
+    put_ms = _put_rows(store, config.partition_id, builds, lease_refusal) / max(1, len(builds))
     outcomes = []
     for r in results:
         if isinstance(r, GroupOutcome):
@@ -287,16 +287,16 @@ def _build_or_letter(
 
 
 def _put_rows(
-    store: KVStore, partition: str, builds: list[GroupBuild], lease: Callable[[int, list[str]], str | None]
+    store: KVStore, partition: str, builds: list[GroupBuild], lease_refusal: Callable[[int, list[str]], str | None]
 ) -> float:
     """Put the rows of `builds`, one put per set of fields, each once the lease allows it; returns the ms it took."""
     t0 = time.perf_counter()
     for i, (same, fields) in enumerate(_puts(builds)):
         sample_ids = [s for b in same for s in b.sample_ids]
-        refusal = lease(i, sample_ids)
+        refusal = lease_refusal(i, sample_ids)
         if refusal is not None:
             names = ", ".join(b.sample_ids[0].rsplit("_g", 1)[0] for b in same[:3])
-            raise LeaseExpired(f"not putting the rows of group(s) {names}{' ...' if len(same) > 3 else ''}: {refusal}")
+            raise LeaseRefused(f"not putting the rows of group(s) {names}{' ...' if len(same) > 3 else ''}: {refusal}")
         store.put(partition, sample_ids, fields, [t for b in same for t in b.tags])
     return (time.perf_counter() - t0) * 1000.0
 

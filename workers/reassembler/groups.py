@@ -14,13 +14,13 @@ from dataclasses import dataclass, field
 from schemas.receipt import Receipt
 
 
-class Added(enum.Enum):
+class Intake(enum.Enum):
     ADDED = "added"
     COMPLETED = "completed"
     DUPLICATE = "duplicate"
     INCONSISTENT = "inconsistent"
     LATE = "late"
-    REPLAYED_CLOSED = "replayed_closed"
+    REREAD_CLOSED = "reread_closed"
 
 
 @dataclass
@@ -60,7 +60,7 @@ class ClosedGroup:
     entry_offset: int = -1
 
 
-class PartitionGroups:
+class PromptGroups:
     """The prompt groups of one receipts partition (a "group" here is always a prompt group).
 
     Closed groups are remembered for a retention period of event time after they close, at most
@@ -123,7 +123,7 @@ class PartitionGroups:
         self.closed.pop(group_id, None)
         self.dead_lettered.discard(group_id)
 
-    def replaying(self, offset: int) -> bool:
+    def rereading(self, offset: int) -> bool:
         """True when this receipt's dead letters and state entries were already committed."""
         return offset <= self.emitted_through
 
@@ -136,7 +136,7 @@ class PartitionGroups:
         *,
         event_ms: int | None = None,
         reopened: bool = False,
-    ) -> tuple[Added, OpenGroup | None]:
+    ) -> tuple[Intake, OpenGroup | None]:
         """Add a decoded receipt; `raw` (key, value) is kept so a failed group can be dead-lettered intact.
 
         `timestamp_ms` starts a new group's deadline; `event_ms` (default the same) is compared with
@@ -146,19 +146,19 @@ class PartitionGroups:
         """
         gid = receipt.group_id
         if gid in self.closed:
-            return (Added.REPLAYED_CLOSED if offset <= self.closed[gid].last_offset else Added.LATE), None
+            return (Intake.REREAD_CLOSED if offset <= self.closed[gid].last_offset else Intake.LATE), None
         group = self.open.get(gid)
         if group is None:
             known = reopened or gid in self.restored_open_ms
-            if not known and self.replaying(offset):
+            if not known and self.rereading(offset):
                 # Read before the restart, yet its group is neither open nor remembered: the group
                 # was forgotten. Decided by offset, not by the clock: a receipt's timestamp is
                 # clamped to the reading worker's clock, which is later now than when first read.
-                return Added.LATE, None
+                return Intake.LATE, None
             # At the horizon too: a forgotten group's own first receipt carries exactly that time.
             horizon = self.horizon_ms
             if not known and horizon is not None and (timestamp_ms if event_ms is None else event_ms) <= horizon:
-                return Added.LATE, None
+                return Intake.LATE, None
             group = OpenGroup(
                 gid,
                 self.partition,
@@ -170,17 +170,17 @@ class PartitionGroups:
             )
             self.open[gid] = group
         elif receipt.group_size != group.group_size or receipt.prompt_idx != group.prompt_idx:
-            return Added.INCONSISTENT, group
+            return Intake.INCONSISTENT, group
         elif receipt.rollout_index in group.receipts or any(
             r.rollout_id == receipt.rollout_id for r in group.receipts.values()
         ):
-            return Added.DUPLICATE, group
+            return Intake.DUPLICATE, group
         group.receipts[receipt.rollout_index] = receipt
         group.offsets[receipt.rollout_index] = offset
         group.raw[receipt.rollout_index] = raw
         group.event_ms[receipt.rollout_index] = timestamp_ms if event_ms is None else event_ms
         group.last_offset = max(group.last_offset, offset)
-        return (Added.COMPLETED if group.complete else Added.ADDED), group
+        return (Intake.COMPLETED if group.complete else Intake.ADDED), group
 
     def close(self, group_id: str, *, dead_lettered: bool = False, closed_ms: int = 0) -> OpenGroup:
         """Close an open group at event time `closed_ms` (its partition's newest receipt timestamp read)."""

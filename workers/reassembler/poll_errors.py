@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from confluent_kafka import KafkaError, KafkaException
 
-from workers.reassembler.errors import GroupProtocolMismatch, MemberFenced
+from workers.reassembler.errors import ConsumerGroupProtocolMismatch, MemberFenced
 
 
 def check_poll_error(error: KafkaError, worker_id: str, consumer_group: str) -> None:
@@ -23,7 +23,7 @@ def check_poll_error(error: KafkaError, worker_id: str, consumer_group: str) -> 
         raise MemberFenced(f"{worker_id}: another process joined consumer group {consumer_group!r} as this member")
     if error.code() == KafkaError.INCONSISTENT_GROUP_PROTOCOL:
         # Not fatal to librdkafka, which would retry forever while the partitions stay with the others.
-        raise GroupProtocolMismatch(
+        raise ConsumerGroupProtocolMismatch(
             f"{worker_id}: consumer group {consumer_group!r} has members with another partition assignment "
             "strategy (an older rlstream uses range,roundrobin); stop them first, or set "
             "partition_assignment to one they share"

@@ -32,7 +32,7 @@ SPARE_MIN_UPTIME_S = 10.0
 
 
 @dataclass(frozen=True)
-class Spare:
+class SpareSupply:
     """How a pool keeps a warm spare: `spawn` starts one, `promote(proc, worker_id)` hands it an id."""
 
     spawn: Callable[[], subprocess.Popen]
@@ -63,7 +63,7 @@ class RestartPolicy:
 class Pool:
     """Worker child processes: stop signals forwarded to them, exits reported as they happen, and a
     crashed child started again (with `spawn`, under the same worker id) after a growing delay, or at
-    once by promoting the warm `spare` when it is the child's first crash in a row."""
+    once by promoting the warm spare (from `spares`) when it is the child's first crash in a row."""
 
     def __init__(
         self,
@@ -74,7 +74,7 @@ class Pool:
         warn: Callable[[str], None] | None = None,
         spawn: Callable[[str], subprocess.Popen] | None = None,
         restart: RestartPolicy = RestartPolicy(),
-        spare: Spare | None = None,
+        spares: SpareSupply | None = None,
     ) -> None:
         self.log, self.stop_grace_s, self.poll_s = log, stop_grace_s, poll_s
         self.warn = warn or log
@@ -86,7 +86,7 @@ class Pool:
         self.pending: dict[str, tuple[float, int]] = {}  # worker -> (when to restart it, its exit status)
         self.stop_at: float | None = None  # when the first stop signal was forwarded
         self.signum: int | None = None
-        self.spare = spare
+        self.spares = spares
         self.spare_proc: subprocess.Popen | None = None
         self.spare_started = -SPARE_RESPAWN_S
         self.to_spare: set[str] = set()  # crashed workers whose restart goes to the spare, until it is done
@@ -141,7 +141,7 @@ class Pool:
 
     def keep_spare(self) -> None:
         """A spare ready unless stopping: started again (at a bounded rate) when it was used or died."""
-        if self.spare is None or self.stop_at is not None:
+        if self.spares is None or self.stop_at is not None:
             return
         if self.spare_proc is not None and self.spare_proc.poll() is not None:
             self.warn(
@@ -151,7 +151,7 @@ class Pool:
         if self.spare_proc is None and time.monotonic() - self.spare_started >= SPARE_RESPAWN_S:
             self.spare_started = time.monotonic()
             try:
-                self.spare_proc = self.spare.spawn()
+                self.spare_proc = self.spares.spawn()
             except OSError as exc:
                 self.warn(f"starting a spare worker process failed ({exc})")
                 return
@@ -160,11 +160,11 @@ class Pool:
     def _take_spare(self, worker_id: str) -> subprocess.Popen | None:
         """The spare, promoted to `worker_id`; None if there is none ready."""
         proc, self.spare_proc = self.spare_proc, None
-        if proc is None or proc.poll() is not None or self.spare is None:
+        if proc is None or proc.poll() is not None or self.spares is None:
             return None
         self.spare_started = -SPARE_RESPAWN_S  # used, not crashed: its successor may start at once
         try:
-            self.spare.promote(proc, worker_id)
+            self.spares.promote(proc, worker_id)
         except OSError:  # it died between the check and the write: restart the usual way
             return None
         return proc

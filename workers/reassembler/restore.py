@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from schemas.state import DEAD_LETTERED, OPEN, GroupState, PartitionProgress, StateEntry
-from workers.reassembler.groups import PartitionGroups
+from workers.reassembler.groups import PromptGroups
 
 # Before `PartitionProgress` existed, progress was a GroupState under this id; a changelog written
 # by that version keeps it until compaction, and ignoring it would re-emit already-emitted outputs.
@@ -34,9 +34,9 @@ class LogEntry:
 class Restored:
     """A partition's restored prompt groups, and the closed entries whose staging was never cleared."""
 
-    groups: PartitionGroups
+    groups: PromptGroups
     # Closed by a predecessor that died between its commit and its staging clear; in log order.
-    pending_clears: tuple[GroupState, ...]
+    staging_to_clear: tuple[GroupState, ...]
     # Closed groups forgotten for capacity while restoring, whose entries still need a tombstone.
     forgotten: tuple[str, ...] = ()
 
@@ -45,7 +45,7 @@ def restore_partition(
     partition: int, entries: Iterable[LogEntry | StateEntry], *, closed_capacity: int = 200_000
 ) -> Restored:
     """Apply a state partition's entries in log order (bare entries: offset unknown)."""
-    groups = PartitionGroups(partition, closed_capacity=closed_capacity)
+    groups = PromptGroups(partition, closed_capacity=closed_capacity)
     pending: dict[str, GroupState] = {}
     for item in entries:
         record = item if isinstance(item, LogEntry) else LogEntry(-1, None, item)
@@ -71,7 +71,7 @@ def restore_partition(
     return Restored(groups, tuple(pending.values()), forgotten)
 
 
-def _apply_group(groups: PartitionGroups, pending: dict[str, GroupState], entry: GroupState, offset: int) -> None:
+def _apply_group(groups: PromptGroups, pending: dict[str, GroupState], entry: GroupState, offset: int) -> None:
     if entry.status == OPEN:
         groups.restore_open(entry.group_id, entry.first_seen_ms, offset)
         # A reopened (redriven) group re-staged its tensors: they are not the closed group's leftovers.

@@ -26,7 +26,7 @@ from streams.tq import TQConfig, TQStore, init_tq
 from workers.reassembler.config import ReassemblerConfig
 from workers.reassembler.faults import NO_FAULTS, Faults
 from workers.reassembler.lease import SLOW_STEP_SHARE
-from workers.reassembler.pool import STOP_GRACE_S, Pool, RestartPolicy, Spare
+from workers.reassembler.pool import STOP_GRACE_S, Pool, RestartPolicy, SpareSupply
 from workers.telemetry.sensors import ReassemblerSensor, ReassemblerStats, fan_out
 
 # How a child is started; everything else it needs arrives on its stdin.
@@ -43,7 +43,7 @@ class WorkerSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     log_json: bool = False
     debug: bool = False  # log at debug level (the parent's `rlstream --debug`)
     # A pool's warm spare: attach to Ray and TQ now, then wait on stdin for a `Promotion`.
-    standby: bool = False
+    as_spare: bool = False
 
 
 class Promotion(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -72,12 +72,12 @@ def child_process(
     metrics_port: int | None = None,
     log_json: bool = False,
     debug: bool = False,
-    standby: bool = False,
+    as_spare: bool = False,
     args: Sequence[str] | None = None,
 ) -> tuple[list[str], bytes]:
     """The argv that runs one worker of `config` in a child process (`args` after the interpreter,
     default CHILD_ARGS), and the document for its stdin."""
-    spec = WorkerSpec(kafka, config, tq, metrics_port=metrics_port, log_json=log_json, debug=debug, standby=standby)
+    spec = WorkerSpec(kafka, config, tq, metrics_port=metrics_port, log_json=log_json, debug=debug, as_spare=as_spare)
     return [sys.executable, *(CHILD_ARGS if args is None else args)], msgspec.json.encode(spec)
 
 
@@ -97,25 +97,25 @@ def spawn_worker(
     metrics_port: int | None = None,
     log_json: bool = False,
     debug: bool = False,
-    standby: bool = False,
+    as_spare: bool = False,
     args: Sequence[str] | None = None,
     **popen_kwargs,
 ) -> subprocess.Popen:
     """Start one worker process (`rlstream reassemble --config-stdin`, or `args`) and hand it its settings.
 
-    A `standby` process keeps its stdin open, as `proc.stdin`, for its `Promotion` (see `promote`).
+    A spare (`as_spare`) process keeps its stdin open, as `proc.stdin`, for its `Promotion` (see `promote`).
     """
     argv, document = child_process(
-        kafka, config, tq, metrics_port=metrics_port, log_json=log_json, debug=debug, standby=standby, args=args
+        kafka, config, tq, metrics_port=metrics_port, log_json=log_json, debug=debug, as_spare=as_spare, args=args
     )
     proc = subprocess.Popen(argv, stdin=subprocess.PIPE, **popen_kwargs)
     pipe, proc.stdin = proc.stdin, None  # written here; communicate() must not touch it
     try:
-        pipe.write(document + b"\n")  # one line: a standby reads its promotion from the next one
+        pipe.write(document + b"\n")  # one line: a spare reads its promotion from the next one
         pipe.flush()
     except BrokenPipeError:
         pass  # the child died before reading; its exit code says why
-    if standby and proc.poll() is None:
+    if as_spare and proc.poll() is None:
         proc.stdin = pipe
         return proc
     try:
@@ -126,9 +126,9 @@ def spawn_worker(
 
 
 def promote(proc: subprocess.Popen, worker_id: str, metrics_port: int | None = None) -> None:
-    """Make a standby process worker `worker_id` (OSError if it is gone)."""
+    """Make a spare process worker `worker_id` (OSError if it is gone)."""
     if proc.stdin is None:
-        raise BrokenPipeError(f"process {proc.pid} is not a standby")
+        raise BrokenPipeError(f"process {proc.pid} is not a spare")
     try:
         proc.stdin.write(msgspec.json.encode(Promotion(worker_id, metrics_port)) + b"\n")
         proc.stdin.close()
@@ -137,7 +137,7 @@ def promote(proc: subprocess.Popen, worker_id: str, metrics_port: int | None = N
 
 
 def await_promotion(spec: WorkerSpec, stdin: BinaryIO, log: Callable[[str], None] = print) -> WorkerSpec | None:
-    """As a standby: attach to Ray and TQ and import the worker now, then wait for a `Promotion` on
+    """As a spare: attach to Ray and TQ and import the worker now, then wait for a `Promotion` on
     stdin; the spec of the worker to become, or None if stdin closes first (the pool is stopping)."""
     init_tq(bounded_tq(spec.tq, spec.reassembler))
     TQStore()  # TQ's client is ready before anyone waits on it
@@ -147,7 +147,7 @@ def await_promotion(spec: WorkerSpec, stdin: BinaryIO, log: Callable[[str], None
     # exit, not Ray's exit code or a KeyboardInterrupt traceback.
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: sys.exit(0))
-    log(f"[standby] attached to Ray and TQ; waiting to take over a worker of {spec.reassembler.consumer_group!r}")
+    log(f"[spare] attached to Ray and TQ; waiting to take over a worker of {spec.reassembler.consumer_group!r}")
     line = stdin.readline()
     if not line.strip():
         return None
@@ -156,7 +156,7 @@ def await_promotion(spec: WorkerSpec, stdin: BinaryIO, log: Callable[[str], None
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
         raise ConfigError(f"promotion from the parent process on stdin: {exc}") from None
     config = msgspec.structs.replace(spec.reassembler, worker_id=promotion.worker_id)
-    return msgspec.structs.replace(spec, reassembler=config, metrics_port=promotion.metrics_port, standby=False)
+    return msgspec.structs.replace(spec, reassembler=config, metrics_port=promotion.metrics_port, as_spare=False)
 
 
 def rate_line(
@@ -218,6 +218,43 @@ def run_worker(
     return stats
 
 
+def serve_worker(
+    kafka: KafkaConfig, config: ReassemblerConfig, tq: TQConfig, metrics_port: int | None, log: Callable[[str], None]
+) -> int:
+    """One worker in this process, with a Prometheus endpoint on `metrics_port` if one is given."""
+    sensor = None
+    if metrics_port is not None:
+        from workers.telemetry.prometheus import PrometheusReassemblerSensor, start_metrics_server
+
+        sensor = PrometheusReassemblerSensor()
+        log(f"metrics: http://0.0.0.0:{start_metrics_server(metrics_port)}/metrics")
+    run_worker(kafka, config, tq, log=log, sensor=sensor)
+    return 0
+
+
+def run_child(stdin: BinaryIO, configure_logging: Callable[[bool, bool], Callable[[str], None]]) -> int:
+    """A child of `run_pool`, its whole life: spec from stdin, as a spare wait for a promotion, serve.
+
+    Exits FENCED_EXIT when a live twin holds its id, so that the pool does not restart it (a restart
+    would fence the twin back).
+    """
+    from workers.reassembler.errors import WorkerFenced
+    from workers.reassembler.pool import FENCED_EXIT
+
+    spec = read_spec(stdin.readline())
+    log = configure_logging(spec.log_json, spec.debug)
+    if spec.as_spare:
+        promoted = await_promotion(spec, stdin, log=log)
+        if promoted is None:
+            return 0
+        spec = promoted
+    try:
+        return serve_worker(spec.kafka, spec.reassembler, spec.tq, spec.metrics_port, log)
+    except WorkerFenced as exc:
+        log(f"rlstream reassemble: {exc}")
+        return FENCED_EXIT
+
+
 def run_pool(
     kafka: KafkaConfig,
     config: ReassemblerConfig,
@@ -231,7 +268,7 @@ def run_pool(
     debug: bool = False,
     stop_grace_s: float = STOP_GRACE_S,
     restart: RestartPolicy | None = None,
-    spare: bool = False,
+    keep_spare: bool = False,
 ) -> int:
     """Run num_workers child processes (ids `<worker_id>-<i>`) until interrupted; returns the worst exit code.
 
@@ -243,7 +280,7 @@ def run_pool(
     running `stop_grace_s` after a forwarded stop are killed; and every child gets SIGTERM if this
     process dies. The exit code is the worst of each child's last exit.
 
-    With `spare`, a child's crash (not within a crash loop) hands its id at once to one more child
+    With `keep_spare`, a child's crash (not within a crash loop) hands its id at once to one more child
     waiting attached to Ray; with `config.static_membership`, its partitions follow without a rebalance.
     """
     if num_workers <= 0:
@@ -254,7 +291,7 @@ def run_pool(
         for i in range(num_workers)
     }
     ports_of = {w: port for w, (_, port) in workers.items()}
-    standby = _spare(kafka, config, tq, ports=ports_of, log_json=log_json, debug=debug) if spare else None
+    spares = _spare(kafka, config, tq, ports=ports_of, log_json=log_json, debug=debug) if keep_spare else None
 
     def spawn(worker_id: str) -> subprocess.Popen:
         worker, port = workers[worker_id]
@@ -264,7 +301,7 @@ def run_pool(
 
     warn = warn or logging.getLogger("rlstream.reassemble").warning
     restart = restart or RestartPolicy()
-    pool = Pool(log=log, warn=warn, stop_grace_s=stop_grace_s, spawn=spawn, restart=restart, spare=standby)
+    pool = Pool(log=log, warn=warn, stop_grace_s=stop_grace_s, spawn=spawn, restart=restart, spares=spares)
     with pool.forwarding_signals():
         pool.keep_spare()  # before the workers: one that dies at once already finds it
         for worker_id in workers:
@@ -282,16 +319,16 @@ def run_pool(
 
 def _spare(
     kafka: KafkaConfig, config: ReassemblerConfig, tq: TQConfig, *, ports: dict, log_json: bool, debug: bool
-) -> Spare:
+) -> SpareSupply:
     """How a pool starts its spare and makes it worker w (serving metrics on w's port)."""
-    return Spare(
+    return SpareSupply(
         spawn=lambda: spawn_worker(
             kafka,
             msgspec.structs.replace(config, worker_id=f"{config.worker_id}-spare"),
             tq,
             log_json=log_json,
             debug=debug,
-            standby=True,
+            as_spare=True,
             preexec_fn=die_with_parent,
         ),
         promote=lambda proc, worker_id: promote(proc, worker_id, ports[worker_id]),

@@ -26,13 +26,13 @@ from workers.reassembler.commit import PartitionCommit, StateWrites
 from workers.reassembler.config import ReassemblerConfig
 from workers.reassembler.decode import Limits, Refused, decode_receipt, redrive_count, source_timestamp
 from workers.reassembler.finalize import GroupOutcome
-from workers.reassembler.groups import Added, OpenGroup, PartitionGroups
+from workers.reassembler.groups import Intake, OpenGroup, PromptGroups
 from workers.reassembler.restore import Restored
 
 _REFUSED = {
-    Added.DUPLICATE: dl.DUPLICATE_RECEIPT,
-    Added.INCONSISTENT: dl.INCONSISTENT_GROUP,
-    Added.LATE: dl.LATE_RECEIPT,
+    Intake.DUPLICATE: dl.DUPLICATE_RECEIPT,
+    Intake.INCONSISTENT: dl.INCONSISTENT_GROUP,
+    Intake.LATE: dl.LATE_RECEIPT,
 }
 
 
@@ -48,7 +48,7 @@ class PartitionTask:
         committed_offset: int | None = None,
         state_end: int = 0,
     ):
-        self.groups: PartitionGroups = restored.groups
+        self.groups: PromptGroups = restored.groups
         self.partition = restored.groups.partition
         self.store = store
         self.config = config
@@ -67,9 +67,9 @@ class PartitionTask:
         self._dirty = False
         # Closed groups the restore forgot for capacity: tombstoned with the first commit.
         self._forgotten = list(restored.forgotten)
-        self._leftovers = restored.pending_clears
+        self._staging_to_clear = restored.staging_to_clear
         # Closed entries again with staging_cleared, owed to the next commit once their keys are gone.
-        self._owed: list[GroupState] = []
+        self._cleared_to_record: list[GroupState] = []
         self._limits = Limits(config.max_group_size, config.max_calls_per_rollout, config.max_tokens_per_call)
         # This step's intake, until `prepare` hands it over.
         self._dead: list[DeadLetter] = []
@@ -77,7 +77,7 @@ class PartitionTask:
         self._completed: dict[str, OpenGroup] = {}
         # Staging keys of refused receipts (late, duplicate, inconsistent): cleared once their dead
         # letters are committed, or their tensors would stay in TQ forever. (key, group, rollout).
-        self._strays: list[tuple[str, str, str]] = []
+        self._refused_staging: list[tuple[str, str, str]] = []
 
     @classmethod
     def resume(
@@ -97,17 +97,19 @@ class PartitionTask:
         opened = task.groups.restored_open_ms
         for gid, first_seen in opened.items():
             opened[gid] = min(first_seen, now_ms)
-        for entry in task._leftovers:
+        for entry in task._staging_to_clear:
             if config.clear_staging:
                 store.clear(config.actor.staging_partition, list(entry.staging_keys))
-            task._owed.append(_cleared(entry))
-        task._leftovers = ()
+            task._cleared_to_record.append(_cleared(entry))
+        task._staging_to_clear = ()
         return task
 
     @property
     def has_work(self) -> bool:
         """Whether the next step must commit for this partition even when no group is ready."""
-        return bool(self._dirty or self._owed or self._dead or self._opened or self._forgotten or self._completed)
+        return bool(
+            self._dirty or self._cleared_to_record or self._dead or self._opened or self._forgotten or self._completed
+        )
 
     # ----- intake ----------------------------------------------------------------------------
 
@@ -121,10 +123,10 @@ class PartitionTask:
         self._dirty = True
         # A record at or below the recorded progress is read again after a restart: its dead
         # letters and OPEN entry are already committed and must not appear twice.
-        replay = self.groups.replaying(rec.offset)
+        reread = self.groups.rereading(rec.offset)
         decoded = decode_receipt(rec.value, self._limits, key=rec.key if rec.key is not None else b"")
         if isinstance(decoded, Refused):
-            if not replay:
+            if not reread:
                 self._dead.append(self._refused(rec, decoded.kind, decoded.message, now_ms))
             return
         redriven = redrive_count(rec.headers)
@@ -133,21 +135,23 @@ class PartitionTask:
         event_ms = min(source_timestamp(rec.headers), timestamp) if redriven else timestamp
         # The operator fixed the cause of a dead-lettered group and redrove its receipts: nothing of
         # it reached the trainer, so it may open afresh, whatever the horizon says.
-        reopened = bool(redriven) and not replay and self.groups.reopen_dead_lettered(decoded.group_id)
+        reopened = bool(redriven) and not reread and self.groups.reopen_dead_lettered(decoded.group_id)
         outcome, group = self.groups.add(
             decoded, rec.offset, timestamp, (rec.key, rec.value or b""), event_ms=event_ms, reopened=reopened
         )
-        if outcome in (Added.ADDED, Added.COMPLETED):
+        if outcome in (Intake.ADDED, Intake.COMPLETED):
             if redriven:
                 self._redriven[rec.offset] = redriven
-            if group.first_offset == rec.offset and not replay:
+            if group.first_offset == rec.offset and not reread:
                 self._opened.append(_open_entry(group))
-            if outcome is Added.COMPLETED:
+            if outcome is Intake.COMPLETED:
                 self._completed[group.group_id] = group
-        elif outcome is not Added.REPLAYED_CLOSED:
+        elif outcome is not Intake.REREAD_CLOSED:
             # Also when replayed: a crash after the commit may have left the clear undone.
-            self._strays.extend((c.staging_key, decoded.group_id, decoded.rollout_id) for c in decoded.manifest)
-            if not replay:
+            self._refused_staging.extend(
+                (c.staging_key, decoded.group_id, decoded.rollout_id) for c in decoded.manifest
+            )
+            if not reread:
                 letter = self._refused(rec, _REFUSED[outcome], _refusal(decoded, outcome), now_ms)
                 self._dead.append(msgspec.structs.replace(letter, source_timestamp_ms=event_ms))
 
@@ -212,7 +216,7 @@ class PartitionTask:
         # and its OPEN entry must be the one compaction keeps. A group opened and closed in the same
         # step needs no OPEN entry: its closing entry supersedes it in the same transaction.
         closing = {e.group_id for e in closed}
-        state = (*self._owed, *(e for e in self._opened if e.group_id not in closing), *closed)
+        state = (*self._cleared_to_record, *(e for e in self._opened if e.group_id not in closing), *closed)
         progress = None
         if self._dirty or state or dead or finalized or handed or forgotten:
             # With every state write, so a restore finds the latest near the partition's end.
@@ -227,10 +231,10 @@ class PartitionTask:
             )
         if offset is None and (state or dead or finalized or handed or forgotten):
             offset = self.committed_offset
-        strays = tuple(self._strays)
+        refused_staging = tuple(self._refused_staging)
         # Complete groups this step had no room for stay ready for the next one.
         completed = {gid: g for gid, g in self._completed.items() if gid not in closing}
-        self._dead, self._opened, self._completed, self._strays, self._forgotten = [], [], completed, [], []
+        self._dead, self._opened, self._completed, self._refused_staging, self._forgotten = [], [], completed, [], []
         return PartitionCommit(
             partition=self.partition,
             finalized=tuple(finalized),
@@ -239,9 +243,9 @@ class PartitionTask:
             state=state,
             progress=progress,
             commit_offset=offset,
-            closed=tuple(e for e in closed if e.staging_keys),
+            staging_to_clear=tuple(e for e in closed if e.staging_keys),
             forgotten=tuple(forgotten),
-            strays=strays,
+            refused_staging=refused_staging,
         )
 
     def _hand_back(self, g: OpenGroup, entry: GroupState, now_ms: int) -> Regenerate:
@@ -298,24 +302,24 @@ class PartitionTask:
         return entry, letters
 
     def post_commit(
-        self, commit: PartitionCommit, written: StateWrites | None = None, *, to_clear: list[str] | None = None
+        self, commit: PartitionCommit, written: StateWrites | None = None, *, staging_to_clear: list[str] | None = None
     ) -> None:
         """After the transaction committed: clear the closed groups' staging, owe their cleared entries.
 
         `written` says where the step's state records landed; a group whose delivery report is
         missing is placed at the partition's previous end, which is never after its entry. With
-        `to_clear`, the staging keys are added to it instead, for the caller to clear in one call
+        `staging_to_clear`, the staging keys are added to it instead, for the caller to clear in one call
         with other partitions' keys (TQ's cost is per call).
         """
         # Only now: a crash before the commit re-finalizes these groups from the same staged tensors.
-        keys = [k for entry in commit.closed for k in entry.staging_keys]
-        if to_clear is not None:
-            to_clear.extend(keys)
+        keys = [k for entry in commit.staging_to_clear for k in entry.staging_keys]
+        if staging_to_clear is not None:
+            staging_to_clear.extend(keys)
         elif keys:
             self.store.clear(self.config.actor.staging_partition, keys)
-        if commit.strays and self.config.clear_staging:
-            self._clear_strays(commit.strays)
-        self._owed = [_cleared(entry) for entry in commit.closed]
+        if commit.refused_staging and self.config.clear_staging:
+            self._clear_refused_staging(commit.refused_staging)
+        self._cleared_to_record = [_cleared(entry) for entry in commit.staging_to_clear]
         if commit.commit_offset is not None:
             self.committed_offset = commit.commit_offset
         self._dirty = False
@@ -326,10 +330,10 @@ class PartitionTask:
         self.groups.entries_written(offsets, {e.group_id for e in commit.state if e.status == OPEN})
         self.state_end = max(self.state_end, written.end_offset)
 
-    def _clear_strays(self, strays: Sequence[tuple[str, str, str]]) -> None:
+    def _clear_refused_staging(self, refused_staging: Sequence[tuple[str, str, str]]) -> None:
         """Clear refused receipts' staged rows: only rows they own, and none an open group still uses."""
         in_use = {k for g in self.groups.open.values() for k in g.staging_keys()}
-        owners = {key: (gid, rid) for key, gid, rid in strays if key not in in_use}
+        owners = {key: (gid, rid) for key, gid, rid in refused_staging if key not in in_use}
         if not owners:
             return
         partition = self.config.actor.staging_partition
@@ -359,5 +363,5 @@ def _open_entry(group: OpenGroup) -> GroupState:
     )
 
 
-def _refusal(receipt: Receipt, outcome: Added) -> str:
+def _refusal(receipt: Receipt, outcome: Intake) -> str:
     return f"receipt {receipt.rollout_id} of group {receipt.group_id}: {outcome.value}"

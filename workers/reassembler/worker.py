@@ -33,7 +33,7 @@ from workers.reassembler.clearing import StagingClearer
 from workers.reassembler.clients import KafkaClients, WorkerClients
 from workers.reassembler.commit import PartitionCommit, commit_transaction, confirm_membership, dead_letter_counts
 from workers.reassembler.config import ReassemblerConfig
-from workers.reassembler.errors import LeaseExpired, MemberFenced, StepAborted, WorkerFenced
+from workers.reassembler.errors import LeaseRefused, MemberFenced, StepAborted, WorkerFenced
 from workers.reassembler.faults import NO_FAULTS, Faults
 from workers.reassembler.finalize import finalize_groups
 from workers.reassembler.groups import OpenGroup
@@ -278,7 +278,7 @@ class ReassemblerWorker:
         self.sensor.on_lag(self.config.receipts_topic, self._lags())
         return consumed
 
-    def _may_put(self, put: int, sample_ids: list[str]) -> str | None:
+    def _lease_refusal(self, put: int, sample_ids: list[str]) -> str | None:
         """Asked before each TQ put: why this worker may be a zombie by now, or None (see `lease.py`)."""
         self.faults.before_put(put, sample_ids)
         return self._lease.refusal()
@@ -303,7 +303,7 @@ class ReassemblerWorker:
                     self.config.actor,
                     receipts_topic=self.config.receipts_topic,
                     now_ms=now_ms,
-                    lease=self._may_put,
+                    lease_refusal=self._lease_refusal,
                 )
                 if ready
                 else []
@@ -337,10 +337,10 @@ class ReassemblerWorker:
         self._report_commit(commits, seconds)
         if len(ready) >= self._step_groups and seconds < self.config.max_poll_interval_ms / 1000 * FAST_STEP_SHARE:
             self._step_groups = min(self.config.max_poll_records, self._step_groups * 2)
-        to_clear: list[str] = []
+        staging_to_clear: list[str] = []
         for task, commit in zip(tasks, commits):
-            task.post_commit(commit, writes.get(task.partition), to_clear=to_clear)
-        self._clearer.submit(to_clear)
+            task.post_commit(commit, writes.get(task.partition), staging_to_clear=staging_to_clear)
+        self._clearer.submit(staging_to_clear)
 
     def _confirm_membership(self, tasks: list[PartitionTask]) -> None:
         """After a freeze: prove to the group coordinator that this member's generation is current.
@@ -360,13 +360,13 @@ class ReassemblerWorker:
         )
         self._txn_began = None
         if not self._lease.confirmed(mark):
-            raise LeaseExpired("frozen again while confirming consumer-group membership")
+            raise LeaseRefused("frozen again while confirming consumer-group membership")
         log.info("%s: consumer-group membership confirmed after a freeze; puts resume", self.config.worker_id)
 
     def _abort(self, exc: StepAborted, groups: int) -> None:
         log.warning("%s: %s; rebuilding from committed state", self.config.worker_id, exc)
         self.sensor.on_abort()
-        if isinstance(exc, LeaseExpired) and self._lease.slow_step():
+        if isinstance(exc, LeaseRefused) and self._lease.slow_step():
             # The same records come back after the rebuild: finalizing as many again would only
             # run out of time again, so the next steps take half as many groups.
             self._step_groups = max(1, min(self._step_groups, groups) // 2)

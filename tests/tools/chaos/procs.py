@@ -26,7 +26,7 @@ from tests.tools.chaos.check import DrillEvents, read_journal
 from tests.tools.chaos.trainer import rows_digest
 from tests.tools.faults import CRASH_POINTS
 from workers.reassembler.config import ReassemblerConfig
-from workers.reassembler.pool import FENCED_EXIT, SPARE_MIN_UPTIME_S, Pool, Spare
+from workers.reassembler.pool import FENCED_EXIT, SPARE_MIN_UPTIME_S, Pool, SpareSupply
 from workers.reassembler.run import promote, spawn_worker
 from workers.rollout.gate import AdmissionGate
 from workers.rollout.publisher import RolloutPublisher
@@ -114,7 +114,7 @@ class Reassemblers:
             warn=self._pool_line,
             stop_grace_s=STOP_GRACE_S,
             spawn=self._spawn_child,
-            spare=Spare(spawn=self._spawn_spare, promote=lambda proc, wid: promote(proc, wid)),
+            spares=SpareSupply(spawn=self._spawn_spare, promote=lambda proc, wid: promote(proc, wid)),
         )
         self._thread = threading.Thread(target=self._run_pool, name="chaos-pool", daemon=True)
 
@@ -134,7 +134,7 @@ class Reassemblers:
         config = msgspec.structs.replace(self.base, worker_id="w-spare")
         log = self._log("spare")
         return spawn_worker(
-            self.kafka, config, self.tq, standby=True, stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent
+            self.kafka, config, self.tq, as_spare=True, stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent
         )
 
     def _pool_line(self, line: str) -> None:

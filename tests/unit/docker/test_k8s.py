@@ -252,7 +252,7 @@ def _allowed(resource_type: str, name: str, operation: str) -> bool:
 
 
 def test_the_user_may_do_what_the_pipeline_does_under_its_prefix_only():
-    from streams.consumer import _throwaway_group
+    from streams.consumer import _throwaway_consumer_group
 
     reassembler = _reassembler_settings()
     for topic in (t["spec"]["topicName"] for t in _docs_of("KafkaTopic")):
@@ -262,7 +262,7 @@ def test_the_user_may_do_what_the_pipeline_does_under_its_prefix_only():
     # The reassemblers' group and transactional ids, the trainer's group, and the throwaway groups of
     # the readers (streams/consumer.py, workers/reassembler/changelog.py): under `rlstream` only
     # because the prefix is `rlstream`.
-    groups = [reassembler.consumer_group, f"{PREFIX}.trainer", _throwaway_group(), "rlstream-changelog-0"]
+    groups = [reassembler.consumer_group, f"{PREFIX}.trainer", _throwaway_consumer_group(), "rlstream-changelog-0"]
     for group in groups:
         assert _allowed("group", group, "Read"), group
     assert _allowed("transactionalId", reassembler.transactional_id, "Write")

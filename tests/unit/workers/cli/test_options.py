@@ -270,7 +270,7 @@ def test_a_pool_with_a_spare_joins_as_static_members_only_under_stable_worker_id
         code, err = _main(capsys, *base, *extra)
         assert code == 0, err
     (named, named_kw), (random_id, random_kw), (no_spare, no_spare_kw) = pools
-    assert named.static_membership and named_kw["spare"]
+    assert named.static_membership and named_kw["keep_spare"]
     # A random id is new at every start: old static members would hold their partitions a session timeout.
-    assert random_id.worker_id.startswith("w") and not random_id.static_membership and random_kw["spare"]
-    assert not no_spare.static_membership and not no_spare_kw["spare"]
+    assert random_id.worker_id.startswith("w") and not random_id.static_membership and random_kw["keep_spare"]
+    assert not no_spare.static_membership and not no_spare_kw["keep_spare"]

@@ -260,7 +260,7 @@ SPARE_CHILD = (
     "import json, os, signal, sys, time\n"
     "d = json.loads(sys.stdin.buffer.readline())\n"
     "worker = d['reassembler']['worker_id']\n"
-    "if d['standby']:\n"
+    "if d['as_spare']:\n"
     "    line = sys.stdin.buffer.readline()\n"
     "    if not line.strip(): sys.exit(0)\n"
     "    worker = json.loads(line)['worker_id']\n"
@@ -285,7 +285,7 @@ def test_a_first_crash_hands_the_worker_id_to_the_warm_spare_at_once(monkeypatch
 
     watcher = _stop_once(lambda: len(took_over) == 1 and sum("spare worker process started" in x for x in lines) == 2)
     started = time.monotonic()
-    assert run_pool(KAFKA, CONFIG, TQ, 2, log=log, warn=warnings.append, restart=policy, spare=True) == 0
+    assert run_pool(KAFKA, CONFIG, TQ, 2, log=log, warn=warnings.append, restart=policy, keep_spare=True) == 0
     watcher.join()
     assert took_over and took_over[0] - started < 15, lines
     runs = [line.split() for line in starts.read_text().splitlines()]
@@ -325,7 +325,7 @@ class FakeProc:
 
 
 def test_the_spare_takes_over_from_each_worker_that_dies_in_turn_not_only_the_first():
-    from workers.reassembler.pool import Spare
+    from workers.reassembler.pool import SpareSupply
 
     spares: list[FakeProc] = []
     promoted: list[tuple[int, str]] = []
@@ -341,7 +341,7 @@ def test_the_spare_takes_over_from_each_worker_that_dies_in_turn_not_only_the_fi
 
     # A cold restart would wait 30 s: within the deadlines below only the spare can take over.
     pool = Pool(log=lambda _: None, stop_grace_s=1, poll_s=0.01, spawn=spawn, restart=RestartPolicy(initial_s=30.0),
-                spare=Spare(spawn_spare, lambda proc, wid: promoted.append((proc.pid, wid))))  # fmt: skip
+                spares=SpareSupply(spawn_spare, lambda proc, wid: promoted.append((proc.pid, wid))))  # fmt: skip
     first = {"w-0": FakeProc(), "w-1": FakeProc()}
     for worker_id, proc in first.items():
         pool.add(worker_id, proc)

@@ -60,10 +60,10 @@ def test_post_commit_can_hand_its_staging_keys_to_the_caller_to_clear_with_other
     task = make_task(store)
     keys = received(task, store, "g")
     commit = step(task, store)
-    to_clear = ["other-partition-key"]
-    task.post_commit(commit, to_clear=to_clear)
+    staging_to_clear = ["other-partition-key"]
+    task.post_commit(commit, staging_to_clear=staging_to_clear)
     # Not cleared here (the worker clears every partition's keys in one call), but handed over.
     assert store.present(STAGING, keys) == set(keys)
-    assert sorted(to_clear) == sorted(["other-partition-key", *keys])
+    assert sorted(staging_to_clear) == sorted(["other-partition-key", *keys])
     # Owed all the same: the next step records the entry cleared.
     assert [(s.group_id, s.staging_cleared) for s in task.prepare([], 6_000).state] == [("g", True)]

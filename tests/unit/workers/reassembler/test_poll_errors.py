@@ -3,7 +3,7 @@
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from workers.reassembler.errors import GroupProtocolMismatch, WorkerFenced
+from workers.reassembler.errors import ConsumerGroupProtocolMismatch, WorkerFenced
 from workers.reassembler.poll_errors import check_poll_error
 
 FENCED_TEXT = "Fatal consumer error: Broker: Static consumer fenced by other consumer with same group.instance.id"
@@ -23,7 +23,7 @@ def test_other_fatal_errors_end_the_worker_even_when_not_flagged_fatal():
 
 
 def test_a_group_of_mismatched_assignment_strategies_is_named():
-    with pytest.raises(GroupProtocolMismatch, match="partition_assignment"):
+    with pytest.raises(ConsumerGroupProtocolMismatch, match="partition_assignment"):
         check_poll_error(KafkaError(KafkaError.INCONSISTENT_GROUP_PROTOCOL), "w1", "g")
 
 

@@ -1,7 +1,7 @@
 """restore_partition: a partition's prompt-group bookkeeping rebuilt from its state changelog, in log order."""
 
 from schemas.state import DEAD_LETTERED, OPEN, GroupState, PartitionProgress
-from workers.reassembler.groups import Added
+from workers.reassembler.groups import Intake
 from workers.reassembler.restore import LEGACY_PROGRESS_ID, LogEntry, restore_partition
 
 from .fixtures import closed, opened, receipt
@@ -12,8 +12,8 @@ def test_the_latest_entry_of_a_group_wins():
     groups = restored.groups
     assert {gid: c.last_offset for gid, c in groups.closed.items()} == {"g": 6}
     assert groups.restored_open_ms == {}
-    assert groups.add(receipt("g", 0), 4, 0)[0] is Added.REPLAYED_CLOSED
-    assert groups.add(receipt("g", 0, rollout_id="late"), 7, 0)[0] is Added.LATE
+    assert groups.add(receipt("g", 0), 4, 0)[0] is Intake.REREAD_CLOSED
+    assert groups.add(receipt("g", 0, rollout_id="late"), 7, 0)[0] is Intake.LATE
 
 
 def test_an_open_group_keeps_its_first_seen_time_for_its_deadline():
@@ -33,13 +33,13 @@ def test_closed_entries_with_uncleared_staging_are_pending_in_log_order():
             closed("done", 6, 7, keys=("d/0",), cleared=True),
         ],
     )
-    assert [(e.group_id, e.staging_keys) for e in restored.pending_clears] == [("b", ("b/0",)), ("a", ("a/0", "a/1"))]
+    assert [(e.group_id, e.staging_keys) for e in restored.staging_to_clear] == [("b", ("b/0",)), ("a", ("a/0", "a/1"))]
 
 
 def test_a_later_closed_entry_without_keys_settles_a_pending_clear():
     # What a worker of the previous version wrote once it had cleared the keys.
     legacy_cleared = closed("g", 0, 1)
-    assert restore_partition(0, [closed("g", 0, 1, keys=("k",)), legacy_cleared]).pending_clears == ()
+    assert restore_partition(0, [closed("g", 0, 1, keys=("k",)), legacy_cleared]).staging_to_clear == ()
 
 
 def test_open_after_closed_reopens_a_redriven_dead_lettered_group_and_drops_its_pending_clear():
@@ -47,10 +47,10 @@ def test_open_after_closed_reopens_a_redriven_dead_lettered_group_and_drops_its_
         0,
         [closed("g", 0, 1, outcome=DEAD_LETTERED, keys=("g/0",)), opened("g", 9, first_seen_ms=5_000)],
     )
-    assert restored.pending_clears == ()
+    assert restored.staging_to_clear == ()
     assert "g" not in restored.groups.closed and "g" not in restored.groups.dead_lettered
     outcome, group = restored.groups.add(receipt("g", 0), 9, 0)
-    assert outcome is Added.ADDED and group.first_seen_ms == 5_000
+    assert outcome is Intake.ADDED and group.first_seen_ms == 5_000
 
 
 def test_a_dead_lettered_group_stays_reopenable_but_a_finalized_one_does_not():
@@ -86,7 +86,7 @@ def test_a_tombstone_forgets_a_closed_group_and_its_pending_clear():
     ]
     restored = restore_partition(0, entries)
     assert list(restored.groups.closed) == ["h"]
-    assert restored.pending_clears == ()
+    assert restored.staging_to_clear == ()
 
 
 def test_the_horizon_is_the_highest_recorded_and_makes_unknown_old_receipts_late():
@@ -96,8 +96,8 @@ def test_the_horizon_is_the_highest_recorded_and_makes_unknown_old_receipts_late
     ]
     groups = restore_partition(0, progress).groups
     assert groups.horizon_ms == 9_000
-    assert groups.add(receipt("gone", 0), 5, 9_000)[0] is Added.LATE
-    assert groups.add(receipt("new", 0), 6, 9_001)[0] is Added.ADDED
+    assert groups.add(receipt("gone", 0), 5, 9_000)[0] is Intake.LATE
+    assert groups.add(receipt("new", 0), 6, 9_001)[0] is Intake.ADDED
 
 
 def test_restored_entries_keep_their_offsets_for_the_next_restore_point():

@@ -13,7 +13,7 @@ from tests.unit.memory_store import InMemoryStore
 from workers.reassembler.commit import StateWrites
 from workers.reassembler.config import ReassemblerConfig
 from workers.reassembler.finalize import GroupOutcome, finalize_groups
-from workers.reassembler.groups import Added
+from workers.reassembler.groups import Intake
 from workers.reassembler.restore import restore_partition
 from workers.reassembler.task import PartitionTask
 from workers.rollout.publisher import stage_rollouts
@@ -102,7 +102,7 @@ def test_without_clear_staging_the_staged_tensors_stay_and_no_cleared_entry_foll
     for offset, r in enumerate(receipts):
         task.intake(record(offset, r.to_bytes()), 0)
     commit = step(task, store, config=config)
-    assert commit.state[-1].staging_keys == () and commit.closed == ()
+    assert commit.state[-1].staging_keys == () and commit.staging_to_clear == ()
     task.post_commit(commit)
     keys = [c.staging_key for r in receipts for c in r.manifest]
     assert store.present(STAGING, keys) == set(keys)
@@ -321,7 +321,7 @@ def test_forgotten_groups_are_tombstoned_after_their_entries_and_the_progress_ca
     # The horizon is when "a" closed: the newest receipt timestamp read by then (b's, 1_001).
     assert first.state[0].closed_event_ms == 1_001
     assert second.progress.horizon_ms == 1_001 and second.progress.restore_from == 102
-    assert task.groups.add(receipt("a", 0), 50, 999)[0] is Added.LATE
+    assert task.groups.add(receipt("a", 0), 50, 999)[0] is Intake.LATE
 
 
 def test_a_receipt_carrying_another_groups_staging_neither_takes_nor_clears_its_rows():
@@ -452,7 +452,7 @@ def test_a_receipt_read_again_after_a_restart_never_reopens_a_forgotten_group_wh
     commit = step(task, store, now_ms=9_000)
     assert "gone" not in task.groups.open
     assert commit.finalized == () and commit.dead_letters == ()  # replayed: its letter was written before
-    assert ("gone-r0/c0", "gone", "gone-r0") in commit.strays
+    assert ("gone-r0/c0", "gone", "gone-r0") in commit.refused_staging
 
 
 def test_a_group_whose_staging_rows_are_all_gone_is_handed_back_with_its_offsets_not_dead_lettered():
