@@ -18,6 +18,10 @@ STAGING_LOST = "staging_lost"  # the reassembler found none of its staging rows 
 TRAIN_ROWS_LOST = "train_rows_lost"  # the trainer found a finalized record whose train rows are gone
 REGENERATE_REASONS = frozenset({STAGING_LOST, TRAIN_ROWS_LOST})
 
+# A group regenerated this many times whose staging is gone again is dead-lettered, not handed back:
+# a publisher whose receipts name rows it never staged must not loop through regeneration forever.
+MAX_REGENERATIONS = 3
+
 # Separates an original group id from its regeneration count: `g~r1`, `g~r2`, ...
 _MARK = "~r"
 

@@ -159,6 +159,7 @@ def broker_user() -> None:
 )
 @click.option(
     "--consumer-group-prefix",
+    "--group-prefix",  # the earlier spelling, so scripts that grant ACLs keep working
     "consumer_group_prefixes",
     multiple=True,
     help="consumer group prefix the user may use; repeatable (default: the topic prefixes)",

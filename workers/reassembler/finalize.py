@@ -13,6 +13,7 @@ from tensordict import TensorDict
 from schemas.deadletter import ALL_ROLLOUTS_FAILED, INCONSISTENT_GROUP
 from schemas.finalized import FinalizedGroup, SourceRange
 from schemas.group_build import GroupBuild, build_group
+from schemas.regenerate import MAX_REGENERATIONS, regeneration_of
 from schemas.request import RolloutReassemblerActorConfig
 from streams.errors import MissingKeysError
 from streams.tq import KVStore
@@ -276,7 +277,7 @@ def _build_or_letter(
         return GroupOutcome(group, None, INCONSISTENT_GROUP, message, staging)
     if build.valid_row_count == 0:
         reasons = sorted({r for r in build.rejection_reasons if r})
-        if reasons == [MISSING_STAGING_ROW] and gone:
+        if reasons == [MISSING_STAGING_ROW] and gone and regeneration_of(group.group_id)[1] < MAX_REGENERATIONS:
             # Not one row of the group is left, and no rollout failed: its staging was lost (a whole-job
             # restart emptied TQ), not refused. Generating the prompt again is the only way to train it.
             message = f"group {group.group_id}: none of its staged rows are in TQ; handed back for regeneration"

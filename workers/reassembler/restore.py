@@ -74,7 +74,7 @@ def restore_partition(
 def _apply_group(groups: PromptGroups, pending: dict[str, GroupState], entry: GroupState, offset: int) -> None:
     if entry.status == OPEN:
         groups.restore_open(entry.group_id, entry.first_seen_ms, offset)
-        # A reopened (redriven) group re-staged its tensors: they are not the closed group's leftovers.
+        # A reopened (redriven) group re-staged its tensors: they are not the closed group's staging to clear.
         pending.pop(entry.group_id, None)
         return
     groups.restore_closed(

@@ -42,8 +42,9 @@ class WorkerSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     metrics_port: int | None = None
     log_json: bool = False
     debug: bool = False  # log at debug level (the parent's `rlstream --debug`)
-    # A pool's warm spare: attach to Ray and TQ now, then wait on stdin for a `Promotion`.
-    as_spare: bool = False
+    # A pool's warm spare: attach to Ray and TQ now, then wait on stdin for a `Promotion`. Keeps its
+    # document name, so a child of this version still reads the spec an older parent writes.
+    as_spare: bool = msgspec.field(default=False, name="standby")
 
 
 class Promotion(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

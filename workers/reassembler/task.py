@@ -68,7 +68,7 @@ class PartitionTask:
         # Closed groups the restore forgot for capacity: tombstoned with the first commit.
         self._forgotten = list(restored.forgotten)
         self._staging_to_clear = restored.staging_to_clear
-        # Closed entries again with staging_cleared, owed to the next commit once their keys are gone.
+        # Closed entries again with staging_cleared, to record in the next commit once their keys are gone.
         self._cleared_to_record: list[GroupState] = []
         self._limits = Limits(config.max_group_size, config.max_calls_per_rollout, config.max_tokens_per_call)
         # This step's intake, until `prepare` hands it over.
@@ -147,7 +147,7 @@ class PartitionTask:
             if outcome is Intake.COMPLETED:
                 self._completed[group.group_id] = group
         elif outcome is not Intake.REREAD_CLOSED:
-            # Also when replayed: a crash after the commit may have left the clear undone.
+            # Also when reread: a crash after the commit may have left the clear undone.
             self._refused_staging.extend(
                 (c.staging_key, decoded.group_id, decoded.rollout_id) for c in decoded.manifest
             )
@@ -268,7 +268,7 @@ class PartitionTask:
         g = self.groups.close(o.group.group_id, dead_lettered=failed and not o.handed_back, closed_ms=self.max_ts)
         letters = []
         if o.dead_letter_kind is not None:
-            # The group's receipts go to the dead-letter topic intact, so a redrive can replay them.
+            # The group's receipts go to the dead-letter topic intact, so a redrive can publish them again.
             letters = [
                 DeadLetter(
                     source_topic=self.config.receipts_topic,
@@ -304,7 +304,7 @@ class PartitionTask:
     def post_commit(
         self, commit: PartitionCommit, written: StateWrites | None = None, *, staging_to_clear: list[str] | None = None
     ) -> None:
-        """After the transaction committed: clear the closed groups' staging, owe their cleared entries.
+        """After the transaction committed: clear the closed groups' staging, record them cleared next step.
 
         `written` says where the step's state records landed; a group whose delivery report is
         missing is placed at the partition's previous end, which is never after its entry. With

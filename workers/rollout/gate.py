@@ -50,7 +50,7 @@ from dataclasses import dataclass
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaException, TopicPartition
 
 from schemas.errors import InvalidArgument, SchemaError
-from schemas.state import CLOSED, DEAD_LETTERED, GroupState
+from schemas.state import CLOSED, DEAD_LETTERED, HANDED_BACK, GroupState
 from schemas.trainer_version import TrainerVersion
 from streams.config import KafkaConfig
 from streams.consumer import partitions_of
@@ -208,6 +208,18 @@ class StalenessBudget:
             self._cond.notify_all()
 
 
+def lost_group(value: bytes) -> str | None:
+    """The group id of a state entry that closes a group with no rows to train, else None.
+
+    Dead-lettered and handed-back groups alike: a handed-back group's regeneration is admitted as a
+    new group under its own id, so the original's admission would otherwise be held forever.
+    """
+    entry = decode_value(value, STATE_ROLE)
+    if isinstance(entry, GroupState) and entry.status == CLOSED and entry.outcome in (DEAD_LETTERED, HANDED_BACK):
+        return entry.group_id
+    return None
+
+
 class AdmissionGate(StalenessBudget):
     """A `StalenessBudget` following one trainer's records on the version topic, and the groups the
     reassemblers dead-letter on their state topic, in a daemon thread.
@@ -295,17 +307,15 @@ class AdmissionGate(StalenessBudget):
             self._consumer.close()
 
     def _closing(self, value: bytes) -> None:
-        """A state entry: a group closed as dead-lettered is a loss, counted once however often it is written."""
+        """A state entry: a group closed without rows is a loss, counted once however often it is written."""
         try:
-            entry = decode_value(value, STATE_ROLE)
+            group_id = lost_group(value)
         except SchemaError as exc:
             log.debug("ignoring a bad record on %s: %s", self._state_topic, exc)
             return
-        if not isinstance(entry, GroupState) or entry.status != CLOSED or entry.outcome != DEAD_LETTERED:
+        if group_id is None or group_id in self._dead:
             return
-        if entry.group_id in self._dead:
-            return
-        self._dead[entry.group_id] = None
+        self._dead[group_id] = None
         if len(self._dead) > RECENT_LOSSES:
             self._dead.popitem(last=False)
         self.on_lost(1)

@@ -138,7 +138,7 @@ def test_redrive_of_a_fixed_group_finalizes_it_and_a_failing_one_is_not_redriven
             "dead_letters": 8,
             "outcome": "finalized",
         }
-        # Closed dead-lettered, cleared, closed finalized (its cleared entry may still be owed); OPEN
+        # Closed dead-lettered, cleared, closed finalized (its cleared entry may still be to record); OPEN
         # entries are not written for a group that opens and closes in one step.
         assert info["summary"]["state_entries"] >= 3
         assert set(info["tq"]["sample_ids"]) == set(rec.sample_ids) and all(info["tq"]["sample_ids"].values())

@@ -260,7 +260,7 @@ SPARE_CHILD = (
     "import json, os, signal, sys, time\n"
     "d = json.loads(sys.stdin.buffer.readline())\n"
     "worker = d['reassembler']['worker_id']\n"
-    "if d['as_spare']:\n"
+    "if d['standby']:\n"
     "    line = sys.stdin.buffer.readline()\n"
     "    if not line.strip(): sys.exit(0)\n"
     "    worker = json.loads(line)['worker_id']\n"

@@ -65,5 +65,5 @@ def test_post_commit_can_hand_its_staging_keys_to_the_caller_to_clear_with_other
     # Not cleared here (the worker clears every partition's keys in one call), but handed over.
     assert store.present(STAGING, keys) == set(keys)
     assert sorted(staging_to_clear) == sorted(["other-partition-key", *keys])
-    # Owed all the same: the next step records the entry cleared.
+    # Recorded all the same: the next step writes the entry cleared.
     assert [(s.group_id, s.staging_cleared) for s in task.prepare([], 6_000).state] == [("g", True)]

@@ -6,7 +6,7 @@ import msgspec
 import pytest
 
 from schemas import deadletter as dl
-from schemas.regenerate import STAGING_LOST
+from schemas.regenerate import MAX_REGENERATIONS, STAGING_LOST
 from schemas.state import CLOSED, DEAD_LETTERED, FINALIZED, HANDED_BACK, OPEN, GroupState, PartitionProgress
 from streams.tq import STAGING, TRAIN
 from tests.unit.memory_store import InMemoryStore
@@ -171,7 +171,7 @@ def test_progress_never_goes_back_below_what_was_recorded():
 def test_a_redriven_receipt_reopens_a_dead_lettered_group_and_its_open_entry_comes_last():
     store = InMemoryStore()
     task = make_task(store, [closed("g", 0, 1, outcome=DEAD_LETTERED, keys=("g/0",))])
-    # The predecessor's uncleared keys are owed as a cleared entry; the redriven receipt then
+    # The predecessor's uncleared keys are recorded as a cleared entry; the redriven receipt then
     # reopens the same group in this step, and compaction must keep the OPEN entry.
     task.intake(record(9, receipt("g", 0).to_bytes(), redriven=1), 0)
     commit = task.prepare([], 0)
@@ -451,7 +451,7 @@ def test_a_receipt_read_again_after_a_restart_never_reopens_a_forgotten_group_wh
     task.intake(record(3, receipt("gone", 0).to_bytes(), ts=20_000), 9_000)
     commit = step(task, store, now_ms=9_000)
     assert "gone" not in task.groups.open
-    assert commit.finalized == () and commit.dead_letters == ()  # replayed: its letter was written before
+    assert commit.finalized == () and commit.dead_letters == ()  # reread: its letter was written before
     assert ("gone-r0/c0", "gone", "gone-r0") in commit.refused_staging
 
 
@@ -479,3 +479,29 @@ def test_a_partial_group_whose_surviving_rollouts_are_in_tq_is_completed_not_han
     commit = step(task, store)
     assert [f.group_id for f in commit.finalized] == ["g"] and commit.regenerate == ()
     assert commit.finalized[0].valid_row_count == 1
+
+
+def test_a_group_whose_staged_rows_exist_but_belong_to_another_group_is_dead_lettered_not_handed_back():
+    # Hostile input: the keys are in TQ, staged by group "a"; "b" claims them. TQ was not lost.
+    store = InMemoryStore()
+    task = make_task(store)
+    a = staged(store, "a")
+    hijack = [msgspec.structs.replace(r, group_id="b") for r in a]
+    for offset, r in enumerate(hijack, start=10):
+        task.intake(record(offset, r.to_bytes()), 5_000)
+    commit = step(task, store)
+    assert commit.regenerate == ()
+    assert [d.source_key for d in commit.dead_letters] == [b"b", b"b"]
+
+
+def test_a_group_regenerated_too_often_is_dead_lettered_instead_of_handed_back_again():
+    # A publisher whose receipts name rows it never staged must not loop through regeneration forever.
+    store = InMemoryStore()
+    task = make_task(store)
+    late = f"g~r{MAX_REGENERATIONS}"
+    keys = received(task, store, late)
+    store.clear(STAGING, keys)
+    commit = step(task, store)
+    assert commit.regenerate == ()
+    assert {d.source_key for d in commit.dead_letters} == {late.encode()}
+    assert commit.state[-1].outcome == DEAD_LETTERED

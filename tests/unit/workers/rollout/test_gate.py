@@ -6,7 +6,8 @@ import time
 import pytest
 
 from schemas.errors import InvalidArgument
-from workers.rollout.gate import StalenessBudget, staleness_capacity
+from schemas.state import CLOSED, DEAD_LETTERED, FINALIZED, HANDED_BACK, OPEN, GroupState
+from workers.rollout.gate import StalenessBudget, lost_group, staleness_capacity
 
 
 def cap(**kw):
@@ -151,3 +152,12 @@ def test_a_share_of_the_trainer_gets_that_share_of_each_loss():
 def test_capacity_counts_lost_groups_as_never_accepted():
     assert cap(accepted=20, running=5, lost=3) == 2
     assert cap(batch_groups=4 * 0.5, accepted=6, lost=2 * 0.5) == 1  # floor(3 * 2 - 6 + 1)
+
+
+@pytest.mark.parametrize(("outcome", "lost"), [(DEAD_LETTERED, True), (HANDED_BACK, True), (FINALIZED, False)])
+def test_a_group_closed_without_training_rows_counts_as_lost_to_the_gate(outcome, lost):
+    # A handed-back group never trains under its id (a regeneration is admitted as a new group):
+    # counting it as accepted forever would shrink the gate's capacity for good.
+    entry = GroupState("g", CLOSED, 0, 0, 1, 0, outcome=outcome)
+    assert (lost_group(entry.to_bytes()) == "g") is lost
+    assert lost_group(GroupState("g", OPEN, 0, 0, 0, 0).to_bytes()) is None
