@@ -6,7 +6,7 @@ trainer reads the record again from the old commit, finds its rows gone and repo
 data loss. So rows go only once the record is named resolved where a successor looks:
 
 - plain (`deferred=False`): once a commit of the consumer's offsets names the record resolved. That
-  commit stops short of the record (`PartitionLedger.snapshot`'s `held`), so a trainer dying between the
+  commit stops short of the record (`PartitionPosition.snapshot`'s `held`), so a trainer dying between the
   commit and the clear leaves a successor that reads the record again, sees it named, and clears its
   rows; the next commit passes it once the rows are gone. A failed commit keeps the rows, and the
   successor trains the group again: at least once, never reported lost.

@@ -21,12 +21,12 @@ from schemas.errors import InvalidArgument
 from schemas.finalized import FinalizedGroup
 from streams.errors import MissingKeysError
 from workers.trainer.batch import BatchMeta, Layout, TrainBatch, materialize, padded
-from workers.trainer.book import Pending
 from workers.trainer.checkpoint import STATE_VERSION, ConsumerState, PartitionMark, decode_state, encode_state
 from workers.trainer.config import ConsumerConfig
 from workers.trainer.intake import ConsumerCounts, FinalizedIntake
-from workers.trainer.ledger import encode_ranges
+from workers.trainer.pending import Pending
 from workers.trainer.policies import Decision
+from workers.trainer.position import encode_ranges
 
 log = logging.getLogger("rlstream.trainer")
 

@@ -1,6 +1,6 @@
 """The trainer consumer's intake: finalized records read read_committed, decided by policy, committed.
 
-A partition's committed offset never passes a record not yet resolved (`ledger.py`): a group held,
+A partition's committed offset never passes a record not yet resolved (`position.py`): a group held,
 ready, or handed out and not acked, a duplicate waiting for its original, a dead letter not yet
 acknowledged. Records the trainer cannot use go to its dead-letter topic (`deadletters.py`). With
 checkpoints (`checkpoint.py`) offsets move only with durable checkpoints, and rows of resolved
@@ -22,12 +22,12 @@ from streams.config import KafkaConfig
 from streams.producer import AckedProducer, Outgoing
 from streams.tq import KVStore
 from workers.telemetry.sensors import TrainerSensor
-from workers.trainer.book import DUPLICATE, NEW, REREAD, GroupBook, Pending
 from workers.trainer.checkpoint import PartitionMark
 from workers.trainer.clears import RowClears
 from workers.trainer.config import ConsumerConfig
 from workers.trainer.deadletters import MISSING_ROWS, UNDECODABLE_FINALIZED, Outbox, make_letter
 from workers.trainer.errors import PollErrors
+from workers.trainer.pending import DUPLICATE, NEW, REREAD, Pending, PendingGroups
 from workers.trainer.policies import Decision, Policy
 
 log = logging.getLogger("rlstream.trainer")
@@ -97,7 +97,7 @@ class FinalizedIntake:
         # Rows of resolved groups stay until a commit names their records: a durable checkpoint's with
         # checkpoints, else the next commit of the offsets (`clears.py`).
         self._clears = RowClears(store, config.train_partition, deferred=config.checkpointed)
-        self._book = GroupBook(store, config.train_partition, config.max_seen_groups, clear=self._clears.clear)
+        self._book = PendingGroups(store, config.train_partition, config.max_seen_groups, clear=self._clears.clear)
         self._run = uuid.uuid4().hex  # tells this consumer's states from a predecessor's
         # A restored checkpoint's marks, per partition, until that partition is first assigned.
         self._restored: dict[int, PartitionMark] = {}

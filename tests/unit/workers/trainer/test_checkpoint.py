@@ -12,7 +12,7 @@ from workers.trainer.checkpoint import (
     decode_state,
     encode_state,
 )
-from workers.trainer.ledger import PartitionLedger
+from workers.trainer.position import PartitionPosition
 
 
 def _state(**kw) -> dict:
@@ -44,7 +44,7 @@ def test_a_bad_state_is_refused_naming_what_is_wrong(data, message):
 
 
 def test_a_ledger_from_a_mark_starts_there_and_knows_the_trained_records_past_it():
-    ledger = PartitionLedger.from_state(5, [(7, 9)])
+    ledger = PartitionPosition.from_state(5, [(7, 9)])
     assert ledger.snapshot([]) == (5, [(7, 9)])  # nothing read yet: the mark itself
     assert not ledger.read(5) and not ledger.read(6)
     assert ledger.read(7) and ledger.read(8)

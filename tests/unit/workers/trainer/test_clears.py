@@ -5,7 +5,7 @@ from tensordict import TensorDict
 
 from tests.unit.memory_store import InMemoryStore
 from workers.trainer.clears import RowClears
-from workers.trainer.ledger import PartitionLedger, decode_ranges
+from workers.trainer.position import PartitionPosition, decode_ranges
 
 
 def _put(store: InMemoryStore, ids: list[str]) -> None:
@@ -55,7 +55,7 @@ def test_a_failed_clear_forgets_nothing():
 
 
 def test_a_commit_stops_at_a_held_record_and_names_it_resolved():
-    ledger = PartitionLedger.from_commit(3, None)
+    ledger = PartitionPosition.from_commit(3, None)
     for offset in range(3, 8):
         ledger.read(offset)
     for offset in (3, 4, 6, 7):
@@ -67,4 +67,4 @@ def test_a_commit_stops_at_a_held_record_and_names_it_resolved():
     assert ledger.names(3) and ledger.names(7) and not ledger.names(5)
     offset, metadata, _ = ledger.commit_point([5])  # rows gone: the offset passes them
     assert offset == 5 and decode_ranges(offset, metadata) == [(6, 7)]
-    assert not PartitionLedger().names(0)  # nothing committed: nothing named
+    assert not PartitionPosition().names(0)  # nothing committed: nothing named

@@ -1,7 +1,7 @@
-"""`GroupBook`: what the trainer's consumer has read of each assigned partition, and what is resolved.
+"""`PendingGroups`: what the trainer's consumer has read of each assigned partition, and what is resolved.
 
 No Kafka here: the consumer feeds it records and tells it what the trainer did; it answers which
-groups wait, what to commit (`ledger.py`), and clears the TQ rows of duplicates no one will read.
+groups wait, what to commit (`position.py`), and clears the TQ rows of duplicates no one will read.
 
 A record is unresolved while its group is held, ready, or yielded and not released, or while it
 is a duplicate waiting for its original; the consumer's dead-letter outbox holds its own records.
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from schemas.finalized import FinalizedGroup
 from streams.tq import KVStore
-from workers.trainer.ledger import PartitionLedger
+from workers.trainer.position import PartitionPosition
 
 log = logging.getLogger("rlstream.trainer")
 
@@ -42,7 +42,7 @@ class _Seen:
     resolved: bool = False
 
 
-class GroupBook:
+class PendingGroups:
     """`clear(sample_ids, partition, offset)` disposes of rows no one will read, those of the resolved record
     at that position (`clears.py` says when); by default at once, from `train_partition`."""
 
@@ -56,7 +56,7 @@ class GroupBook:
         self._clear = clear if clear is not None else (lambda ids, _p, _o: store.clear(train_partition, ids))
         self._max_seen = max_seen_groups
         self.pending: dict[int, dict[int, Pending]] = {}  # partition -> offset -> pending
-        self.ledgers: dict[int, PartitionLedger] = {}
+        self.ledgers: dict[int, PartitionPosition] = {}
         # Group ids already taken in, the oldest resolved forgotten first past max_seen_groups.
         self._seen: OrderedDict[str, _Seen] = OrderedDict()
         self._duplicates: dict[str, list[Pending]] = {}  # group id -> duplicates waiting for it
@@ -67,14 +67,14 @@ class GroupBook:
     def assign(self, partition: int, offset: int, metadata: str | None) -> None:
         """From the partition's committed offset and metadata; ValueError (and a plain ledger) if malformed."""
         try:
-            self.ledgers[partition] = PartitionLedger.from_commit(offset, metadata)
+            self.ledgers[partition] = PartitionPosition.from_commit(offset, metadata)
         except ValueError:
-            self.ledgers[partition] = PartitionLedger.from_commit(offset, None)
+            self.ledgers[partition] = PartitionPosition.from_commit(offset, None)
             raise
 
     def restore(self, partition: int, offset: int, trained: list[tuple[int, int]]) -> None:
         """From a checkpoint: reading starts at `offset`, and records in `trained` were resolved before."""
-        self.ledgers[partition] = PartitionLedger.from_state(offset, trained)
+        self.ledgers[partition] = PartitionPosition.from_state(offset, trained)
 
     def revoke(self, partition: int) -> None:
         for p in self.pending.pop(partition, {}).values():
@@ -91,7 +91,7 @@ class GroupBook:
 
     def read(self, partition: int, offset: int) -> bool:
         """Note the record at `offset` as read; True when it was resolved before a restart or rebalance."""
-        return self.ledgers.setdefault(partition, PartitionLedger()).read(offset)
+        return self.ledgers.setdefault(partition, PartitionPosition()).read(offset)
 
     def take(
         self, group: FinalizedGroup, partition: int, offset: int, *, resolved_before: bool

@@ -103,7 +103,7 @@ def _merged(ranges: list[Range]) -> list[Range]:
 
 
 @dataclass
-class PartitionLedger:
+class PartitionPosition:
     """One assigned partition: records read since the last commit, which are resolved, and what to commit."""
 
     prior: list[Range] = field(default_factory=list)  # resolved by a predecessor, from the commit metadata
@@ -114,14 +114,14 @@ class PartitionLedger:
     start: int | None = None  # where reading starts (committed or restored offset), if known
 
     @classmethod
-    def from_commit(cls, offset: int, metadata: str | None) -> PartitionLedger:
+    def from_commit(cls, offset: int, metadata: str | None) -> PartitionPosition:
         """From the partition's committed offset and metadata (offset < 0: none); ValueError if malformed."""
         if offset < 0:
             return cls()
         return cls(prior=decode_ranges(offset, metadata), committed=(offset, metadata or ""), start=offset)
 
     @classmethod
-    def from_state(cls, offset: int, trained: list[Range]) -> PartitionLedger:
+    def from_state(cls, offset: int, trained: list[Range]) -> PartitionPosition:
         """From a checkpoint's mark: reading starts at `offset`, and `trained` records are resolved already."""
         return cls(prior=sorted(trained), start=offset)
 

@@ -3,7 +3,7 @@ metadata names the resolved records past it so a restart knows them."""
 
 import pytest
 
-from workers.trainer.ledger import METADATA_PREFIX, PartitionLedger, decode_ranges, encode_ranges, runs
+from workers.trainer.position import METADATA_PREFIX, PartitionPosition, decode_ranges, encode_ranges, runs
 
 
 def test_ranges_round_trip_relative_to_the_committed_offset():
@@ -38,7 +38,7 @@ def test_runs_break_only_at_unresolved_records():
 
 
 def test_the_commit_stays_at_the_first_unresolved_record_and_names_what_is_resolved_past_it():
-    ledger = PartitionLedger()
+    ledger = PartitionPosition()
     assert ledger.commit_point([]) is None
     for offset in (0, 1, 2, 4, 5):  # 3 is a commit marker
         assert not ledger.read(offset)
@@ -53,30 +53,30 @@ def test_the_commit_stays_at_the_first_unresolved_record_and_names_what_is_resol
 
 
 def test_a_successor_knows_what_its_predecessor_resolved_and_carries_it_on():
-    first = PartitionLedger()
+    first = PartitionPosition()
     for offset in range(10, 20):
         first.read(offset)
     for offset in (11, 12, 15, 16, 17, 18, 19):
         first.resolve(offset)
     offset, metadata, _ = first.commit_point([10, 13, 14])
-    second = PartitionLedger.from_commit(offset, metadata)
+    second = PartitionPosition.from_commit(offset, metadata)
     assert [second.read(o) for o in (10, 11, 12, 13)] == [False, True, True, False]
     # Not yet read again: 15..19 stay named in the successor's own commits.
     second.resolve(10)
     offset2, metadata2, _ = second.commit_point([13])
     assert offset2 == 13 and decode_ranges(13, metadata2) == [(15, 19)]
-    assert PartitionLedger.from_commit(-1001, None).commit_point([]) is None
+    assert PartitionPosition.from_commit(-1001, None).commit_point([]) is None
 
 
 def test_a_successor_whose_poll_ends_inside_a_prior_range_writes_metadata_the_next_restart_reads():
-    first = PartitionLedger()
+    first = PartitionPosition()
     for offset in range(100, 110):
         first.read(offset)
     for offset in range(105, 110):
         first.resolve(offset)
     offset, metadata, _ = first.commit_point(list(range(100, 105)))
     assert (offset, decode_ranges(offset, metadata)) == (100, [(105, 109)])
-    second = PartitionLedger.from_commit(offset, metadata)
+    second = PartitionPosition.from_commit(offset, metadata)
     for o in range(100, 107):  # its first poll ends at 106, inside the predecessor's range
         second.read(o)
         second.resolve(o)
@@ -84,5 +84,5 @@ def test_a_successor_whose_poll_ends_inside_a_prior_range_writes_metadata_the_ne
     assert offset2 == 107
     # The rest of the range starts at the committed offset itself: still readable after a restart.
     assert decode_ranges(offset2, metadata2) == [(107, 109)]
-    third = PartitionLedger.from_commit(offset2, metadata2)
+    third = PartitionPosition.from_commit(offset2, metadata2)
     assert [third.read(o) for o in (107, 108, 109, 110)] == [True, True, True, False]

@@ -6,7 +6,7 @@ from tensordict import TensorDict
 
 from schemas.finalized import FinalizedGroup
 from tests.unit.memory_store import InMemoryStore
-from workers.trainer.book import DUPLICATE, NEW, REREAD, GroupBook
+from workers.trainer.pending import DUPLICATE, NEW, REREAD, PendingGroups
 
 TRAIN = "train"
 
@@ -38,7 +38,7 @@ def _put(store, group):
 
 def _book():
     store = InMemoryStore()
-    return store, GroupBook(store, TRAIN, max_seen_groups=100)
+    return store, PendingGroups(store, TRAIN, max_seen_groups=100)
 
 
 def _take(book, group, partition, offset):
@@ -103,7 +103,7 @@ def test_records_resolved_before_a_restart_are_rereads_and_their_rows_are_not_ne
     book.ledgers[0].resolve(4)
     book.read(0, 5)
     ((part, offset, metadata),) = book.commit_points("t", lambda p: [5])
-    successor = GroupBook(InMemoryStore(), TRAIN, max_seen_groups=100)
+    successor = PendingGroups(InMemoryStore(), TRAIN, max_seen_groups=100)
     successor.assign(part, offset, metadata)
     assert _take(successor, _group("e"), 0, 5)[0] == NEW
     assert successor.read(0, 6) is False
@@ -123,7 +123,7 @@ def test_a_group_whose_letter_was_dropped_unsent_with_its_partition_is_new_when_
 
 def test_a_waiting_group_is_never_forgotten_so_its_duplicate_is_never_taken_in_as_new():
     store = InMemoryStore()
-    book = GroupBook(store, TRAIN, max_seen_groups=2)
+    book = PendingGroups(store, TRAIN, max_seen_groups=2)
     waiting = _group("waiting")
     _take(book, waiting, 0, 0)
     for offset, gid in enumerate(("a", "b", "c"), start=1):
