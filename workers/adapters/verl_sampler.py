@@ -38,6 +38,7 @@ from typing import Any
 from schemas.errors import InvalidArgument
 from streams.config import KafkaConfig
 from streams.tq import KVStore
+from workers.adapters.errors import SampleTimeout
 from workers.adapters.verl_fields import VerlRows, to_verl_rows, verl_uid
 from workers.trainer.batch import BatchMeta
 from workers.trainer.config import ConsumerConfig
@@ -47,10 +48,6 @@ from workers.trainer.policies import Policy, policy_by_name, ready_first, window
 # The verl release whose signatures this class mirrors (checked by the integration test when verl imports).
 VERL_VERSION = "0.9.1"
 VALIDATION_PARTITION = "val"
-
-
-class SampleTimeout(TimeoutError):
-    """Fewer usable groups than asked for arrived within the configured wait."""
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,9 @@ import torch
 
 from schemas.errors import InvalidArgument
 from tests.integration.trainer.staging import finalize_groups
+from workers.adapters.errors import SampleTimeout
 from workers.adapters.verl_fields import verl_uid
-from workers.adapters.verl_sampler import RlstreamReplayBuffer, SampleTimeout
+from workers.adapters.verl_sampler import RlstreamReplayBuffer
 from workers.trainer.config import ConsumerConfig
 from workers.trainer.consumer import ExperienceConsumer
 from workers.trainer.policies import windowed
