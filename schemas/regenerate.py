@@ -49,7 +49,8 @@ class Regenerate(Message, frozen=True, tag="regenerate"):
 
     Keyed by `group_id` on `<prefix>.rollout.regenerate`. `weight_version` is the highest policy version
     the lost group was sampled at (a regeneration may use a newer one); `source` names the record that
-    was handed back (`topic[partition]@offset`), so `rlstream resume` can account for it.
+    was handed back (`topic[partition]@offset`, or `@first-last` for the receipts of a group the
+    reassembler hands back), so it can be accounted for after a restart.
     """
 
     prompt_idx: int
