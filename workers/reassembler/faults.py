@@ -21,7 +21,7 @@ class Faults:
         """After the step's last TQ put, before its transaction begins."""
 
     def before_commit(self) -> None:
-        """Inside the open transaction, its records and offsets produced, before the commit."""
+        """Inside the open transaction, its records flushed to the broker and its offsets sent, before the commit."""
 
     def after_commit(self) -> None:
         """After the commit, before the staging of the step's closed groups is cleared."""
