@@ -35,7 +35,7 @@ VERL_STAMP := $(VERL_VENV)/.rlstream-verl-installed
 $(VERL_STAMP): pyproject.toml setup.py schemas/_rowcopy.c
 	@test -x $(VERL_VENV)/bin/python || $(PYTHON) -m venv $(VERL_VENV)
 	$(VERL_VENV)/bin/python -m pip install --quiet --upgrade pip
-	$(VERL_VENV)/bin/python -m pip install --progress-bar off 'verl==0.9.1' 'tensordict==0.10.0' -e '.[dev]' pytest
+	$(VERL_VENV)/bin/python -m pip install --progress-bar off 'tensordict==0.10.0' -e '.[dev,verl]'
 	@touch $@
 
 test-verl: $(VERL_STAMP) ## tests/verl inside real verl 0.9.1 on CPU (its own .venv-verl)
