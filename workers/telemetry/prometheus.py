@@ -123,7 +123,12 @@ class _TrainerFamilies:
         )
         self.missing_rows = Counter(
             "rlstream_trainer_missing_rows_total",
-            "Groups never consumed whose rows were missing from TQ (dropped and dead-lettered): an alarm",
+            "Groups never consumed whose rows were missing from TQ (handed back, else dead-lettered)",
+            registry=r,
+        )
+        self.trainer_handed_back = Counter(
+            "rlstream_trainer_groups_handed_back_total",
+            "Groups whose train rows were gone from TQ, handed back to the rollout workers to generate again",
             registry=r,
         )
 
@@ -200,6 +205,9 @@ class PrometheusTrainerSensor(TrainerSensor):
 
     def on_missing_rows(self, n: int = 1) -> None:
         self._m.missing_rows.inc(n)
+
+    def on_handed_back(self, n: int = 1) -> None:
+        self._m.trainer_handed_back.inc(n)
 
 
 def start_metrics_server(port: int = 0, *, addr: str = "0.0.0.0", registry: CollectorRegistry | None = None) -> int:

@@ -55,7 +55,10 @@ class TrainerSensor:
         """Finalized records that did not decode, sent to the trainer's dead-letter topic."""
 
     def on_missing_rows(self, n: int = 1) -> None:
-        """Groups never consumed whose rows were missing from TQ: dropped and dead-lettered (an alarm)."""
+        """Groups never consumed whose rows were missing from TQ: handed back, else dead-lettered."""
+
+    def on_handed_back(self, n: int = 1) -> None:
+        """Of those, groups handed back to the rollout workers to generate again."""
 
 
 class ReassemblerStats(ReassemblerSensor):

@@ -61,6 +61,13 @@ class ConsumerConfig(Settings, frozen=True):
             " checkpoint_durable(state_dict()) says a checkpoint covering them is stored"
         ),
     ] = False
+    hand_back_lost_rows: Annotated[
+        bool,
+        Meta(
+            description="hand a group whose rows are gone from TQ back to the rollout workers (rollout.regenerate)"
+            " instead of dead-lettering it as missing_rows"
+        ),
+    ] = True
     session_timeout_ms: Annotated[
         int,
         Meta(

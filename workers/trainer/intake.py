@@ -25,8 +25,10 @@ from workers.telemetry.sensors import TrainerSensor
 from workers.trainer.checkpoint import PartitionMark
 from workers.trainer.clears import RowClears
 from workers.trainer.config import ConsumerConfig
-from workers.trainer.deadletters import MISSING_ROWS, UNDECODABLE_FINALIZED, Outbox, make_letter
+from workers.trainer.deadletters import MISSING_ROWS, UNDECODABLE_FINALIZED, make_letter
 from workers.trainer.errors import PollErrors
+from workers.trainer.lost_rows import HANDED_BACK, lost_rows_notice
+from workers.trainer.outbox import Notice, Outbox
 from workers.trainer.pending import DUPLICATE, NEW, REREAD, Pending, PendingGroups
 from workers.trainer.policies import Decision, Policy
 
@@ -51,12 +53,14 @@ class ConsumerCounts:
     evicted_stale: int = 0
     # Records of a group id already taken in, at another position (a replay, a re-finalization).
     duplicates: int = 0
-    # Groups never consumed whose rows were missing from TQ: dropped and dead-lettered (an alarm).
+    # Groups never consumed whose rows were missing from TQ: handed back for regeneration, else dead-lettered.
     missing_rows: int = 0
+    # Of those, the groups handed back (`lost_rows.py`).
+    handed_back: int = 0
     undecodable: int = 0
     # Records read again that were resolved already: after a rebalance, or before a restart (commit metadata).
     reread: int = 0
-    # Groups taken in that will never be trained (evicted as stale, dropped for missing rows), each once:
+    # Groups taken in that will never be trained (evicted as stale, rows missing), each once:
     # what `VersionPublisher` tells admission gates, which give their capacity back.
     lost: int = 0
     waiting: int = 0
@@ -109,7 +113,7 @@ class FinalizedIntake:
         self._paused: set[int] = set()
         self._errors = PollErrors(config.finalized_topic, config.consumer_group, config.max_poll_interval_ms)
         self._replay = AckedProducer(kafka) if config.stale_replay else None
-        self._letters = Outbox(kafka, config.topics.trainer_deadletter, f"trainer:{config.consumer_group}")
+        self._letters = Outbox(kafka, f"trainer:{config.consumer_group}")
         settings = {
             "session.timeout.ms": config.session_timeout_ms,
             "heartbeat.interval.ms": max(100, config.session_timeout_ms // 3),
@@ -146,7 +150,9 @@ class FinalizedIntake:
             # must not then pass as one already consumed.
             self._book.forget_seen(tp.partition, self._letters.offsets(tp.partition))
             # Its missing-rows groups are read and counted again by whoever reads the partition next.
-            self.counts.lost -= sum(1 for d in self._letters.drop(tp.partition) if d.error_kind == MISSING_ROWS)
+            dropped = [n.kind for n in self._letters.drop(tp.partition)]
+            self.counts.lost -= sum(1 for kind in dropped if kind in (MISSING_ROWS, HANDED_BACK))
+            self.counts.handed_back -= dropped.count(HANDED_BACK)
             self._clears.drop(tp.partition)
             self._paused.discard(tp.partition)
 
@@ -195,13 +201,8 @@ class FinalizedIntake:
     def _undecodable(self, m, exc: SchemaError) -> None:
         part, offset, key = m.partition(), m.offset(), m.key()
         where = f"{m.topic()}[{part}]@{offset}"
-        log.error(
-            "undecodable finalized record at %s (key %r): %s; sent to %s",
-            where,
-            key and key[:80],
-            exc,
-            self._letters.topic,
-        )
+        topic = self.config.topics.trainer_deadletter
+        log.error("undecodable finalized record at %s (key %r): %s; sent to %s", where, key and key[:80], exc, topic)
         self.counts.undecodable += 1
         self.sensor.on_undecodable()
         letter = make_letter(
@@ -214,7 +215,8 @@ class FinalizedIntake:
             f"{where}: {exc}",
             worker_id=self._letters.worker_id,
         )
-        self._letters.add(part, offset, letter)
+        notice = Notice(topic, letter.source_key, letter.to_bytes(), UNDECODABLE_FINALIZED, where)
+        self._letters.add(part, offset, notice)
 
     def _resolve_letters(self) -> None:
         """Resolve the records whose dead letters were acknowledged, and commit what is now resolved."""
@@ -258,40 +260,32 @@ class FinalizedIntake:
             self._on_evict(p.group, self.version)
 
     def _missing_rows(self, chosen: list[Pending], missing: set[str]) -> None:
-        """Groups whose rows are missing from TQ and were never consumed: an alarm; dropped and dead-lettered.
+        """Groups whose rows are missing from TQ and were never consumed: handed back, else dead-lettered.
 
         A group consumed already never gets here: one resolved by this consumer is "seen" as resolved
         (its record read again is a duplicate), one resolved before a restart is named by the commit
-        metadata. So rows missing here were lost (TQ restarted, cleared by someone else).
+        metadata. So rows missing here were lost (TQ died with the job, cleared by someone else).
         """
-        topic, train = self.config.finalized_topic, self.config.train_partition
         for p in chosen:
             lost = [s for s in p.group.sample_ids if s in missing]
             if not lost:
                 continue
-            where = f"{topic}[{p.partition}]@{p.offset}"
-            message = (
-                f"group {p.group.group_id} at {where}: {len(lost)} of {len(p.group.sample_ids)} rows missing"
-                f" from TQ partition {train!r} (e.g. {', '.join(lost[:3])}), and it was never consumed"
+            notice, message = lost_rows_notice(
+                self.config, p.group, p.partition, p.offset, lost, worker_id=self._letters.worker_id
             )
-            log.error("%s; dropped and sent to %s", message, self._letters.topic)
             self.counts.missing_rows += 1
             self.counts.lost += 1
             self.sensor.on_missing_rows()
+            if notice.kind == HANDED_BACK:
+                log.warning("%s", message)
+                self.counts.handed_back += 1
+                self.sensor.on_handed_back()
+            else:
+                log.error("%s", message)
             self._clears.clear(list(p.group.sample_ids), p.partition, p.offset)
-            # Unresolved until its letter is acknowledged: the outbox holds the commit back instead.
+            # Unresolved until its notice is acknowledged: the outbox holds the commit back instead.
             self._book.set_aside(p)
-            letter = make_letter(
-                topic,
-                p.partition,
-                p.offset,
-                p.group.group_id.encode(),
-                p.group.to_bytes(),
-                MISSING_ROWS,
-                message,
-                worker_id=self._letters.worker_id,
-            )
-            self._letters.add(p.partition, p.offset, letter)
+            self._letters.add(p.partition, p.offset, notice)
             self._book.group_resolved(p.group)
         self._resolve_letters()
 

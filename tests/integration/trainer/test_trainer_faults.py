@@ -169,11 +169,12 @@ def test_a_duplicate_of_a_group_not_yet_trained_leaves_its_rows_until_the_origin
 
 
 def test_rows_missing_from_a_group_never_consumed_raise_an_alarm(kafka, tq_store, unique, caplog):
+    """With hand-back off (test_hand_back.py has it on): the group is dropped and dead-lettered."""
     names, finalized = finalize_groups(kafka, tq_store, f"tf-m-{unique}")
     lost = finalized["v1-g1"]
     tq_store.clear(TRAIN, list(lost.sample_ids[:3]))  # TQ lost part of the group
     group = f"tf-m-{unique}"
-    consumer, yielded, registry = _consumer(kafka, tq_store, names, group)
+    consumer, yielded, registry = _consumer(kafka, tq_store, names, group, hand_back_lost_rows=False)
     try:
         with caplog.at_level(logging.ERROR, logger="rlstream.trainer"):
             _drain(consumer)

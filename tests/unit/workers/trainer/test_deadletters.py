@@ -36,5 +36,7 @@ def test_the_trainer_sensor_counts_undecodable_records_and_missing_rows():
     sensor.on_undecodable()
     sensor.on_undecodable(2)
     sensor.on_missing_rows()
+    sensor.on_handed_back()
     assert r.get_sample_value("rlstream_trainer_undecodable_records_total") == 3
     assert r.get_sample_value("rlstream_trainer_missing_rows_total") == 1
+    assert r.get_sample_value("rlstream_trainer_groups_handed_back_total") == 1
