@@ -9,13 +9,16 @@ import torch
 from tensordict import TensorDict
 
 from streams.errors import MissingKeysError
+from streams.tq import STAGING, TRAIN
 
 
 class InMemoryStore:
     """KVStore over a dict, for unit tests of pure logic; integration tests use TQStore."""
 
-    def __init__(self) -> None:
+    def __init__(self, packed: Sequence[str] = (STAGING, TRAIN)) -> None:
         self._rows: dict[str, dict[str, tuple[dict[str, torch.Tensor], dict[str, Any]]]] = {}
+        # As TQStore: rlstream's own partitions hold packed rows, whose get refuses rows of other fields.
+        self._packed = frozenset(packed)
 
     def put(self, partition: str, keys: Sequence[str], fields: TensorDict, tags: Sequence[Mapping[str, Any]]) -> None:
         part = self._rows.setdefault(partition, {})
@@ -31,6 +34,8 @@ class InMemoryStore:
             raise MissingKeysError(partition, missing)
         names = list(select) if select is not None else list(part[keys[0]][0])
         out: dict[str, torch.Tensor] = {}
+        if partition in self._packed and select is None and any(part[k][0].keys() != set(names) for k in keys):
+            raise ValueError(f"rows of TQ partition {partition!r} do not all have the fields {names}")
         for name in names:
             if any(name not in part[k][0] for k in keys):
                 continue  # as TQ's select_fields: a field some of the rows lack is left out, silently

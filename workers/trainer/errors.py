@@ -13,6 +13,8 @@ import time
 
 from confluent_kafka import KafkaError, KafkaException
 
+from schemas.errors import RlstreamError
+
 log = logging.getLogger("rlstream.trainer")
 
 _NO_TOPIC = (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC, KafkaError._UNKNOWN_PARTITION)
@@ -55,3 +57,7 @@ class PollErrors:
         if now - self._logged.get(code, -LOG_EVERY_S) >= LOG_EVERY_S:
             self._logged[code] = now
             log.log(level, message)
+
+
+class SpillError(RlstreamError):
+    """A checkpoint's spill of TQ rows that cannot be used: missing, cut short, undecodable, or another checkpoint's."""
