@@ -180,6 +180,8 @@ def init_tq(config: TQConfig = TQConfig()) -> TQSession:
             # Ray's only speaks from ERROR up. Authentication itself is unchanged.
             logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
             ray.init(
+                # "local", never a cluster found on the machine: this process owns what it starts.
+                address="local",
                 num_cpus=config.num_cpus,
                 include_dashboard=False,
                 namespace=config.namespace,

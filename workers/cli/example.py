@@ -38,6 +38,24 @@ def example() -> None:
     help="figure of reward, staleness and throughput per step",
 )
 @click.option("--ray-address", default=None, help="Ray cluster to use (default: start a local one)")
+@click.option(
+    "--prompts",
+    type=click.IntRange(1, 10_000_000),
+    default=None,
+    help="a finite run: prompts 0..N-1, each trained once (or handed back and regenerated); ends when all are",
+)
+@click.option(
+    "--checkpoint-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="checkpoint the trainer here (weights, journal, rlstream's consumer state and a spill of TQ's rows)",
+)
+@click.option("--checkpoint-every", type=click.IntRange(1, 100_000), default=5, show_default=True, help="steps")
+@click.option(
+    "--resume",
+    is_flag=True,
+    help="restart a run killed whole from --checkpoint-dir's latest checkpoint, under the same --prefix",
+)
 def grpo(target: KafkaTarget, png: Path, time_budget: float, **sizes) -> int:
     """A tiny GRPO run on CPU whose experience flows through Kafka + TQ; exit 1 if the reward did not rise.
 
@@ -47,10 +65,16 @@ def grpo(target: KafkaTarget, png: Path, time_budget: float, **sizes) -> int:
     """
     from workers.examples.grpo.run import GrpoConfig, run_grpo
 
+    if sizes["resume"] and not (sizes["checkpoint_dir"] and target.prefix):
+        say("rlstream example grpo: --resume needs the run's --checkpoint-dir and --prefix")
+        return 1
     kafka = target.kafka
     cfg = GrpoConfig(png=png, time_budget_s=time_budget, **sizes)
     result = run_grpo(cfg, kafka=kafka, prefix=target.prefix, log=lambda line: print(line, flush=True))
     print(result.summary(), flush=True)
+    if result.unsettled:
+        say(f"rlstream example grpo: {result.unsettled} prompt(s) never trained before the run ended")
+        return 1
     if result.final_reward <= result.untrained_reward:
         say("rlstream example grpo: the final policy scores no better than the untrained one")
         return 1

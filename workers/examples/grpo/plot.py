@@ -8,8 +8,17 @@ from pathlib import Path
 from workers.examples.grpo.train import StepStats
 
 
-def write_png(steps: Sequence[StepStats], path: Path, *, untrained: float, final: float, title: str = "") -> Path:
-    """Three panels over trainer steps; the evaluated untrained and final rewards as dashed lines."""
+def write_png(
+    steps: Sequence[StepStats],
+    path: Path,
+    *,
+    untrained: float,
+    final: float,
+    title: str = "",
+    restarts: Sequence[int] = (),
+) -> Path:
+    """Three panels over trainer steps; the evaluated untrained and final rewards as dashed lines, and a
+    red line where the run was killed whole and restarted from its checkpoint."""
     import matplotlib
 
     matplotlib.use("Agg")  # no display: the run may be on a headless machine
@@ -29,6 +38,11 @@ def write_png(steps: Sequence[StepStats], path: Path, *, untrained: float, final
     ax_s.legend(loc="upper left", fontsize=8)
     ax_t.plot(x, [s.groups_per_s for s in steps])
     ax_t.set_ylabel("groups/s trained")
+    for i, step in enumerate(restarts):
+        for ax in (ax_r, ax_s, ax_t):
+            ax.axvline(step - 0.5, color="red", lw=1, label="job killed, restarted from checkpoint" if i == 0 else None)
+    if restarts:
+        ax_r.legend(loc="upper left", fontsize=8)
     ax_t.set_xlabel("trainer step (= weight version)")
     fig.suptitle(title or "GRPO through rlstream")
     fig.tight_layout()

@@ -3,8 +3,12 @@
 `WeightBoard` keeps the trainer's newest (version, state_dict); Ray moves the weights between actors,
 never Kafka. A `RolloutWorker` loops: wait for room in the admission gate (the trainer's version
 topic bounds how far ahead of it rollouts may run), take newer weights from the board if there are
-any, sample a prompt group, score it, and publish it through `RolloutPublisher`: tensors staged in
-TQ, a metadata-only receipt per rollout on Kafka, each carrying the weight version it was sampled at.
+any, pick a prompt, sample its group, score it, and publish it through `RolloutPublisher`: tensors
+staged in TQ, a metadata-only receipt per rollout on Kafka, each carrying the weight version it was
+sampled at. Prompts are numbered (`CopyTask.prompt_at`): a worker takes every `workers`-th one,
+skipping those already published before a restart, and first any group handed back on
+`rollout.regenerate` (its rows were lost with the job), which it generates again under the derived
+group id the hand-back names.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from workers.examples.grpo.task import CopyTask
 from workers.rollout.convert import Turn, staged_rollout
 from workers.rollout.gate import AdmissionGate
 from workers.rollout.publisher import RolloutPublisher, StagedRollout
+from workers.rollout.regenerate_feed import HandBack, RegenerateFeed
 from workers.topics import TopicNames
 
 ENVIRONMENT = "grpo-copy"
@@ -60,13 +65,27 @@ class RolloutSpec:
     max_staleness: int
     workers: int
     seed: int = 0
+    # Prompts 0 .. prompts - 1 (None: no end); those already published (before a restart) are skipped.
+    prompts: int | None = None
+    published: frozenset[int] = frozenset()
+
+
+def group_id_of(prefix: str, prompt_idx: int) -> str:
+    """The group id of prompt `prompt_idx`'s first generation (a regeneration takes the id its hand-back names)."""
+    return f"{prefix}-p{prompt_idx:06d}"
 
 
 def make_group(
-    policy: TinyPolicy, task: CopyTask, group_id: str, prompt_idx: int, version: int, size: int, gen: torch.Generator
+    policy: TinyPolicy,
+    task: CopyTask,
+    group_id: str,
+    prompt_idx: int,
+    version: int,
+    size: int,
+    gen: torch.Generator,
+    prompt: torch.Tensor,
 ) -> tuple[list[StagedRollout], float]:
-    """A prompt group of `size` sampled answers to one prompt, as StagedRollouts; and its mean reward."""
-    prompt = task.prompt(gen)
+    """A prompt group of `size` sampled answers to `prompt`, as StagedRollouts; and its mean reward."""
     prompts = prompt.unsqueeze(0).expand(size, -1)
     answers, logprobs = policy.sample(prompts, task.answer_len, gen)
     rewards = task.reward(prompts, answers)
@@ -99,6 +118,7 @@ class RolloutWorker:
         self._policy = TinyPolicy(spec.policy)
         self._version = -1
         self._gen = torch.Generator().manual_seed(spec.seed * 1000 + index)
+        self._next_prompt = index
         self._publisher = RolloutPublisher(spec.kafka, TQStore(), names.receipts)
         self._gate = AdmissionGate(
             spec.kafka,
@@ -107,6 +127,7 @@ class RolloutWorker:
             trainer_id=spec.trainer_id,
             batch_share=1.0 / spec.workers,
         )
+        self._feed = RegenerateFeed(spec.kafka, names, f"rollouts.{spec.prefix}")
         self._stop = threading.Event()
 
     def _refresh(self) -> bool:
@@ -119,9 +140,23 @@ class RolloutWorker:
             self._version = version
         return not stopped
 
+    def _next(self) -> tuple[str, int, HandBack | None] | None:
+        """(group id, prompt index, its hand-back if it is one) of the next group to generate; None for now."""
+        for back in self._feed.take(1, 0.0):
+            return back.regenerate.new_group_id, back.regenerate.prompt_idx, back
+        spec = self._spec
+        while self._next_prompt in spec.published:
+            self._next_prompt += spec.workers
+        if spec.prompts is not None and self._next_prompt >= spec.prompts:
+            return None
+        idx = self._next_prompt
+        self._next_prompt += spec.workers
+        return group_id_of(spec.prefix, idx), idx, None
+
     def run(self, max_groups: int) -> dict[str, float]:
-        """Publish up to `max_groups` groups; returns this worker's totals."""
-        groups, rewards, t0 = 0, 0.0, time.monotonic()
+        """Publish up to `max_groups` groups (regenerations included); returns this worker's totals."""
+        groups, regenerated, rewards, t0 = 0, 0, 0.0, time.monotonic()
+        spec = self._spec
         try:
             while groups < max_groups and self._refresh():
                 if self._version < 0:  # the trainer has not published its first weights yet
@@ -129,15 +164,30 @@ class RolloutWorker:
                     continue
                 if not self._gate.acquire(1, timeout=0.5):
                     continue
-                group_id = f"{self._spec.prefix}-w{self._index}-g{groups:05d}"
+                job = self._next()
+                if job is None:  # every prompt published: only hand-backs are left to serve
+                    self._gate.on_finished(accepted=False)
+                    time.sleep(0.2)
+                    continue
+                group_id, idx, back = job
+                prompt = spec.task.prompt_at(idx, spec.seed)
                 rollouts, reward = make_group(
-                    self._policy, self._spec.task, group_id, groups, self._version, self._spec.group_size, self._gen
+                    self._policy, spec.task, group_id, idx, self._version, spec.group_size, self._gen, prompt
                 )
                 self._publisher.publish(rollouts)
                 self._gate.on_finished(accepted=True)
+                if back is not None:
+                    self._feed.done(back)
+                    regenerated += 1
                 groups += 1
                 rewards += reward
         finally:
             self._gate.close()
+            self._feed.close()
             self._publisher.close()
-        return {"groups": groups, "mean_reward": rewards / max(groups, 1), "seconds": time.monotonic() - t0}
+        return {
+            "groups": groups,
+            "regenerated": regenerated,
+            "mean_reward": rewards / max(groups, 1),
+            "seconds": time.monotonic() - t0,
+        }

@@ -2,8 +2,15 @@
 
 `run_grpo` starts (or uses the caller's) Kafka broker and Ray/TQ, creates the pipeline topics under
 a fresh prefix, runs reassembler workers in threads of this process, rollout workers as Ray actors
-and the GRPO trainer here, until `steps` trainer steps or the time budget; then it evaluates the
-untrained and the final policy on the same prompts, writes the PNG and stops what it started.
+and the GRPO trainer here, until `steps` trainer steps, the time budget, or (with `prompts`) every
+prompt's group trained; then it evaluates the untrained and the final policy on the same prompts,
+writes the PNG and stops what it started.
+
+With `checkpoint_dir` the trainer checkpoints every `checkpoint_every` steps (`checkpoints.py`), and
+`resume` restarts a run killed whole (Ray, TQ and every process of the job lost; the broker kept)
+from its last checkpoint under the same prefix: `workers.trainer.resume` puts back the rows the
+checkpoint's spill kept, before the reassemblers and the trainer start; groups whose rows are lost
+are handed back and generated again by the rollout workers.
 """
 
 from __future__ import annotations
@@ -17,17 +24,23 @@ from pathlib import Path
 
 import torch
 
+from schemas.errors import InvalidArgument, SchemaError
+from schemas.receipt import Receipt
 from streams.admin import create_topics
 from streams.config import KafkaConfig
+from streams.consumer import read_topic
 from streams.tq import STAGING, TRAIN, KVStore, TQConfig, TQStore, init_tq
 from workers.demo.local import start_local_broker, stop_all
+from workers.examples.grpo.checkpoints import Progress, latest, load, save
 from workers.examples.grpo.policy import PolicyShape, TinyPolicy
-from workers.examples.grpo.rollout import RolloutSpec, RolloutWorker, WeightBoard
+from workers.examples.grpo.rollout import RolloutSpec, RolloutWorker, WeightBoard, group_id_of
 from workers.examples.grpo.task import CopyTask
 from workers.examples.grpo.train import GrpoTrainer, StepStats
 from workers.reassembler.config import ReassemblerConfig
 from workers.reassembler.worker import ReassemblerWorker
 from workers.topics import TopicNames, pipeline_topics
+from workers.trainer.config import ConsumerConfig
+from workers.trainer.resume import resume
 
 
 @dataclass(frozen=True)
@@ -48,6 +61,12 @@ class GrpoConfig:
     task: CopyTask = CopyTask()
     png: Path | None = Path("grpo.png")
     ray_address: str | None = None
+    # A finite run: prompts 0 .. prompts - 1, each trained once (or handed back and trained then).
+    prompts: int | None = None
+    checkpoint_dir: Path | None = None
+    checkpoint_every: int = 5
+    resume: bool = False  # restart from checkpoint_dir's latest checkpoint, under the same prefix
+    group_timeout_s: float = 10.0  # reassemblers: a group cut short by a crash is finalized this soon
 
 
 @dataclass
@@ -63,6 +82,10 @@ class GrpoResult:
     wall_s: float = 0.0
     png: Path | None = None
     timed_out: bool = False
+    restarts: list[int] = field(default_factory=list)  # the step each restart resumed at
+    resume_report: list[str] = field(default_factory=list)
+    first_step_after_start_s: float | None = None  # from the start of this process's run to its first step
+    unsettled: int = 0  # prompts of a finite run neither trained nor evicted when it ended
 
     def summary(self) -> str:
         trained = sum(s.groups for s in self.steps)
@@ -75,6 +98,12 @@ class GrpoResult:
             f"  batch reward: first 5 steps {first:.3f} -> last 5 steps {last:.3f}"
             + (f"\n  figure: {self.png}" if self.png else "")
             + ("\n  stopped by the time budget" if self.timed_out else "")
+            + (f"\n  restarted at step(s) {self.restarts}" if self.restarts else "")
+            + (
+                f"\n  first trained batch {self.first_step_after_start_s:.1f}s after this run started"
+                if self.first_step_after_start_s is not None
+                else ""
+            )
         )
 
 
@@ -102,12 +131,17 @@ def progress_line(s: StepStats) -> str:
 class _Reassemblers:
     """Reassembler workers in threads of this process (one consumer group), stopped together."""
 
-    def __init__(self, kafka: KafkaConfig, store: KVStore, prefix: str, n: int):
+    def __init__(self, kafka: KafkaConfig, store: KVStore, prefix: str, n: int, group_timeout_s: float):
         self._stop = threading.Event()
         self._errors: list[BaseException] = []
         self._threads = []
         for i in range(n):
-            cfg = ReassemblerConfig(prefix=prefix, worker_id=f"grpo-{i}", consumer_group=f"reassemblers.{prefix}")
+            cfg = ReassemblerConfig(
+                prefix=prefix,
+                worker_id=f"grpo-{i}",
+                consumer_group=reassembler_group(prefix),
+                group_timeout_s=group_timeout_s,
+            )
             worker = ReassemblerWorker(kafka, store, cfg)
             t = threading.Thread(target=self._run, args=(worker,), name=f"reassembler-{i}", daemon=True)
             t.start()
@@ -126,6 +160,14 @@ class _Reassemblers:
         self._stop.set()
         for t in self._threads:
             t.join(timeout=30)
+
+
+def reassembler_group(prefix: str) -> str:
+    return f"reassemblers.{prefix}"
+
+
+def trainer_id_of(prefix: str) -> str:
+    return f"trainer.{prefix}"
 
 
 class _Rollouts:
@@ -159,22 +201,63 @@ class _Rollouts:
 
 
 def _train(
-    trainer: GrpoTrainer, cfg: GrpoConfig, health: list[Callable[[], str | None]], log: Callable[[str], None]
+    trainer: GrpoTrainer,
+    cfg: GrpoConfig,
+    health: list[Callable[[], str | None]],
+    log: Callable[[str], None],
+    on_step: Callable[[StepStats], None],
 ) -> bool:
-    """Train until `cfg.steps` steps or the time budget; False when the budget ran out first."""
+    """Train until `cfg.steps` steps, every prompt of a finite run settled, or the time budget; False when
+    the budget ran out first."""
     deadline = time.monotonic() + cfg.time_budget_s
     while len(trainer.steps) < cfg.steps:
+        want = None
+        if cfg.prompts is not None:
+            want = cfg.prompts - len(trainer.settled())
+            if want <= 0:
+                return True
         left = deadline - time.monotonic()
         if left <= 0:
             return False
-        stats = trainer.step(timeout_s=min(5.0, left))
+        stats = trainer.step(timeout_s=min(5.0, left), min_groups=want)
         if stats is not None:
             log(progress_line(stats))
+            on_step(stats)
             continue
         problem = next((p for p in (check() for check in health) if p), None)
         if problem is not None:
             raise RuntimeError(problem)
     return True
+
+
+def _published_prompts(kafka: KafkaConfig, names: TopicNames) -> set[int]:
+    """Prompts whose first generation has a receipt on Kafka already: a restarted run does not generate them
+    again (a group cut short is completed or handed back by the reassemblers)."""
+    published = set()
+    for r in read_topic(kafka, names.receipts):
+        try:
+            receipt = Receipt.from_bytes(r.value)
+        except SchemaError:
+            continue
+        if receipt.group_id == group_id_of(names.prefix, receipt.prompt_idx):
+            published.add(receipt.prompt_idx)
+    return published
+
+
+def _restart(
+    cfg: GrpoConfig, kafka: KafkaConfig, store: KVStore, names: TopicNames, log: Callable[[str], None]
+) -> tuple[Path | None, list[str], set[int]]:
+    """Before anything reads the topics again: put back what the last checkpoint's spill kept."""
+    assert cfg.checkpoint_dir is not None
+    checkpoint = latest(cfg.checkpoint_dir)
+    config = ConsumerConfig(prefix=names.prefix, consumer_group=trainer_id_of(names.prefix), checkpointed=True)
+    report = resume(kafka, store, config, checkpoint, reassembler_consumer_group=reassembler_group(names.prefix))
+    lines = report.lines()
+    for line in lines:
+        log(f"resume: {line}")
+    if report.unaccounted:
+        raise RuntimeError(f"resume: {len(report.unaccounted)} group(s) unaccounted for, e.g. {report.unaccounted[:3]}")
+    return checkpoint, lines, _published_prompts(kafka, names)
 
 
 def run_grpo(
@@ -189,14 +272,16 @@ def run_grpo(
 
     Stops everything it started, also on failure or Ctrl-C.
     """
+    if cfg.resume and (cfg.checkpoint_dir is None or prefix is None):
+        raise InvalidArgument("resuming a GRPO run needs its checkpoint directory and its prefix")
+    t0 = time.monotonic()
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(1)  # a tiny model: extra threads only contend with the workers for the cores
     result = GrpoResult(prefix=prefix or f"grpo-{uuid.uuid4().hex[:8]}")
     policy = TinyPolicy(PolicyShape(vocab=cfg.task.vocab))
-    result.untrained_reward = evaluate(policy, cfg.task, cfg.eval_prompts, cfg.seed)
-    log(f"untrained policy: mean reward {result.untrained_reward:.3f} on {cfg.eval_prompts} prompts")
+    progress = Progress(untrained_reward=evaluate(policy, cfg.task, cfg.eval_prompts, cfg.seed))
+    log(f"untrained policy: mean reward {progress.untrained_reward:.3f} on {cfg.eval_prompts} prompts")
     cleanups: list[Callable[[], None]] = []
-    t0 = time.monotonic()
     try:
         kafka = kafka or KafkaConfig(start_local_broker(cleanups, log, name="grpo"))
         if store is None:
@@ -204,32 +289,60 @@ def run_grpo(
             store = TQStore()
         names = TopicNames(result.prefix)
         create_topics(kafka, pipeline_topics(names, cfg.partitions))
+        checkpoint, published = None, set()
+        if cfg.resume:
+            checkpoint, result.resume_report, published = _restart(cfg, kafka, store, names, log)
         # Runs last: groups still in flight when training stops leave rows that nobody will consume.
         cleanups.append(lambda: _clear_rows(store, f"{result.prefix}-"))
-        reassemblers = _Reassemblers(kafka, store, result.prefix, cfg.reassemblers)
+        reassemblers = _Reassemblers(kafka, store, result.prefix, cfg.reassemblers, cfg.group_timeout_s)
         cleanups.append(reassemblers.stop)
-        trainer_id = f"trainer.{result.prefix}"
+        trainer_id = trainer_id_of(result.prefix)
         spec = RolloutSpec(
             kafka, result.prefix, trainer_id, cfg.task, policy.shape, cfg.group_size,
-            cfg.max_staleness, cfg.rollout_workers, cfg.seed,
+            cfg.max_staleness, cfg.rollout_workers, cfg.seed, cfg.prompts, frozenset(published),
         )  # fmt: skip
         rollouts = _Rollouts(spec, max_groups=10_000_000)
         cleanups.append(lambda: _stop_rollouts(rollouts, result))
         trainer = GrpoTrainer(
             kafka, store, result.prefix, policy, rollouts.board, batch_groups=cfg.batch_groups,
             max_staleness=cfg.max_staleness, lr=cfg.lr, trainer_id=trainer_id,
+            checkpointed=cfg.checkpoint_dir is not None,
         )  # fmt: skip
         cleanups.append(trainer.close)
+        if checkpoint is not None:
+            progress = load(checkpoint, trainer)
+            log(f"restarted from {checkpoint} at step {len(trainer.steps)}, version {trainer.version}")
+        if cfg.resume:
+            progress.restarts.append(len(trainer.steps))
+        trainer.start()
         log(
             f"pipeline up in {time.monotonic() - t0:.1f}s (prefix {result.prefix}): {cfg.rollout_workers} rollout"
             f" actors, {cfg.reassemblers} reassembler(s), trainer weight_fifo({cfg.max_staleness}),"
             f" {cfg.batch_groups} groups x {cfg.group_size} rollouts per step"
         )
-        result.timed_out = not _train(trainer, cfg, [reassemblers.failure, rollouts.failure], log)
-        result.steps, result.evicted_stale = list(trainer.steps), trainer.evicted
+        saved = len(trainer.steps)
+
+        def on_step(stats: StepStats) -> None:
+            nonlocal saved
+            if result.first_step_after_start_s is None:
+                result.first_step_after_start_s = time.monotonic() - t0
+                log(f"first trained batch {result.first_step_after_start_s:.1f}s after this run started")
+            if cfg.checkpoint_dir is not None and len(trainer.steps) - saved >= cfg.checkpoint_every:
+                where = save(cfg.checkpoint_dir, trainer, store, progress)
+                saved = len(trainer.steps)
+                log(f"checkpoint {where.name}: {len(trainer.trained)} groups trained so far")
+
+        result.timed_out = not _train(trainer, cfg, [reassemblers.failure, rollouts.failure], log, on_step)
+        if cfg.checkpoint_dir is not None and len(trainer.steps) > saved:
+            save(cfg.checkpoint_dir, trainer, store, progress)
+        result.steps, result.evicted_stale = list(trainer.steps), len(trainer.evicted_groups)
+        result.restarts = list(progress.restarts)
+        if cfg.prompts is not None:
+            result.unsettled = cfg.prompts - len(trainer.settled())
     finally:
         stop_all(cleanups, log)
         result.wall_s = time.monotonic() - t0
+    result.untrained_reward = progress.untrained_reward
     result.final_reward = evaluate(policy, cfg.task, cfg.eval_prompts, cfg.seed)
     if cfg.png is not None and result.steps:
         result.png = _plot(result, cfg.png)
@@ -239,7 +352,9 @@ def run_grpo(
 def _plot(result: GrpoResult, path: Path) -> Path:
     from workers.examples.grpo.plot import write_png
 
-    return write_png(result.steps, path, untrained=result.untrained_reward, final=result.final_reward)
+    return write_png(
+        result.steps, path, untrained=result.untrained_reward, final=result.final_reward, restarts=result.restarts
+    )
 
 
 def _stop_rollouts(rollouts: _Rollouts, result: GrpoResult) -> None:

@@ -38,6 +38,11 @@ class CopyTask:
         body = torch.randint(FIRST_SYMBOL, FIRST_SYMBOL + self.symbols, (self.length,), generator=gen)
         return torch.cat([body, torch.tensor([SEP])]).to(torch.int64)
 
+    def prompt_at(self, index: int, seed: int) -> torch.Tensor:
+        """Prompt number `index` of a run seeded `seed`: the same wherever and whenever it is drawn, so a
+        group handed back (its rows lost with the job) is generated again for the same prompt."""
+        return self.prompt(torch.Generator().manual_seed((seed << 32) + index))
+
     def prompts(self, n: int, gen: torch.Generator) -> torch.Tensor:
         """[n, length + 1] prompts."""
         return torch.stack([self.prompt(gen) for _ in range(n)])

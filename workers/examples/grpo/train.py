@@ -5,7 +5,9 @@ evicts groups past the staleness bound), materializes their padded rows from TQ,
 group-normalized advantages from `total_reward` and the clipped loss on the answer tokens
 (`token_mask`) against the rollouts' `generation_logprobs`, steps the optimizer, acks the groups,
 then moves to the next version: weights to the board first, then the version on Kafka, so a rollout
-worker the admission gate lets through finds the weights it is admitted for.
+worker the admission gate lets through finds the weights it is admitted for. It keeps a journal of
+the groups it trained (and saw evicted), by prompt, which its checkpoints keep with the weights
+(`checkpoints.py`): after a whole-job restart the journal says which prompts are settled.
 """
 
 from __future__ import annotations
@@ -60,17 +62,22 @@ class GrpoTrainer:
         lr: float,
         clip: float = 0.2,
         trainer_id: str = "grpo-trainer",
+        checkpointed: bool = False,
     ):
         self.policy, self.board = policy, board
         self.batch_groups, self.clip = batch_groups, clip
         self.version = 0
         self.optimizer = torch.optim.Adam(policy.parameters(), lr=lr)
+        # (group id, prompt index) of every group trained, and of every group evicted, in order.
+        self.trained: list[tuple[str, int]] = []
+        self.evicted_groups: list[tuple[str, int]] = []
         self.consumer = ExperienceConsumer(
             kafka,
             store,
-            ConsumerConfig(prefix=prefix, consumer_group=trainer_id),
+            ConsumerConfig(prefix=prefix, consumer_group=trainer_id, checkpointed=checkpointed),
             weight_fifo(max_staleness),
             version=0,
+            on_evict=lambda g, v: self.evicted_groups.append((g.group_id, g.prompt_idx)),
         )
         self.versions = VersionPublisher(
             kafka,
@@ -81,7 +88,14 @@ class GrpoTrainer:
         )
         self.steps: list[StepStats] = []
         self._t0 = self._last = time.monotonic()
+
+    def start(self) -> None:
+        """Publish the current weights and version: rollout workers wait for the first ones."""
         self._publish()
+
+    def settled(self) -> set[int]:
+        """Prompts whose group was trained or evicted (a group handed back is not: it comes again)."""
+        return {idx for _, idx in self.trained} | {idx for _, idx in self.evicted_groups}
 
     def _publish(self) -> None:
         import ray
@@ -93,9 +107,11 @@ class GrpoTrainer:
         # With the groups lost so far: the rollout workers' gates give their capacity back.
         self.versions.publish(self.version, lost_groups=self.consumer.counts.lost)
 
-    def step(self, timeout_s: float) -> StepStats | None:
-        """Train one batch at the current version and publish the next; None if no batch came in time."""
-        meta = self.consumer.select(self.version, self.batch_groups, self.batch_groups, timeout_s=timeout_s)
+    def step(self, timeout_s: float, min_groups: int | None = None) -> StepStats | None:
+        """Train one batch (at least `min_groups`, default a full one) at the current version and publish
+        the next; None if no batch came in time."""
+        least = self.batch_groups if min_groups is None else max(1, min(min_groups, self.batch_groups))
+        meta = self.consumer.select(self.version, least, self.batch_groups, timeout_s=timeout_s)
         if meta is None:
             # No full batch: perhaps because groups were lost, which the gates must hear of to admit more.
             self._publish_version()
@@ -110,10 +126,11 @@ class GrpoTrainer:
         loss.backward()
         self.optimizer.step()
         self.consumer.ack(meta)
+        self.trained.extend((g.group_id, g.prompt_idx) for g in meta.groups)
         now = time.monotonic()
         staleness = meta.staleness
         result = StepStats(
-            step=len(self.steps),
+            step=self.steps[-1].step + 1 if self.steps else 0,
             version=self.version,
             groups=len(meta),
             mean_reward=float(rewards[td["sample_mask"] > 0].mean()),

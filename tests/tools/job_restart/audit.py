@@ -1,0 +1,117 @@
+"""The job-restart drill's audit: what became of every prompt group, from the system's own outputs.
+
+- **produced**: distinct group ids with a receipt committed on the receipts topic (originals and
+  regenerations alike);
+- **handed back**: distinct group ids a `Regenerate` names (by a reassembler: staging lost; by the
+  trainer: train rows lost);
+- **trained**: the journal in the run's final checkpoint, the groups in the trained model's history
+  (a group trained after a checkpoint and before the kill is rolled back with the weights);
+- **dead-lettered** and **evicted**: the reassemblers' dead letters and the trainer's evictions
+  (the drill runs with a staleness bound no group reaches, so none should be evicted).
+
+Every produced group must end in exactly one of these; `lost` counts those that end in none,
+`trained twice` the groups (or prompts, across their regenerations) in the journal more than once.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from schemas.deadletter import DeadLetter
+from schemas.errors import SchemaError
+from schemas.receipt import Receipt
+from schemas.regenerate import Regenerate
+from streams.config import KafkaConfig
+from streams.consumer import read_topic
+from workers.topics import TopicNames
+
+
+@dataclass
+class Audit:
+    prefix: str
+    produced: int = 0
+    trained_once: int = 0
+    trained_twice: list[str] = field(default_factory=list)
+    prompts_trained_twice: list[int] = field(default_factory=list)
+    handed_back: int = 0
+    handed_back_by: dict[str, int] = field(default_factory=dict)
+    regenerated_and_trained: int = 0
+    dead_lettered: int = 0
+    evicted: int = 0
+    lost: list[str] = field(default_factory=list)
+    killed_at_step: int = 0
+    first_batch_s: float | None = None
+    rewards: tuple[float, float] | None = None
+
+    def problems(self) -> list[str]:
+        out = []
+        if self.lost:
+            out.append(f"{len(self.lost)} lost (e.g. {self.lost[:3]})")
+        if self.trained_twice or self.prompts_trained_twice:
+            out.append(f"trained twice: groups {self.trained_twice[:3]}, prompts {self.prompts_trained_twice[:3]}")
+        accounted = self.trained_once + self.handed_back + self.dead_lettered + self.evicted
+        if accounted != self.produced:
+            out.append(f"trained once + handed back + dead-lettered + evicted = {accounted}, produced {self.produced}")
+        return out
+
+    def lines(self) -> list[str]:
+        by = ", ".join(f"{n} by the {who}" for who, n in sorted(self.handed_back_by.items())) or "none"
+        first = f"{self.first_batch_s:.1f}s" if self.first_batch_s is not None else "-"
+        reward = f"{self.rewards[0]:.3f} -> {self.rewards[1]:.3f}" if self.rewards else "-"
+        return [
+            f"killed at step {self.killed_at_step}; restart to first trained batch {first}; reward {reward}",
+            f"groups produced {self.produced}: trained once {self.trained_once}, handed back {self.handed_back}"
+            f" ({by}), regenerated and trained {self.regenerated_and_trained}, dead-lettered"
+            f" {self.dead_lettered}, evicted {self.evicted}, lost {len(self.lost)}, trained twice"
+            f" {len(self.trained_twice) + len(self.prompts_trained_twice)}",
+        ]
+
+
+def _journal(checkpoints: Path) -> dict:
+    name = (checkpoints / "LATEST").read_text().strip()
+    return json.loads((checkpoints / name / "progress.json").read_text())
+
+
+def audit_run(kafka: KafkaConfig, prefix: str, checkpoints: Path) -> Audit:
+    names = TopicNames(prefix)
+    result = Audit(prefix)
+    produced: dict[str, int] = {}
+    for r in read_topic(kafka, names.receipts):
+        try:
+            receipt = Receipt.from_bytes(r.value)
+        except SchemaError:
+            continue
+        produced.setdefault(receipt.group_id, receipt.prompt_idx)
+    backs: dict[str, Regenerate] = {}
+    for r in read_topic(kafka, names.regenerate):
+        back = Regenerate.from_bytes(r.value)
+        backs.setdefault(back.group_id, back)
+    dead = {DeadLetter.from_bytes(r.value).source_key.decode() for r in read_topic(kafka, names.deadletter)}
+    dead |= {DeadLetter.from_bytes(r.value).source_key.decode() for r in read_topic(kafka, names.trainer_deadletter)}
+    journal = _journal(checkpoints)
+    trained = Counter(gid for gid, _ in journal["trained"])
+    evicted = {gid for gid, _ in journal["evicted"]}
+    by_prompt = Counter(idx for _, idx in journal["trained"])
+
+    result.produced = len(produced)
+    result.trained_twice = sorted(g for g, n in trained.items() if n > 1)
+    result.prompts_trained_twice = sorted(i for i, n in by_prompt.items() if n > 1)
+    result.trained_once = sum(1 for g in produced if trained.get(g) == 1)
+    result.handed_back = sum(1 for g in produced if g in backs)
+    result.handed_back_by = dict(Counter("trainer" if b.worker_id.startswith("trainer") else "reassembler"
+                                         for g, b in backs.items() if g in produced))  # fmt: skip
+    result.dead_lettered = sum(1 for g in produced if g in dead and g not in trained and g not in backs)
+    result.evicted = sum(1 for g in produced if g in evicted and g not in trained)
+
+    def ends_trained(gid: str) -> bool:
+        back = backs.get(gid)
+        return trained.get(gid, 0) > 0 or (back is not None and ends_trained(back.new_group_id))
+
+    result.regenerated_and_trained = sum(1 for g in produced if g in backs and ends_trained(backs[g].new_group_id))
+    result.lost = sorted(
+        g for g in produced if g not in trained and g not in backs and g not in dead and g not in evicted
+    )
+    return result
