@@ -28,6 +28,7 @@ LAZY_VERBS = {
     "deadletter": ("workers.cli.ops:deadletter", "Operate on the dead-letter topic"),
     "lag": ("workers.cli.ops:lag", "Committed and end offsets of the reassembler and trainer consumer groups"),
     "refinalize": ("workers.cli.ops:refinalize", "Rebuild replayed groups from a TQ checkpoint and diff them"),
+    "resume": ("workers.cli.ops:resume", "After a whole-job restart: restore what a checkpoint kept, account for all"),
     "example": ("workers.cli.example:example", "Runnable examples: a tiny GRPO run that learns through the pipeline"),
 }
 

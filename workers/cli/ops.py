@@ -276,3 +276,42 @@ def refinalize(target: KafkaTarget, source: str, tq_checkpoint: str, num_cpus: i
         print(d)
     say(f"refinalize: {len(diffs)} difference(s)")
     return 1 if diffs else 0
+
+
+@click.command()
+@kafka_options()
+@click.option(
+    "--checkpoint",
+    type=click.Path(exists=True, file_okay=False),
+    default=None,
+    help="the trainer checkpoint directory the job restarts from (its rlstream-consumer.json and rows.spill);"
+    " without one every row still needed is taken as lost",
+)
+@click.option("--consumer-group", default="reassemblers", show_default=True, help="the reassemblers' consumer group")
+@click.option("--trainer-consumer-group", default="trainer", show_default=True, help="the trainer's consumer group")
+@click.option("--ray-address", default="auto", show_default=True, help="the restarted job's Ray, with TQ up")
+def resume(target: KafkaTarget, checkpoint, consumer_group: str, trainer_consumer_group: str, ray_address: str) -> int:
+    """After a whole-job restart, before reassemblers and trainer start: put back the rows the checkpoint kept
+    and account for every group (exit 1 if any is unaccounted for)."""
+    from streams.tq import TQConfig, TQStore, init_tq
+    from workers.trainer.config import ConsumerConfig
+    from workers.trainer.resume import resume as reconcile
+
+    names = _names(target)
+    say(
+        f"resume: topics {names.prefix or '(no prefix)'}.* on {target.servers}, trainer consumer group"
+        f" {trainer_consumer_group!r}, reassemblers {consumer_group!r}, checkpoint {checkpoint or 'none'},"
+        f" Ray {ray_address}"
+    )
+    session = init_tq(TQConfig(address=ray_address))
+    try:
+        config = ConsumerConfig(prefix=names.prefix, consumer_group=trainer_consumer_group, checkpointed=True)
+        report = reconcile(target.kafka, TQStore(), config, checkpoint, reassembler_consumer_group=consumer_group)
+    finally:
+        session.close()
+    for line in report.lines():
+        print(line)
+    if report.unaccounted:
+        say(f"resume: {len(report.unaccounted)} group(s) unaccounted for")
+        return 1
+    return 0
