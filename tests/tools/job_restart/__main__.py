@@ -194,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per start of the job")
     p.add_argument("--bootstrap-servers", default=None, help="use this broker (default: start one)")
+    p.add_argument("--workdir", type=Path, default=None, help="keep logs, checkpoints, plots here")
     args = p.parse_args(argv)
 
     def say(line: str) -> None:
@@ -209,8 +210,10 @@ def main(argv: list[str] | None = None) -> int:
         bootstrap = args.bootstrap_servers or start_local_broker(cleanups, say, name="job-restart")
         kafka = KafkaConfig(bootstrap)
         with tempfile.TemporaryDirectory(prefix="rlstream-job-restart-") as tmp:
+            workdir = args.workdir or Path(tmp)
+            workdir.mkdir(parents=True, exist_ok=True)
             for kill_step in kills[: args.rounds]:
-                result = run_round(kafka, args, kill_step, Path(tmp), say)
+                result = run_round(kafka, args, kill_step, workdir, say)
                 results.append(result)
                 for line in result.lines():
                     say(f"  {line}")
