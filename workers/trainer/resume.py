@@ -5,7 +5,8 @@ empty. `resume` runs once, after TQ is up and before the reassemblers and the tr
 trainer checkpoint the job restarts from (`checkpoint_dir.py`). It reads the topics and sorts every
 prompt group into one of:
 
-- **trained**: its finalized record is before the checkpoint's cut (or named trained past it);
+- **resolved**: its finalized record is before the checkpoint's cut or named resolved past it (trained,
+  evicted as stale, or handed back already);
 - **restored**: finalized, not trained, every train row in the spill: put back into TQ, trained after the restart;
 - **to hand back (train rows lost)**: finalized, not trained, rows not all in the spill: the trainer hands
   it back when it reads the record (`lost_rows.py`);
@@ -62,7 +63,7 @@ class ResumeReport:
     def lines(self) -> list[str]:
         return [
             f"checkpoint: {self.checkpoint}",
-            f"finalized groups trained before the checkpoint: {self.trained}",
+            f"finalized groups resolved before the checkpoint (trained, evicted or handed back): {self.trained}",
             f"finalized groups restored ({self.restored_rows} train rows back in TQ): {self.restored}",
             f"finalized groups whose train rows are lost, to be handed back by the trainer: {self.hand_back_finalized}",
             f"open groups restored whole: {self.open_restored}, partly (completed with placeholders):"
@@ -157,6 +158,7 @@ def resume(
     report = ResumeReport(checkpoint=str(checkpoint) if checkpoint is not None else "none")
     names = config.topics
     marks = _trained_marks(kafka, config, state)
+    kept = spill.keys(config.train_partition) if spill is not None else set()
     seen: set[str] = set()
     for part, offset, group in _finalized(kafka, config.finalized_topic):
         if group.group_id in seen:
@@ -164,7 +166,7 @@ def resume(
         seen.add(group.group_id)
         if _is_trained(marks, part, offset):
             report.trained += 1
-        elif spill is not None and set(group.sample_ids) <= spill.keys(config.train_partition):
+        elif spill is not None and kept.issuperset(group.sample_ids):
             report.restored_rows += spill.restore(store, config.train_partition, group.sample_ids)
             report.restored += 1
         else:

@@ -140,6 +140,7 @@ class Spill:
                 self._where[(chunk.partition, key)] = _Where(c, r)
 
     def keys(self, partition: str) -> set[str]:
+        """The keys of `partition` the spill holds (a new set each call)."""
         return {k for p, k in self._where if p == partition}
 
     def tags(self, partition: str, key: str) -> dict[str, Any] | None:

@@ -90,7 +90,7 @@ def test_resume_restores_what_the_checkpoint_kept_and_the_trainer_hands_back_the
     cli += ["--checkpoint", str(tmp_path), "--ray-address", ray_address()]
     out = subprocess.run(cli, cwd=ROOT, capture_output=True, text=True, timeout=180)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "finalized groups trained before the checkpoint: 2" in out.stdout
+    assert "finalized groups resolved before the checkpoint (trained, evicted or handed back): 2" in out.stdout
     assert "finalized groups restored (16 train rows back in TQ): 2" in out.stdout
     assert "to be handed back by the trainer: 2" in out.stdout
     assert "open groups restored whole: 1," in out.stdout
