@@ -33,8 +33,9 @@ from workers.reassembler.clearing import StagingClearer
 from workers.reassembler.clients import KafkaClients, WorkerClients
 from workers.reassembler.commit import PartitionCommit, commit_transaction, confirm_membership, dead_letter_counts
 from workers.reassembler.config import ReassemblerConfig
-from workers.reassembler.errors import LeaseRefused, MemberFenced, StepAborted, WorkerFenced
+from workers.reassembler.errors import LeaseRefused, MemberFenced, StepAborted
 from workers.reassembler.faults import NO_FAULTS, Faults
+from workers.reassembler.fencing import TwinWatch
 from workers.reassembler.finalize import finalize_groups
 from workers.reassembler.groups import OpenGroup
 from workers.reassembler.lease import SLOW_STEP_SHARE, Lease
@@ -50,8 +51,6 @@ T = TypeVar("T")
 MAX_RETRY_DELAY_S = 30.0
 # A step that finished within this share of max.poll.interval lets the next one finalize twice as many groups.
 FAST_STEP_SHARE = 0.125
-# A static member fenced again this many session timeouts after it rejoined has a live twin.
-TWIN_WINDOW_SESSIONS = 10
 
 
 def retry_delay(attempt: int) -> float:
@@ -100,9 +99,14 @@ class ReassemblerWorker:
         # coordinator aborting it, not a twin.
         self._txn_began: float | None = None
         self._closing = False
+        self._twins = TwinWatch(
+            config.worker_id,
+            config.transactional_id,
+            session_timeout_s=config.session_timeout_ms / 1000,
+            transaction_timeout_s=config.transaction_timeout_ms / 1000,
+            clock=clock,
+        )
         self._producer = self._new_producer()
-        # When the coordinator last fenced this static member (None: never), to tell a twin apart.
-        self._member_fenced_at: float | None = None
         self._consumer = self._new_consumer()
 
     def _new_consumer(self):
@@ -124,20 +128,9 @@ class ReassemblerWorker:
         return consumer
 
     def _rejoin(self, fenced: MemberFenced) -> None:
-        """A static member fenced by the coordinator joins again, unless it was fenced again soon after.
-
-        The coordinator fences a `group.instance.id` when another consumer joins under it, but also
-        when this consumer's own join, timed out while the coordinator stalled and retried, lands
-        twice: a frozen or stalled worker fenced itself. One fence is ridden out with a new consumer
-        (its partitions restore as after any rebalance); a second within a few session timeouts of
-        that is a live twin, and the worker stops rather than fence it back.
-        """
-        now = self._clock()
-        window_s = TWIN_WINDOW_SESSIONS * self.config.session_timeout_ms / 1000
-        if self._member_fenced_at is not None and now - self._member_fenced_at < window_s:
-            raise fenced
-        self._member_fenced_at = now
-        log.warning("%s: %s; joining again with a new consumer", self.config.worker_id, fenced)
+        """A static member fenced by the coordinator joins again with a new consumer (its partitions
+        restore as after any rebalance), unless it has a live twin (`fencing.py`)."""
+        self._twins.member_fenced(fenced)
         self._settle_clear()
         self._tasks = {}
         self._paused = False
@@ -417,28 +410,9 @@ class ReassemblerWorker:
         self._rebuild()
 
     def _fenced(self, open_s: float) -> None:
-        """A fence: the coordinator aborting a transaction that outlived its timeout, or a live twin.
-
-        librdkafka reports both as `_FENCED`. Only a transaction open for at least its timeout can
-        have been aborted by the coordinator (an outage stalled the commit): then a new producer
-        rides it out. A fence sooner can only come from another producer under this transactional id.
-        """
-        timeout_s = self.config.transaction_timeout_ms / 1000
-        if open_s >= timeout_s:
-            log.warning(
-                "%s: the transaction was open %.1fs, past its %.0fs timeout, so the coordinator aborted it; "
-                "starting a new producer",
-                self.config.worker_id,
-                open_s,
-                timeout_s,
-            )
-            self._producer = self._new_producer()
-            return
-        raise WorkerFenced(
-            f"{self.config.worker_id}: another live worker uses transactional id "
-            f"{self.config.transactional_id!r} (fenced {open_s:.1f}s into a transaction, within its "
-            f"{timeout_s:.0f}s timeout); stopping this one"
-        )
+        """A fence `open_s` into a transaction: a new producer, unless a live twin holds the id (`fencing.py`)."""
+        self._twins.producer_fenced(open_s)
+        self._producer = self._new_producer()
 
     def _settle_clear(self, *, strict: bool = False) -> None:
         """Wait for the background clear; with `strict`, a failed one aborts the step.

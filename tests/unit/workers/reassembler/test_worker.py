@@ -204,37 +204,85 @@ def test_a_rollout_staged_without_routed_experts_does_not_crash_a_router_replay_
 
 
 class CommitFault(Faults):
-    """Before the first commit, time passes (`seconds`) and the coordinator aborts the transaction
-    (as it does past its timeout), fencing the producer's epoch."""
+    """Before each of the first `times` commits, time passes (`seconds`) and the producer's epoch moves
+    on: what the coordinator does to a transaction open past its timeout, or a twin's init does."""
 
-    def __init__(self, clock: Clock, broker: FakeBroker, seconds: float):
-        self.clock, self.broker, self.seconds, self.done = clock, broker, seconds, False
+    def __init__(self, clock: Clock, broker: FakeBroker, seconds: float, times: int = 1):
+        self.clock, self.broker, self.seconds, self.times = clock, broker, seconds, times
 
     def before_commit(self) -> None:
-        if not self.done:
-            self.done = True
+        if self.times > 0:
+            self.times -= 1
             self.clock.now += self.seconds
-            tid = f"{GROUP}.w0"
-            self.broker.epochs[tid] += 1  # what a transaction timeout (or a twin's init) does
+            self.broker.epochs[f"{GROUP}.w0"] += 1
 
 
 def test_a_transaction_that_outlived_its_timeout_is_ridden_out_not_taken_for_a_live_twin():
     broker, store = make_broker(), RecordingStore()
     clock = Clock()
-    w = worker(broker, store, clock=clock, faults=CommitFault(clock, broker, seconds=11.0))
+    # Twice in a row: a fence of a transaction open past its timeout is the coordinator's, never a twin's.
+    w = worker(broker, store, clock=clock, faults=CommitFault(clock, broker, seconds=11.0, times=2))
     publish(broker, store, "g1")
-    steps(w, 3)  # fenced at commit 11 s into a 10 s transaction: a new producer, the step again
+    steps(w, 4)  # fenced at commit 11 s into a 10 s transaction: a new producer, the step again
     assert finalized(broker) == ["g1"]
 
 
-def test_a_fence_within_the_transaction_timeout_is_a_live_twin_and_stops_the_worker():
+def test_a_first_fence_within_the_timeout_is_ridden_out_and_a_second_soon_after_stops_the_worker_as_a_twin():
     broker, store = make_broker(), RecordingStore()
     clock = Clock()
-    w = worker(broker, store, clock=clock, faults=CommitFault(clock, broker, seconds=1.0))
+    # A twin's init fences this worker, whose new producer fences the twin, which fences it back.
+    w = worker(broker, store, clock=clock, faults=CommitFault(clock, broker, seconds=1.0, times=2))
     publish(broker, store, "g1")
+    w.step()  # fenced 1 s into the transaction: once is ridden out
     with pytest.raises(WorkerFenced, match="another live worker"):
-        w.step()
+        w.step()  # fenced again soon after re-initialising: a live twin
     assert finalized(broker) == []
+
+
+def test_fences_far_apart_are_each_ridden_out():
+    broker, store = make_broker(), RecordingStore()
+    clock = Clock()
+    faults = CommitFault(clock, broker, seconds=1.0, times=1)
+    w = worker(broker, store, clock=clock, faults=faults)
+    publish(broker, store, "g1")
+    steps(w, 3)
+    clock.now += 3600.0
+    faults.times = 1
+    publish(broker, store, "g2")
+    steps(w, 3)
+    assert sorted(finalized(broker)) == ["g1", "g2"]
+
+
+class WokenZombie(Faults):
+    """Frozen with its transaction open, past the transaction timeout and the session timeout: its
+    partitions move and a successor starts under its worker id (whose producer fences this one)."""
+
+    def __init__(self, clock: Clock, broker: FakeBroker, successor):
+        self.clock, self.broker, self.successor, self.live = clock, broker, successor, None
+
+    def before_commit(self) -> None:
+        if self.live is None:
+            self.clock.now += 11.0
+            self.broker.kick(GROUP)
+            self.live = self.successor()
+
+
+def test_a_zombie_woken_past_its_transaction_timeout_is_the_twin_that_stops_not_the_live_worker():
+    broker, store = make_broker(), RecordingStore()
+    clock = Clock()
+    faults = WokenZombie(clock, broker, lambda: worker(broker, store, clock=clock))
+    zombie = worker(broker, store, clock=clock, faults=faults)
+    publish(broker, store, "g1")
+    # Fenced 11 s into a 10 s transaction: taken for the coordinator's abort, so the zombie
+    # initialises a new producer, fencing the live worker.
+    zombie.step()
+    live = faults.live
+    steps(live, 2)  # fenced once, soon into a transaction: it rides that out, fencing the zombie back
+    with pytest.raises(WorkerFenced, match="another live worker"):
+        steps(zombie, 3)  # fenced again after it re-initialised: the zombie is the twin that stops
+    publish(broker, store, "g2")
+    steps(live, 3)
+    assert sorted(finalized(broker)) == ["g1", "g2"]
 
 
 class SlowBuild(Faults):
