@@ -182,8 +182,6 @@ class ReassemblerWorker:
             # An assignment served while the consumer closes (a rebalance under way): restoring
             # partitions now is wasted, and the client refuses calls made from it once destroyed.
             return
-        # A clear still running could race the restore's clear of the same keys (see `_settle_clear`).
-        self._settle_clear()
         for tp in partitions:
             self._tasks[tp.partition] = self._restore_task(tp.partition)
         # librdkafka keeps a partition's paused state across revoke and re-assign: assign (what the
@@ -198,12 +196,15 @@ class ReassemblerWorker:
         log.info("%s assigned %s", self.config.worker_id, sorted(tp.partition for tp in partitions))
 
     def _on_revoke(self, consumer, partitions) -> None:
+        # Before the partitions are given up: their next owner clears what this worker did not
+        # record cleared, and two clears of one key must never overlap (`_settle_clear`).
+        self._settle_clear()
         for tp in partitions:
             self._tasks.pop(tp.partition, None)
         log.info("%s revoked %s", self.config.worker_id, sorted(tp.partition for tp in partitions))
 
     def _restore_task(self, partition: int) -> PartitionTask:
-        """A task rebuilt from the partition's state changelog, its predecessor's leftovers cleared."""
+        """A task rebuilt from the partition's state changelog; the next step clears its predecessor's leftovers."""
         return self._retrying(f"restore of partition {partition}", lambda: self._read_task(partition))
 
     def _read_task(self, partition: int) -> PartitionTask:
@@ -287,7 +288,8 @@ class ReassemblerWorker:
         t0 = self._clock()
         tasks = list(self._tasks.values())
         try:
-            if ready and self._lease.unconfirmed:
+            restored = [k for task in tasks for k in task.restored_staging]
+            if (ready or restored) and self._lease.unconfirmed:
                 self._confirm_membership(tasks)
             outcomes = (
                 finalize_groups(
@@ -304,6 +306,8 @@ class ReassemblerWorker:
             self.faults.after_put()
             # The previous step's clear is done before this transaction records it as done.
             self._settle_clear(strict=True)
+            if restored:
+                self._clear_restored(tasks, restored)
             by_partition: dict[int, list] = {}
             for o in outcomes:
                 by_partition.setdefault(o.group.partition, []).append(o)
@@ -414,12 +418,29 @@ class ReassemblerWorker:
         self._twins.producer_fenced(open_s)
         self._producer = self._new_producer()
 
+    def _clear_restored(self, tasks: list[PartitionTask], keys: list[str]) -> None:
+        """Clear the staging restored partitions' predecessors left, for this step to record cleared.
+
+        Here, not in the restore: a restore also follows a step aborted because this worker may be a
+        zombie, and then no TQ write of its is safe until its membership is confirmed (done above).
+        """
+        refusal = self._lease.refusal()
+        if refusal is not None:
+            raise LeaseRefused(f"not clearing the staging restored partitions left: {refusal}")
+        try:
+            self.store.clear(self.config.actor.staging_partition, keys)
+        except Exception as exc:  # noqa: BLE001 - a TQ failure: the next step clears them again
+            raise StepAborted(f"clearing restored staging failed ({type(exc).__name__}: {exc})") from exc
+        for task in tasks:
+            task.restored_staging_cleared()
+
     def _settle_clear(self, *, strict: bool = False) -> None:
         """Wait for the background clear; with `strict`, a failed one aborts the step.
 
         Two clears of one key must never overlap: TQ clears by row index, and a put may reuse the
         index once the first clear released it, so the second would delete another key's row. Every
-        other clear of staging (a restore's, a rebuild's) therefore waits for this one first.
+        other clear of staging (a restored partition's, a sweep's) therefore waits for this one
+        first, and so does a revoke: the partition's next owner clears what was not recorded cleared.
         """
         try:
             self._clearer.settle()

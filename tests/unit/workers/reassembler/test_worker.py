@@ -12,6 +12,7 @@ import threading
 import pytest
 
 from schemas.finalized import FinalizedGroup
+from schemas.state import PROGRESS_KEY, GroupState, decode_state_entry
 from streams.partitioner import partition_of
 from streams.tq import STAGING, TRAIN
 from tests.unit.memory_store import InMemoryStore
@@ -47,6 +48,8 @@ class RecordingStore(InMemoryStore):
         self.hold_next_clear: threading.Event | None = None
         self._clearing: dict[str, int] = {}
         self.overlapping_clears: list[str] = []
+        self.clears_done = 0
+        self.on_clear = lambda: None  # called as each clear starts
         self._lock = threading.Lock()
 
     def put(self, partition, keys, fields, tags):
@@ -54,6 +57,7 @@ class RecordingStore(InMemoryStore):
         super().put(partition, keys, fields, tags)
 
     def clear(self, partition, keys):
+        self.on_clear()
         with self._lock:
             for k in keys:
                 self._clearing[k] = self._clearing.get(k, 0) + 1
@@ -64,10 +68,11 @@ class RecordingStore(InMemoryStore):
         if hold is not None:
             # Held for 2 s, long enough for an overlapping clear of the same keys to start meanwhile.
             hold.wait(2.0)
+        super().clear(partition, keys)
         with self._lock:
             for k in keys:
                 self._clearing[k] -= 1
-        super().clear(partition, keys)
+            self.clears_done += 1
 
     def puts(self, partition=TRAIN) -> list[tuple[str, ...]]:
         return [keys for kind, part, keys in self.events if kind == "put" and part == partition]
@@ -105,6 +110,10 @@ def worker(broker, store, *, clock=None, faults=None, **settings) -> Reassembler
 
 def finalized(broker) -> list[str]:
     return [FinalizedGroup.from_bytes(m.value()).group_id for m in broker.records(NAMES.finalized)]
+
+
+def state_entries(broker) -> list[GroupState]:
+    return [decode_state_entry(m.value()) for m in broker.records(NAMES.state) if m.key() != PROGRESS_KEY]
 
 
 def steps(w: ReassemblerWorker, n: int) -> None:
@@ -315,20 +324,61 @@ def test_a_step_too_slow_for_the_poll_interval_is_shrunk_instead_of_aborted_fore
 def test_an_aborted_step_waits_for_the_background_clear_before_the_restore_clears_again():
     broker, store = make_broker(), RecordingStore()
     clock = Clock()
+    faults = CommitFault(clock, broker, seconds=1.0, times=0)
+    w = worker(broker, store, clock=clock, faults=faults)
+    g1 = {c.staging_key for r in publish(broker, store, "g1") for c in r.receipt.manifest}
+    store.hold_next_clear = threading.Event()
+    w.step()  # commits g1; its staging clear runs in the background, held
+    faults.times = 1
+    publish(broker, store, "g2")
+    # Fenced at its commit: the step aborts before its transaction records g1's staging as cleared,
+    # so the restore leaves g1's staging to clear again. Never while the first clear still runs.
+    steps(w, 3)
+    assert [set(keys) for kind, _, keys in store.events if kind == "clear" and g1 & set(keys)] == [g1, g1]
+    assert store.overlapping_clears == []
+    assert sorted(finalized(broker)) == ["g1", "g2"]
+
+
+def test_a_revoke_waits_for_the_background_clear_before_giving_its_partitions_up():
+    # Under cooperative rebalancing the next owner restores a partition as soon as this worker gives
+    # it up, and clears the same staging keys: two clears of one key must never overlap.
+    broker, store = make_broker(), RecordingStore()
+    w = worker(broker, store)
+    publish(broker, store, "g1")
+    held = store.hold_next_clear = threading.Event()
+    w.step()  # commits g1; its staging clear runs in the background, held
+    revoke = threading.Thread(target=w._on_revoke, args=(w._consumer, w._consumer.assignment()))
+    revoke.start()
+    revoke.join(0.5)
+    returned_while_clearing = not revoke.is_alive()
+    held.set()
+    revoke.join(10)
+    assert not returned_while_clearing, "the revoke gave its partitions up with their clear in flight"
+    assert store.clears_done == 1 and not revoke.is_alive()
+
+
+def test_a_zombie_clears_no_staging_until_the_broker_confirms_its_generation():
+    broker, store = make_broker(), RecordingStore()
+    clock = Clock()
+    broker.members_notice = False
     faults = FreezeAtPut(clock, broker, seconds=10.0)
     faults.frozen = True  # not in the first step
     w = worker(broker, store, clock=clock, faults=faults)
+    lease_at_clear: list[str | None] = []
+    store.on_clear = lambda: lease_at_clear.append(w._lease.refusal())
     publish(broker, store, "g1")
-    store.hold_next_clear = threading.Event()
-    w.step()  # commits g1; its staging clear runs in the background, held
+    steps(w, 1)  # g1 committed and its staging cleared; the next commit would record that
     faults.frozen = False
     publish(broker, store, "g2")
-    # Frozen at its put: the step aborts before its transaction records g1's staging as cleared,
-    # so the rebuild's restore clears g1's staging again. Never while the first clear still runs.
-    w.step()
-    w._clearer.settle()
-    assert [keys for kind, _, keys in store.events if kind == "clear"].count(store.events[-1][2]) >= 1
-    assert store.overlapping_clears == []
+    # Frozen at its put: the abort's rebuild restores g1 as closed with its staging not recorded
+    # cleared. Clearing it now would be a TQ write of a worker that may have lost the partition.
+    steps(w, 3)
+    assert lease_at_clear[1:] == [], "a worker whose lease refused cleared staging"
+    broker.members_notice = True  # the next poll hands the member its rebalance
+    steps(w, 3)
+    assert sorted(finalized(broker)) == ["g1", "g2"] and store.list(STAGING) == {}
+    assert all(refusal is None for refusal in lease_at_clear), lease_at_clear
+    assert {e.group_id for e in state_entries(broker) if e.staging_cleared} == {"g1", "g2"}
 
 
 def test_config_refuses_a_group_timeout_at_or_above_the_closed_retention():
