@@ -6,6 +6,8 @@ tests of pure logic use a dict-backed store of the same interface, in tests/unit
 
 from __future__ import annotations
 
+import asyncio
+import copy
 import logging
 import os
 import sys
@@ -22,7 +24,7 @@ from tensordict import TensorDict
 
 from schemas.jagged import is_nested
 from schemas.rowpack import PACKED_FIELD, pack_rows, unpack_rows
-from streams.errors import MissingKeysError, TQError
+from streams.errors import MissingKeysError, TQError, TQTimeout
 from streams.pids import record_pid
 
 # Prefixed, so rlstream's rows never share a partition with a framework's own "train" (verl's, ...).
@@ -90,8 +92,8 @@ class TQConfig:
     # this custom resource; None: every alive node, so N units on k nodes put N/k on each.
     storage_node_resource: str | None = None
     # The longest one storage-unit request (put, get, clear) of this process may take, all of its
-    # attempts together; None keeps TQ's own (200 s, three times). A reassembler bounds it so that a
-    # put it was allowed to start lands while it still owns its partitions (reassembler/lease.py).
+    # attempts together; None keeps TQ's own (200 s, three times). A reassembler process bounds it
+    # (reassembler/run.py) beside the deadline of every call its store makes (`with_call_deadline`).
     call_budget_s: float | None = None
 
 
@@ -153,12 +155,40 @@ BOUNDED_ATTEMPTS = 2
 def bound_tq_calls(budget_s: float) -> None:
     """Make every storage-unit request of this process give up within `budget_s`, retries included.
 
-    TQ reads these when its client is created, so this must run before `init_tq` in that process.
+    TQ reads these settings when its storage module is imported (the attempts at each request, the
+    timeout when its client is created): in a process that imported TQ already, its module's copies
+    are set too. Run it before `init_tq` creates the client.
     """
     if budget_s <= 0:
         raise ValueError(f"a TQ call budget must be positive, got {budget_s}")
-    os.environ["TQ_SIMPLE_STORAGE_MAX_ATTEMPTS"] = str(BOUNDED_ATTEMPTS)
-    os.environ["TQ_SIMPLE_STORAGE_SEND_RECV_TIMEOUT"] = str(max(1, int(budget_s / BOUNDED_ATTEMPTS)))
+    settings = {
+        "TQ_SIMPLE_STORAGE_MAX_ATTEMPTS": BOUNDED_ATTEMPTS,
+        "TQ_SIMPLE_STORAGE_SEND_RECV_TIMEOUT": max(1, int(budget_s / BOUNDED_ATTEMPTS)),
+    }
+    storage = sys.modules.get("transfer_queue.storage.managers.simple_storage_manager")
+    for name, value in settings.items():
+        os.environ[name] = str(value)
+        if storage is not None:
+            setattr(storage, name, value)
+
+
+def with_call_deadline(store: KVStore, deadline_s: float) -> KVStore:
+    """`store` with every TQ call it makes given up after `deadline_s` (`TQTimeout`), or `store` itself
+    when it does not call TQ (an in-memory store of tests).
+
+    TQ waits for its controller with no timeout at all, and for a storage unit up to 3 x 200 s: a
+    worker that must know a put landed in time (a reassembler's lease) cannot rely on either. The
+    call is cancelled where it waits, so it sends no later request; what it sent already, TQ may
+    still apply afterwards (see `TQStore`).
+    """
+    if deadline_s <= 0:
+        raise ValueError(f"a TQ call deadline must be positive, got {deadline_s}")
+    if not isinstance(store, TQStore):
+        return store
+    bounded = copy.copy(store)
+    bounded._deadline_s = deadline_s
+    bounded._located, bounded._lock = OrderedDict(), threading.Lock()
+    return bounded
 
 
 def init_tq(config: TQConfig = TQConfig()) -> TQSession:
@@ -297,15 +327,36 @@ class TQStore:
     arrives: by the key each packed row carries, or (previous layout) by a lookup sent once the
     data is in. Never before or alongside: a row cleared and replaced between that check and the
     read would be returned as the key's.
+
+    Every call runs as one coroutine on TQ's client loop; with a deadline (`with_call_deadline`)
+    it is cancelled there when the deadline passes, at whatever request it waits on (the
+    controller's, a storage unit's), and `TQTimeout` is raised. Cancelling withdraws nothing already
+    sent: TQ 0.1.11 has no request deadline a controller or storage unit would check, so a put
+    given up on can still write its rows at the indexes the controller gave it, and mark them
+    ready, when a stalled unit or controller gets to the request.
     """
 
     def __init__(self, packed: Iterable[str] = (STAGING, TRAIN)) -> None:
         import transfer_queue as tq
+        from transfer_queue.storage.managers.simple_storage_manager import StorageUnitTimeout
 
         self._tq = tq
+        self._unit_timeout = StorageUnitTimeout
         self._packed = frozenset(packed)
         self._located: OrderedDict[tuple[str, tuple[str, ...]], Any] = OrderedDict()
         self._lock = threading.Lock()
+        self._deadline_s: float | None = None
+
+    def _call(self, what: str, coro) -> Any:
+        """Run `coro` on TQ's client loop, within the deadline if there is one."""
+        client = self._tq.get_client()
+        if self._deadline_s is not None:
+            coro = _within(coro, self._deadline_s, what)
+        try:
+            return client._run_coroutine(coro)
+        except self._unit_timeout as exc:
+            # After TQ's own attempts, each on a new connection: the unit may still serve the request.
+            raise TQTimeout(f"TQ {what}: {exc}") from exc
 
     def put(self, partition: str, keys: Sequence[str], fields: TensorDict, tags: Sequence[Mapping[str, Any]]) -> None:
         if not keys:
@@ -313,7 +364,9 @@ class TQStore:
         keys = list(keys)
         if partition in self._packed:
             fields = TensorDict({PACKED_FIELD: pack_rows(partition, keys, fields)}, batch_size=[len(keys)])
-        self._tq.kv_batch_put(keys=keys, partition_id=partition, fields=fields, tags=[dict(t) for t in tags])
+        tags = [dict(t) for t in tags]
+        put = self._tq.async_kv_batch_put(keys=keys, partition_id=partition, fields=fields, tags=tags)
+        self._call(f"put of {len(keys)} key(s) to {partition!r}", put)
 
     def get(self, partition: str, keys: Sequence[str], select: Sequence[str] | None = None) -> TensorDict:
         """Rows in the order of `keys`; raises MissingKeysError naming absent keys instead of returning fewer rows."""
@@ -325,7 +378,8 @@ class TQStore:
             located = self._located.get((partition, tuple(keys)))
         for _ in range(_READS):
             # The lookup (if any), the read and its check in one coroutine on TQ's loop: one thread hop.
-            data = client._run_coroutine(self._read(client, partition, keys, select, located))
+            read = self._read(client, partition, keys, select, located)
+            data = self._call(f"get of {len(keys)} key(s) from {partition!r}", read)
             if isinstance(data, TensorDict):
                 return data
             if isinstance(data, list):
@@ -415,14 +469,16 @@ class TQStore:
         return {k for k in keys if k in listed}
 
     def list(self, partition: str) -> dict[str, dict[str, Any]]:
-        return dict(self._tq.kv_list(partition_id=partition).get(partition, {}))
+        listed = self._call(f"list of {partition!r}", self._tq.async_kv_list(partition_id=partition))
+        return dict(listed.get(partition, {}))
 
     def tags(self, partition: str, keys: Sequence[str]) -> dict[str, dict[str, Any]]:
         keys = list(dict.fromkeys(keys))
         if not keys:
             return {}
         # One metadata call when every key is present (the common case); the tags are its custom meta.
-        meta = self._tq.get_client().kv_retrieve_meta(keys=keys, partition_id=partition, create=False)
+        lookup = self._tq.get_client().async_kv_retrieve_meta(keys=keys, partition_id=partition, create=False)
+        meta = self._call(f"lookup of {len(keys)} key(s) in {partition!r}", lookup)
         if meta.size == len(keys):
             self._remember(partition, keys, meta)
             # The tags as TQ sent them, copied per key (get_all_custom_meta deep-copies: ~6 ms for 64 rows).
@@ -433,7 +489,18 @@ class TQStore:
     def clear(self, partition: str, keys: Sequence[str]) -> None:
         if keys:
             self._forget(partition, keys)
-            self._tq.kv_clear(keys=list(keys), partition_id=partition)
+            clear = self._tq.async_kv_clear(keys=list(keys), partition_id=partition)
+            self._call(f"clear of {len(keys)} key(s) from {partition!r}", clear)
+
+
+async def _within(coro, deadline_s: float, what: str) -> Any:
+    try:
+        return await asyncio.wait_for(coro, deadline_s)
+    except TimeoutError:
+        raise TQTimeout(
+            f"TQ {what} did not finish within {deadline_s:g}s: given up (cancelled where it waited, so it "
+            "sends nothing more; what it sent already may still be applied)"
+        ) from None
 
 
 def join_rows(parts: Sequence[Mapping[str, torch.Tensor]]) -> dict[str, torch.Tensor]:

@@ -26,9 +26,9 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from schemas.errors import InvalidArgument
 from streams.config import KafkaConfig
 from streams.consumer import Record, partitions_of
-from streams.errors import ReadTimeout
+from streams.errors import ReadTimeout, TQTimeout
 from streams.producer import TransactionalProducer, is_fatal, is_fenced
-from streams.tq import KVStore
+from streams.tq import KVStore, with_call_deadline
 from workers.reassembler.clearing import StagingClearer
 from workers.reassembler.clients import KafkaClients, WorkerClients
 from workers.reassembler.commit import PartitionCommit, commit_transaction, confirm_membership, dead_letter_counts
@@ -38,7 +38,7 @@ from workers.reassembler.faults import NO_FAULTS, Faults
 from workers.reassembler.fencing import TwinWatch
 from workers.reassembler.finalize import finalize_groups
 from workers.reassembler.groups import OpenGroup
-from workers.reassembler.lease import SLOW_STEP_SHARE, Lease
+from workers.reassembler.lease import SLOW_STEP_SHARE, Lease, call_budget_s
 from workers.reassembler.poll_errors import check_poll_error
 from workers.reassembler.restore import restore_partition
 from workers.reassembler.sweeper import StagingSweeper
@@ -63,7 +63,8 @@ class ReassemblerWorker:
 
     `faults` (tests and drills only) is called at fixed points of every step; `clients` makes the
     Kafka clients (real ones by default); `clock` is the monotonic clock of the lease and of the
-    transaction timing.
+    transaction timing. Every TQ call through `store` is given up at `lease.call_budget_s` (a TQ
+    store gets that deadline here, wherever the worker runs: a pool child, a Ray actor, a thread).
     """
 
     def __init__(
@@ -81,7 +82,7 @@ class ReassemblerWorker:
             # It names the transactional id: two workers sharing one would fence each other.
             raise InvalidArgument("ReassemblerConfig.worker_id is empty: every worker needs a stable id of its own")
         self.kafka = kafka
-        self.store = store
+        self.store = with_call_deadline(store, call_budget_s(config.max_poll_interval_ms / 1000))
         self.config = config
         self.sensor = sensor if sensor is not None else ReassemblerSensor()
         self.faults = faults
@@ -90,8 +91,8 @@ class ReassemblerWorker:
         self._tasks: dict[int, PartitionTask] = {}
         self._lease = Lease(config.session_timeout_ms / 1000, config.max_poll_interval_ms / 1000, clock=clock)
         self._paused = False
-        self._clearer = StagingClearer(store, config.actor.staging_partition)
-        self._sweeper = StagingSweeper(store, config, clock=clock)
+        self._clearer = StagingClearer(self.store, config.actor.staging_partition)
+        self._sweeper = StagingSweeper(self.store, config, clock=clock)
         self._warned: dict[int, float] = {}
         # Most ready groups one step finalizes; halved after a step too slow for the poll interval.
         self._step_groups = config.max_poll_records
@@ -327,6 +328,10 @@ class ReassemblerWorker:
         except StepAborted as exc:
             self._abort(exc, len(ready))
             return
+        except TQTimeout as exc:
+            # Nothing of the step is committed: rebuilt, it puts the same rows again (idempotent).
+            self._abort(StepAborted(f"TQ did not answer in time ({exc})"), len(ready))
+            return
         finally:
             self._txn_began = None
         self.faults.after_commit()
@@ -335,8 +340,13 @@ class ReassemblerWorker:
         if len(ready) >= self._step_groups and seconds < self.config.max_poll_interval_ms / 1000 * FAST_STEP_SHARE:
             self._step_groups = min(self.config.max_poll_records, self._step_groups * 2)
         staging_to_clear: list[str] = []
-        for task, commit in zip(tasks, commits):
-            task.post_commit(commit, writes.get(task.partition), staging_to_clear=staging_to_clear)
+        try:
+            for task, commit in zip(tasks, commits):
+                task.post_commit(commit, writes.get(task.partition), staging_to_clear=staging_to_clear)
+        except Exception as exc:  # noqa: BLE001 - TQ failing refused receipts' clear: their rows are swept
+            log.warning("%s: after the commit: %s; rebuilding from committed state", self.config.worker_id, exc)
+            self._rebuild()
+            return
         self._clearer.submit(staging_to_clear)
 
     def _confirm_membership(self, tasks: list[PartitionTask]) -> None:

@@ -8,13 +8,16 @@ the test passes in, as the drills do.
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
 from schemas.finalized import FinalizedGroup
 from schemas.state import PROGRESS_KEY, GroupState, decode_state_entry
+from streams.errors import TQTimeout
 from streams.partitioner import partition_of
-from streams.tq import STAGING, TRAIN
+from streams.tq import STAGING, TRAIN, TQStore
+from tests.unit.fake_tq import FakeTQ
 from tests.unit.memory_store import InMemoryStore
 from workers.reassembler.config import ReassemblerConfig
 from workers.reassembler.errors import WorkerFenced
@@ -22,6 +25,7 @@ from workers.reassembler.faults import Faults
 from workers.reassembler.worker import ReassemblerWorker
 from workers.rollout.publisher import stage_rollouts
 from workers.rollout.synthetic import SyntheticShape, make_group
+from workers.telemetry.sensors import ReassemblerStats
 from workers.topics import TopicNames
 
 from .fake_kafka import FakeBroker
@@ -294,12 +298,20 @@ def test_a_zombie_woken_past_its_transaction_timeout_is_the_twin_that_stops_not_
     assert sorted(finalized(broker)) == ["g1", "g2"]
 
 
+def work(clock: Clock, seconds: float, tick) -> None:
+    """`seconds` of the clock spent working: the lease's watch ticks through them, so it is no freeze."""
+    for _ in range(int(seconds * 10)):
+        clock.now += 0.1
+        tick()
+
+
 class SlowBuild(Faults):
     """A step that puts more than `fits` groups takes `seconds` of the clock: too big for the poll interval."""
 
     def __init__(self, clock: Clock, fits: int, seconds: float):
         self.clock, self.fits, self.seconds = clock, fits, seconds
         self.groups, self.charged = 0, False
+        self.tick = lambda: None  # the worker's lease watch
 
     def before_put(self, put: int, sample_ids) -> None:
         if put == 0:
@@ -307,13 +319,15 @@ class SlowBuild(Faults):
         self.groups += len({s.rsplit("_g", 1)[0] for s in sample_ids})
         if self.groups > self.fits and not self.charged:
             self.charged = True
-            self.clock.now += self.seconds
+            work(self.clock, self.seconds, self.tick)
 
 
 def test_a_step_too_slow_for_the_poll_interval_is_shrunk_instead_of_aborted_forever():
     broker, store = make_broker(), RecordingStore()
     clock = Clock()
-    w = worker(broker, store, clock=clock, faults=SlowBuild(clock, fits=2, seconds=50.0), max_poll_interval_ms=60_000)
+    faults = SlowBuild(clock, fits=2, seconds=50.0)
+    w = worker(broker, store, clock=clock, faults=faults, max_poll_interval_ms=60_000)
+    faults.tick = w._lease.tick
     groups = [f"g{i}" for i in range(8)]
     for i, g in enumerate(groups):
         publish(broker, store, g, seed=i)
@@ -431,3 +445,48 @@ def test_a_static_member_fenced_once_joins_again_but_fenced_twice_soon_after_sto
     broker.fenced_members.add(GROUP)
     with pytest.raises(WorkerFenced, match="joined consumer group"):
         w.step()
+
+
+class StalledPuts(RecordingStore):
+    """The first `stalls` puts of training rows give up at TQ's call deadline."""
+
+    def __init__(self, stalls: int = 1):
+        super().__init__()
+        self.stalls = stalls
+
+    def put(self, partition, keys, fields, tags):
+        if partition == TRAIN and self.stalls > 0:
+            self.stalls -= 1
+            raise TQTimeout(f"TQ put of {len(keys)} key(s) to {partition!r} did not finish within 12s")
+        super().put(partition, keys, fields, tags)
+
+
+def test_a_put_that_times_out_aborts_the_step_instead_of_ending_the_worker():
+    broker, store = make_broker(), StalledPuts()
+    stats = ReassemblerStats()
+    w = worker(broker, store)
+    w.sensor = stats
+    publish(broker, store, "g1")
+    w.step()
+    assert finalized(broker) == [] and stats.aborts == 1
+    steps(w, 3)  # rebuilt from what was committed: the same group again, put and committed once
+    assert finalized(broker) == ["g1"]
+
+
+def test_every_tq_call_of_a_worker_is_bounded_by_what_its_lease_leaves_a_put():
+    tq = FakeTQ()
+    tq_store = TQStore()
+    tq_store._tq = tq
+    broker = make_broker()
+    publish(broker, tq_store, "g1")
+    # 1 s between polls at most: a put allowed at 3/4 of it must land within the last quarter.
+    w = worker(broker, tq_store, max_poll_interval_ms=1000, session_timeout_ms=1000)
+    tq.hold_puts = 30.0  # TQ's controller stops answering puts
+    started = time.monotonic()
+    w.step()
+    assert time.monotonic() - started < 10.0, "the step waited on TQ past its call deadline"
+    assert tq.puts_cancelled == 1 and finalized(broker) == []
+    tq.hold_puts = None
+    steps(w, 3)
+    assert finalized(broker) == ["g1"]
+    assert sorted(tq_store.list(TRAIN)) == ["g1_g0", "g1_g1"]
