@@ -64,12 +64,16 @@ class Lease:
         self._freezes = 0
         self._unconfirmed = False
         self._freeze_s = 0.0
+        # Seconds the process spent frozen since the last poll: no step's work (see `slow_step`).
+        self._frozen_since_poll = 0.0
         self._stop = threading.Event()
         if watch:
             threading.Thread(target=self._watch, name="rlstream-lease", daemon=True).start()
 
     def polled(self) -> None:
-        self._polled = self._clock()
+        with self._lock:
+            self._polled = self._clock()
+            self._frozen_since_poll = 0.0
 
     def tick(self) -> None:
         """One tick of the watch: notes a freeze since the previous one."""
@@ -83,6 +87,7 @@ class Lease:
             self._freezes += 1
             self._unconfirmed = True
             self._freeze_s = max(self._freeze_s, gap)
+            self._frozen_since_poll += gap
 
     def _watch(self) -> None:
         while not self._stop.wait(self._tick_s):
@@ -139,8 +144,12 @@ class Lease:
         return None
 
     def slow_step(self) -> bool:
-        """Whether the current step has run past the share of max.poll.interval that puts may use."""
-        return self._clock() - self._polled >= self.max_poll_interval_s * SLOW_STEP_SHARE
+        """Whether the current step's own work has run past the share of max.poll.interval that puts may
+        use: time the process spent frozen is left out (a freeze is no reason to finalize fewer groups)."""
+        self._check_freeze()
+        with self._lock:
+            worked = self._clock() - self._polled - self._frozen_since_poll
+        return worked >= self.max_poll_interval_s * SLOW_STEP_SHARE
 
     def close(self) -> None:
         self._stop.set()

@@ -38,9 +38,10 @@ from workers.reassembler.faults import NO_FAULTS, Faults
 from workers.reassembler.fencing import TwinWatch
 from workers.reassembler.finalize import finalize_groups
 from workers.reassembler.groups import OpenGroup
-from workers.reassembler.lease import SLOW_STEP_SHARE, Lease, call_budget_s
+from workers.reassembler.lease import Lease, call_budget_s
 from workers.reassembler.poll_errors import check_poll_error
 from workers.reassembler.restore import restore_partition
+from workers.reassembler.stepsize import StepSize
 from workers.reassembler.sweeper import StagingSweeper
 from workers.reassembler.task import PartitionTask
 from workers.telemetry.sensors import ReassemblerSensor
@@ -49,8 +50,6 @@ log = logging.getLogger("rlstream.reassembler")
 T = TypeVar("T")
 # Longest wait between retries of a Kafka call the worker cannot go on without.
 MAX_RETRY_DELAY_S = 30.0
-# A step that finished within this share of max.poll.interval lets the next one finalize twice as many groups.
-FAST_STEP_SHARE = 0.125
 
 
 def retry_delay(attempt: int) -> float:
@@ -94,8 +93,7 @@ class ReassemblerWorker:
         self._clearer = StagingClearer(self.store, config.actor.staging_partition)
         self._sweeper = StagingSweeper(self.store, config, clock=clock)
         self._warned: dict[int, float] = {}
-        # Most ready groups one step finalizes; halved after a step too slow for the poll interval.
-        self._step_groups = config.max_poll_records
+        self._step = StepSize(config.worker_id, config.max_poll_records, config.max_poll_interval_ms)
         # When the open transaction began (None: none open): a fence after its timeout is the
         # coordinator aborting it, not a twin.
         self._txn_began: float | None = None
@@ -265,7 +263,7 @@ class ReassemblerWorker:
             for g in task.ready(task.clock(now_ms, caught_up=self._caught_up(part), paused=self._paused), timeout_ms)
         ]
         # What does not fit this step stays ready for the next one (`PartitionTask.prepare`).
-        ready = ready[: self._step_groups]
+        ready = ready[: self._step.groups]
         if ready or any(task.has_work for task in self._tasks.values()):
             self._commit_step(ready, now_ms)
         self._apply_backpressure()
@@ -323,7 +321,7 @@ class ReassemblerWorker:
                 before_commit=self.faults.before_commit,
             )
         except KafkaException as exc:
-            self._recover(exc)
+            self._recover(exc, len(ready))
             return
         except StepAborted as exc:
             self._abort(exc, len(ready))
@@ -337,8 +335,7 @@ class ReassemblerWorker:
         self.faults.after_commit()
         seconds = self._clock() - t0
         self._report_commit(commits, seconds)
-        if len(ready) >= self._step_groups and seconds < self.config.max_poll_interval_ms / 1000 * FAST_STEP_SHARE:
-            self._step_groups = min(self.config.max_poll_records, self._step_groups * 2)
+        self._step.committed(len(ready), seconds)
         staging_to_clear: list[str] = []
         try:
             for task, commit in zip(tasks, commits):
@@ -373,22 +370,8 @@ class ReassemblerWorker:
     def _abort(self, exc: StepAborted, groups: int) -> None:
         log.warning("%s: %s; rebuilding from committed state", self.config.worker_id, exc)
         self.sensor.on_abort()
-        if isinstance(exc, LeaseRefused) and self._lease.slow_step():
-            # The same records come back after the rebuild: finalizing as many again would only
-            # run out of time again, so the next steps take half as many groups.
-            self._step_groups = max(1, min(self._step_groups, groups) // 2)
-            level = logging.ERROR if groups <= 1 else logging.WARNING
-            log.log(
-                level,
-                "%s: a step of %d group(s) ran past %.0f%% of max_poll_interval_ms (%d ms); next steps finalize at "
-                "most %d%s",
-                self.config.worker_id,
-                groups,
-                SLOW_STEP_SHARE * 100,
-                self.config.max_poll_interval_ms,
-                self._step_groups,
-                " (one group alone is too slow: raise max_poll_interval_ms)" if groups <= 1 else "",
-            )
+        if self._lease.slow_step():  # the same records come back after the rebuild (`stepsize.py`)
+            self._step.too_slow(groups)
         self._rebuild()
 
     def _report_commit(self, commits: list[PartitionCommit], seconds: float) -> None:
@@ -399,9 +382,11 @@ class ReassemblerWorker:
         )
         self.sensor.on_handed_back(sum(len(c.regenerate) for c in commits))
 
-    def _recover(self, exc: KafkaException) -> None:
+    def _recover(self, exc: KafkaException, groups: int) -> None:
         """Abort the step and rebuild from committed offsets and the state topic (the step never happened)."""
         self.sensor.on_abort()
+        if self._lease.slow_step():  # e.g. a step of dead letters only: refused at its commit, not a put
+            self._step.too_slow(groups)
         open_s = self._clock() - self._txn_began if self._txn_began is not None else 0.0
         log.warning(
             "%s: transaction failed (%s); rebuilding from committed state",

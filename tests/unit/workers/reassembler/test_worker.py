@@ -7,11 +7,14 @@ the test passes in, as the drills do.
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import threading
 import time
 
 import pytest
 
+from schemas.deadletter import DeadLetter
 from schemas.finalized import FinalizedGroup
 from schemas.state import PROGRESS_KEY, GroupState, decode_state_entry
 from streams.errors import TQTimeout
@@ -490,3 +493,50 @@ def test_every_tq_call_of_a_worker_is_bounded_by_what_its_lease_leaves_a_put():
     steps(w, 3)
     assert finalized(broker) == ["g1"]
     assert sorted(tq_store.list(TRAIN)) == ["g1_g0", "g1_g1"]
+
+
+class SlowDeadLetters(Faults):
+    """A step of more than `fits` ready groups takes `seconds` of the clock even though it puts nothing
+    (every group is dead-lettered), and the consumer leaves its group meanwhile (max.poll.interval)."""
+
+    def __init__(self, clock: Clock, broker: FakeBroker, fits: int, seconds: float):
+        self.clock, self.broker, self.fits, self.seconds = clock, broker, fits, seconds
+        self.worker: ReassemblerWorker | None = None
+        self.overran = 0
+
+    def after_put(self) -> None:
+        if self.worker._step.groups > self.fits:
+            self.overran += 1
+            work(self.clock, self.seconds, self.worker._lease.tick)
+            self.broker.kick(GROUP)
+
+
+def test_a_step_without_puts_that_overran_the_poll_interval_is_shrunk_too():
+    broker, store = make_broker(), RecordingStore()
+    clock = Clock()
+    faults = SlowDeadLetters(clock, broker, fits=2, seconds=50.0)
+    w = worker(broker, store, clock=clock, faults=faults, max_poll_interval_ms=60_000)
+    faults.worker = w
+    failed = dataclasses.replace(TINY, failure_rate=1.0)
+    groups = [f"g{i}" for i in range(8)]
+    for i, g in enumerate(groups):
+        publish(broker, store, g, shape=failed, seed=i)
+    steps(w, 20)  # each overrun fails at the commit (the member left its group), then is shrunk
+    letters = {DeadLetter.from_bytes(m.value()).source_key.decode() for m in broker.records(NAMES.deadletter)}
+    assert letters == set(groups) and faults.overran >= 1
+
+
+def test_a_step_aborted_by_a_freeze_is_not_taken_for_a_slow_one(caplog):
+    broker, store = make_broker(), RecordingStore()
+    clock = Clock()
+    broker.members_notice = False
+    # Frozen for 50 s of a 60 s poll interval: past the 3/4 a slow step has, but none of it working.
+    faults = FreezeAtPut(clock, broker, seconds=50.0)
+    w = worker(broker, store, clock=clock, faults=faults, max_poll_interval_ms=60_000)
+    publish(broker, store, "g1")
+    with caplog.at_level(logging.WARNING, logger="rlstream.reassembler"):
+        w.step()
+    assert faults.frozen and store.puts() == []
+    assert w._step.groups == w.config.max_poll_records, "a freeze shrank the step"
+    assert [r.levelname for r in caplog.records if "frozen" in r.getMessage()] == ["WARNING"]
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR or "max_poll_interval" in r.getMessage()]
