@@ -21,7 +21,7 @@ from streams.errors import TQTimeout
 from streams.partitioner import partition_of
 from streams.tq import STAGING, TRAIN, TQStore
 from tests.unit.fake_tq import FakeTQ
-from tests.unit.memory_store import InMemoryStore
+from tests.unit.memory_store import InMemoryStore, MidClear
 from workers.reassembler.config import ReassemblerConfig
 from workers.reassembler.errors import WorkerFenced
 from workers.reassembler.faults import Faults
@@ -49,8 +49,8 @@ class Clock:
 class RecordingStore(InMemoryStore):
     """An InMemoryStore that logs every put and clear, and can hold a clear back."""
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, **kw) -> None:
+        super().__init__(**kw)
         self.events: list[tuple[str, str, tuple[str, ...]]] = []
         self.hold_next_clear: threading.Event | None = None
         self._clearing: dict[str, int] = {}
@@ -430,6 +430,22 @@ def test_a_staged_row_the_store_cannot_read_rejects_that_row_and_the_group_still
     steps(worker(broker, store), 2)
     (record,) = [FinalizedGroup.from_bytes(m.value()) for m in broker.records(NAMES.finalized)]
     assert record.valid_row_count == 1 and record.rejection_reasons[1] is not None
+
+
+def test_a_staged_row_caught_mid_clear_is_a_missing_row_and_the_group_still_finalizes():
+    # TQ marks a row before it deletes it: the tags lookup still finds it, the fetch then reads it as
+    # not ready. That row is missing (it is going), never an error that crash-loops the worker.
+    broker = make_broker()
+    rollouts = make_group("g1", 0, 1, shape=TINY)
+    going = rollouts[1].receipt.manifest[0].staging_key
+    store = RecordingStore(mid_clear=MidClear([going]))
+    stage_rollouts(store, rollouts)
+    assert going in store.tags(STAGING, [going])
+    for r in rollouts:
+        broker.append(NAMES.receipts, partition_of(b"g1", 2), b"g1", r.receipt.to_bytes())
+    steps(worker(broker, store), 2)
+    (record,) = [FinalizedGroup.from_bytes(m.value()) for m in broker.records(NAMES.finalized)]
+    assert record.valid_row_count == 1 and record.rejection_reasons[1] == "missing_staging_row"
 
 
 def test_a_static_member_fenced_once_joins_again_but_fenced_twice_soon_after_stops_as_a_twin():
