@@ -67,6 +67,9 @@ def test_a_short_chaos_drill_loses_nothing_duplicates_nothing_and_leaves_tq_empt
     assert _figure(out, "groups trained on overwritten rows") == "0"
     assert "then built 8s" in _figure(out, "frozen builder")
     assert "frozen 15s" in _figure(out, "coordinator")
+    assert int(_figure(out, "transaction timeouts ridden out")) >= 1
+    version = re.fullmatch(r"(\d+) \(floor (\d+)\)", _figure(out, "trainer version"))
+    assert version and int(version[1]) >= int(version[2]) >= 1, _figure(out, "trainer version")
     assert int(kills.split()[0]) >= 5
     assert "resumed" in _figure(out, "zombie")
     assert "restarted on its data" in _figure(out, "broker")

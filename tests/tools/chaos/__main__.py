@@ -21,7 +21,10 @@ publishes, the drill, at random times:
 
 Afterwards `tests.tools.chaos.check` counts from the system's own outputs: lost and duplicated finalized
 records (a fresh read_committed consumer), groups trained more than once (the trainer's journal),
-and what is left in TQ staging and train. It prints the figures and exits 1 if an invariant fails.
+the trainer's last version (the version topic) against the groups it trained, transaction timeouts
+ridden out (the workers' logs), and what is left in TQ staging and train. It prints the figures and
+exits 1 if an invariant fails; an invariant whose fault was scheduled must have been seen to hold
+(a coordinator freeze that made no transaction time out fails the drill).
 It stops only the processes it started, by their pid. An operator drill, not part of the runtime:
 it lives with the test tools, apart from the benchmarks, and is run by `make chaos`.
 
@@ -48,7 +51,7 @@ from streams.cluster import ClusterConfig, LocalCluster
 from streams.config import KafkaConfig
 from streams.tq import TQConfig, TQStore, init_tq, ray_address
 from tests.tools.chaos.check import DrillEvents, account, figures, read_journal, unfinished_batches
-from tests.tools.chaos.procs import Producer, Reassemblers, Trainer, coordinator_of, process_state
+from tests.tools.chaos.procs import TRAINER_ID, Producer, Reassemblers, Trainer, coordinator_of, process_state
 from tests.tools.faults import CRASH_POINTS
 from workers.telemetry.logs import configure_logging
 from workers.topics import TopicNames, pipeline_topics
@@ -90,13 +93,16 @@ class Drill:
         self.args, self.kafka, self.cluster = args, kafka, cluster
         self.rng = random.Random(args.seed)
         self.names = TopicNames(f"chaos-{self.rng.getrandbits(32):08x}")
-        self.events = DrillEvents(kills_requested=args.kills)
+        self.events = DrillEvents(
+            kills_requested=args.kills, coordinator_freeze_s=args.coordinator_freeze_s, lost_share=args.lost_share
+        )
         self.journal = workdir / "trainer.journal"
         self.workdir = workdir
         self.workers = Reassemblers(
             kafka, self.names, TQConfig(address=ray_address()), args.workers, workdir, self.events
         )
         self.trainer = Trainer(kafka, self.names, self.journal, workdir)
+        self.events.batch_groups = self.trainer.batch_groups
         self.producer = Producer(
             kafka,
             self.names,
@@ -144,6 +150,7 @@ class Drill:
             self.events,
             self.producer.digests,
             self.producer.poisoned,
+            trainer_id=TRAINER_ID,
         )
         for line in figures(acc, self.events):
             print(line, flush=True)

@@ -273,7 +273,16 @@ class Reassemblers:
 class Trainer:
     """The trainer process (`tests/tools/chaos/trainer.py`); restarted after a kill, journal shared by all of them."""
 
-    def __init__(self, kafka: KafkaConfig, names: TopicNames, journal: Path, workdir: Path, train_step_s: float = 0.3):
+    def __init__(
+        self,
+        kafka: KafkaConfig,
+        names: TopicNames,
+        journal: Path,
+        workdir: Path,
+        train_step_s: float = 0.3,
+        batch_groups: int = 8,
+    ):
+        self.batch_groups = batch_groups
         self.argv = [
             sys.executable,
             *TRAINER,
@@ -285,6 +294,8 @@ class Trainer:
             str(journal),
             "--train-step-s",
             str(train_step_s),
+            "--batch-groups",
+            str(batch_groups),
         ]
         self.journal, self.workdir = journal, workdir
         self.proc: subprocess.Popen | None = None
