@@ -26,7 +26,7 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from schemas.errors import InvalidArgument
 from streams.config import KafkaConfig
 from streams.consumer import Record, partitions_of
-from streams.errors import ReadTimeout, TQTimeout
+from streams.errors import ReadTimeout, TQError, TQTimeout
 from streams.producer import TransactionalProducer, is_fatal, is_fenced
 from streams.tq import KVStore, with_call_deadline
 from workers.reassembler.clearing import StagingClearer
@@ -340,7 +340,7 @@ class ReassemblerWorker:
         try:
             for task, commit in zip(tasks, commits):
                 task.post_commit(commit, writes.get(task.partition), staging_to_clear=staging_to_clear)
-        except Exception as exc:  # noqa: BLE001 - TQ failing refused receipts' clear: their rows are swept
+        except TQError as exc:  # clearing refused receipts' rows: the sweeper finds what is left
             log.warning("%s: after the commit: %s; rebuilding from committed state", self.config.worker_id, exc)
             self._rebuild()
             return

@@ -556,3 +556,29 @@ def test_a_step_aborted_by_a_freeze_is_not_taken_for_a_slow_one(caplog):
     assert w._step.groups == w.config.max_poll_records, "a freeze shrank the step"
     assert [r.levelname for r in caplog.records if "frozen" in r.getMessage()] == ["WARNING"]
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR or "max_poll_interval" in r.getMessage()]
+
+
+class TagsTimeOut(RecordingStore):
+    """The next tags lookup, once armed, gives up at TQ's call deadline."""
+
+    armed = False
+
+    def tags(self, partition, keys):
+        if self.armed:
+            self.armed = False
+            raise TQTimeout(f"TQ lookup of {len(keys)} key(s) in {partition!r} did not finish within 12s")
+        return super().tags(partition, keys)
+
+
+def test_a_tq_timeout_after_the_commit_rebuilds_instead_of_ending_the_worker():
+    broker, store = make_broker(), TagsTimeOut()
+    w = worker(broker, store)
+    rollouts = publish(broker, store, "g1")
+    steps(w, 2)
+    # The same receipt again: refused as a duplicate, its staged rows cleared after the commit,
+    # once a lookup says they are its own; that lookup times out.
+    broker.append(NAMES.receipts, partition_of(b"g1", 2), b"g1", rollouts[0].receipt.to_bytes())
+    store.armed = True
+    steps(w, 3)
+    letters = [DeadLetter.from_bytes(m.value()) for m in broker.records(NAMES.deadletter)]
+    assert [d.source_key for d in letters] == [b"g1"] and finalized(broker) == ["g1"]
