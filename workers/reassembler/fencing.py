@@ -24,9 +24,12 @@ re-initialised, stops. The live worker loses one step, which it retries.
 
 "Soon" is `TWIN_WINDOW_SESSIONS` session timeouts: long enough for the other process's next
 transaction to meet its fence, short enough that a coordinator outage ridden out an hour ago does
-not make a worker take the next fence for a twin's. Two twins that both go that long between
-transactions trade fences (one aborted step each time, nothing lost or duplicated: each step
-commits or aborts whole) until one is fenced twice in a window.
+not make a worker take the next fence for a twin's. The order above needs the live worker to meet
+its fence within that window of the zombie's re-initialising: a live worker with no transaction
+for longer (nothing to finalize) re-initialises late, the zombie then takes its next fence for a
+first one, and the live worker, fenced again soon after, is the one that stops. One of the two
+goes on either way, and nothing is lost or duplicated on the way: every fence only aborts a step,
+which is rebuilt from what was committed.
 """
 
 from __future__ import annotations
