@@ -2,10 +2,11 @@
 
 It runs `python -m tests.tools.chaos` as a program, as `make chaos` does, attached to the session's Ray, with its
 own one-broker cluster (the broker is killed and restarted on its data, a full outage, and frozen
-past the transaction timeout as a lost coordinator; `make chaos` does it to one of three): 80
-groups, five reassembler kills (one at each crash point and two pool children at random instants,
-each taken over by the spare), a zombie, a worker frozen at its put that builds on after waking,
-and a trainer killed mid-step.
+past the transaction timeout as the lost coordinator of a worker's open transaction, which that
+worker must ride out; `make chaos` does it to one of three): 80 groups, five reassembler kills (one
+at each crash point and two pool children at random instants, each taken over by the spare), a
+zombie, a worker frozen at its put that builds on after waking, and a trainer killed mid-step; with
+groups lost to the gate, the trainer's version must keep moving.
 """
 
 import re

@@ -176,13 +176,16 @@ class Reassemblers:
                 else:
                     self.ev.other_exits.append(f"pid {pid} exited {proc.returncode}")
         for wid, (kind, proc) in list(self.extra.items()):
+            lives_on = kind in ("frozen_builder", "commit_holder")  # workers once woken or committed
             if proc.poll() is None:
-                if not respawn and kind != "frozen_builder":  # it lives on as a worker once woken
+                if not respawn and not lives_on:
                     self.ev.crash_workers_never_died.append(f"{wid} ({kind})")
                 continue
             if kind in CRASH_POINTS and proc.returncode == -signal.SIGKILL:
                 self.ev.kills[kind] += 1
-            elif kind != "frozen_builder":
+            elif proc.returncode == FENCED_EXIT:
+                self.ev.fenced_exits.append(f"{wid} ({kind}) pid {proc.pid} exited {FENCED_EXIT}")
+            elif not lives_on:
                 self.ev.other_exits.append(f"{wid} ({kind}) pid {proc.pid} exited {proc.returncode}")
             del self.extra[wid]
 
@@ -232,6 +235,19 @@ class Reassemblers:
             preexec_fn=die_with_parent,
         )  # fmt: skip
         self.extra[wid] = ("frozen_builder", proc)
+        return wid, proc
+
+    def spawn_commit_holder(self, hold_s: float) -> tuple[str, subprocess.Popen]:
+        """A worker that holds its first transaction open `hold_s` before committing (and says so in its
+        log, `faults.HOLDING`), then goes on as a worker."""
+        wid = f"c{len(self.extra)}"
+        config = msgspec.structs.replace(self.base, worker_id=wid, static_membership=False)
+        args = (*DRILL_WORKER, "--slow-commit-s", str(hold_s))
+        proc = spawn_worker(
+            self.kafka, config, self.tq, args=args, stdout=self._log(wid), stderr=subprocess.STDOUT,
+            preexec_fn=die_with_parent,
+        )  # fmt: skip
+        self.extra[wid] = ("commit_holder", proc)
         return wid, proc
 
     def stop_one(self, rng: random.Random, seconds: float) -> int | None:
