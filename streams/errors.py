@@ -39,6 +39,11 @@ class TQError(RlstreamError, RuntimeError):
     """Ray or TQ could not be reached or started; the message says where."""
 
 
+class TQTimeout(TQError, TimeoutError):
+    """A TQ call did not finish within its deadline (or a storage unit stopped answering); the message
+    names the call. Whatever the call had already sent may still be applied by TQ later."""
+
+
 class MissingKeysError(RlstreamError, KeyError):
     """Some requested keys are not in the partition; `missing` lists them."""
 

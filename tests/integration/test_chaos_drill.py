@@ -2,10 +2,11 @@
 
 It runs `python -m tests.tools.chaos` as a program, as `make chaos` does, attached to the session's Ray, with its
 own one-broker cluster (the broker is killed and restarted on its data, a full outage, and frozen
-past the transaction timeout as a lost coordinator; `make chaos` does it to one of three): 80
-groups, five reassembler kills (one at each crash point and two pool children at random instants,
-each taken over by the spare), a zombie, a worker frozen at its put that builds on after waking,
-and a trainer killed mid-step.
+past the transaction timeout as the lost coordinator of a worker's open transaction, which that
+worker must ride out; `make chaos` does it to one of three): 80 groups, five reassembler kills (one
+at each crash point and two pool children at random instants, each taken over by the spare), a
+zombie, a worker frozen at its put that builds on after waking, and a trainer killed mid-step; with
+groups lost to the gate, the trainer's version must keep moving.
 """
 
 import re
@@ -67,6 +68,9 @@ def test_a_short_chaos_drill_loses_nothing_duplicates_nothing_and_leaves_tq_empt
     assert _figure(out, "groups trained on overwritten rows") == "0"
     assert "then built 8s" in _figure(out, "frozen builder")
     assert "frozen 15s" in _figure(out, "coordinator")
+    assert int(_figure(out, "transaction timeouts ridden out")) >= 1
+    version = re.fullmatch(r"(\d+) \(floor (\d+)\)", _figure(out, "trainer version"))
+    assert version and int(version[1]) >= int(version[2]) >= 1, _figure(out, "trainer version")
     assert int(kills.split()[0]) >= 5
     assert "resumed" in _figure(out, "zombie")
     assert "restarted on its data" in _figure(out, "broker")

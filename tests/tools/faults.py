@@ -59,9 +59,14 @@ class FreezeBeforePut(Faults):
         time.sleep(self.then_build_s)
 
 
+# What a worker holding its transaction open prints first (its stdout is its log): a drill waits for it.
+HOLDING = "holding the open transaction"
+
+
 class SlowCommit(Faults):
     """Hold the open transaction of the first `times` steps for `seconds` before committing: a commit
-    stalled by an outage past the transaction timeout, which the coordinator then aborts."""
+    stalled by an outage past the transaction timeout, which the coordinator then aborts. The process
+    runs on meanwhile (no freeze: its lease watch ticks)."""
 
     def __init__(self, seconds: float, times: int = 1):
         self.seconds, self.times = seconds, times
@@ -69,4 +74,5 @@ class SlowCommit(Faults):
     def before_commit(self) -> None:
         if self.times > 0:
             self.times -= 1
+            print(f"[drill] {HOLDING} {self.seconds:.0f}s before its commit", flush=True)
             time.sleep(self.seconds)

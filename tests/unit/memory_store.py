@@ -12,11 +12,26 @@ from streams.errors import MissingKeysError
 from streams.tq import STAGING, TRAIN
 
 
-class InMemoryStore:
-    """KVStore over a dict, for unit tests of pure logic; integration tests use TQStore."""
+class MidClear:
+    """Keys whose rows TQ is clearing: marked, not yet deleted (TQ marks a row before it deletes it).
 
-    def __init__(self, packed: Sequence[str] = (STAGING, TRAIN)) -> None:
+    A store given one still lists them and finds their tags, as TQ's lookups do, but a get of them
+    reports them missing, as `TQStore.get` does for rows not ready (`MissingKeysError` naming them).
+    """
+
+    def __init__(self, keys: Sequence[str] = ()) -> None:
+        self.keys = set(keys)
+
+
+class InMemoryStore:
+    """KVStore over a dict, for unit tests of pure logic; integration tests use TQStore.
+
+    `mid_clear` (a test's) names rows caught in the middle of a clear.
+    """
+
+    def __init__(self, *, mid_clear: MidClear | None = None, packed: Sequence[str] = (STAGING, TRAIN)) -> None:
         self._rows: dict[str, dict[str, tuple[dict[str, torch.Tensor], dict[str, Any]]]] = {}
+        self.mid_clear = mid_clear if mid_clear is not None else MidClear()
         # As TQStore: rlstream's own partitions hold packed rows, whose get refuses rows of other fields.
         self._packed = frozenset(packed)
 
@@ -29,7 +44,7 @@ class InMemoryStore:
 
     def get(self, partition: str, keys: Sequence[str], select: Sequence[str] | None = None) -> TensorDict:
         part = self._rows.get(partition, {})
-        missing = [k for k in keys if k not in part]
+        missing = [k for k in keys if k not in part or k in self.mid_clear.keys]
         if missing:
             raise MissingKeysError(partition, missing)
         names = list(select) if select is not None else list(part[keys[0]][0])

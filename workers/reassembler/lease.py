@@ -14,8 +14,10 @@ refuses it itself whenever it cannot be sure it still owns its partitions:
   first poll after waking can hand out prefetched records before the heartbeat that would reveal
   the lost membership has even been answered.
 - **A slow step**: more than 3/4 of `max.poll.interval.ms` since the last poll, after which the
-  consumer leaves its group even though it kept heartbeating. Each TQ call is bounded well inside
-  the remaining quarter (`streams.tq.bound_tq_calls`), so a put checked in time also lands in time.
+  consumer leaves its group even though it kept heartbeating. Each TQ call of the worker, the
+  controller's round trips included, is given up well inside the remaining quarter
+  (`call_budget_s`, `streams.tq.with_call_deadline`), so a put checked in time also lands in time
+  or is abandoned in time (TQ may still apply what it had sent: docs/DESIGN.md, "Zombies").
 
 The lease is asked before every put, not once per step. What remains is a freeze that starts after
 the check and before the put has landed: the length of one bounded TQ call, not of a whole step.
@@ -29,6 +31,15 @@ from collections.abc import Callable
 
 # The share of max.poll.interval after the last poll past which no put starts.
 SLOW_STEP_SHARE = 0.75
+# The share of the rest of max.poll.interval that one TQ call may take: room to spare for the commit.
+CALL_SHARE_OF_REST = 0.8
+
+
+def call_budget_s(max_poll_interval_s: float) -> float:
+    """The longest one TQ call of a worker may take: a put the lease allowed, at most 3/4 of the poll
+    interval after a poll, then ends before the interval does (TQ's own: no bound on the controller,
+    3 x 200 s on a storage unit)."""
+    return max_poll_interval_s * (1 - SLOW_STEP_SHARE) * CALL_SHARE_OF_REST
 
 
 class Lease:
@@ -53,12 +64,16 @@ class Lease:
         self._freezes = 0
         self._unconfirmed = False
         self._freeze_s = 0.0
+        # Seconds the process spent frozen since the last poll: no step's work (see `slow_step`).
+        self._frozen_since_poll = 0.0
         self._stop = threading.Event()
         if watch:
             threading.Thread(target=self._watch, name="rlstream-lease", daemon=True).start()
 
     def polled(self) -> None:
-        self._polled = self._clock()
+        with self._lock:
+            self._polled = self._clock()
+            self._frozen_since_poll = 0.0
 
     def tick(self) -> None:
         """One tick of the watch: notes a freeze since the previous one."""
@@ -72,6 +87,7 @@ class Lease:
             self._freezes += 1
             self._unconfirmed = True
             self._freeze_s = max(self._freeze_s, gap)
+            self._frozen_since_poll += gap
 
     def _watch(self) -> None:
         while not self._stop.wait(self._tick_s):
@@ -128,8 +144,12 @@ class Lease:
         return None
 
     def slow_step(self) -> bool:
-        """Whether the current step has run past the share of max.poll.interval that puts may use."""
-        return self._clock() - self._polled >= self.max_poll_interval_s * SLOW_STEP_SHARE
+        """Whether the current step's own work has run past the share of max.poll.interval that puts may
+        use: time the process spent frozen is left out (a freeze is no reason to finalize fewer groups)."""
+        self._check_freeze()
+        with self._lock:
+            worked = self._clock() - self._polled - self._frozen_since_poll
+        return worked >= self.max_poll_interval_s * SLOW_STEP_SHARE
 
     def close(self) -> None:
         self._stop.set()

@@ -25,7 +25,7 @@ from streams.pids import die_with_parent
 from streams.tq import TQConfig, TQStore, init_tq
 from workers.reassembler.config import ReassemblerConfig
 from workers.reassembler.faults import NO_FAULTS, Faults
-from workers.reassembler.lease import SLOW_STEP_SHARE
+from workers.reassembler.lease import call_budget_s
 from workers.reassembler.pool import STOP_GRACE_S, Pool, RestartPolicy, SpareSupply
 from workers.telemetry.sensors import ReassemblerSensor, ReassemblerStats, fan_out
 
@@ -55,14 +55,13 @@ class Promotion(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 
 def bounded_tq(tq: TQConfig, config: ReassemblerConfig) -> TQConfig:
-    """`tq` with its storage calls bounded well inside what the lease leaves a put after its check.
+    """`tq` with its storage-unit attempts bounded by what the lease leaves a put after its check.
 
-    The lease allows no put later than 3/4 of max.poll.interval after a poll; a put that then took
-    more than the remaining quarter (TQ's own default is 3 x 200 s) could land after the consumer
-    left its group, over rows a successor committed.
+    The worker gives up every TQ call at that budget anyway (`lease.call_budget_s`); bounded here
+    too, TQ's own retry on a fresh connection fits in it instead of its 3 x 200 s. Only a process
+    that starts its TQ client after this (a pool child, `run_worker`) gets it.
     """
-    window_s = config.max_poll_interval_ms / 1000 * (1 - SLOW_STEP_SHARE)
-    return dataclasses.replace(tq, call_budget_s=window_s * 0.8)
+    return dataclasses.replace(tq, call_budget_s=call_budget_s(config.max_poll_interval_ms / 1000))
 
 
 def child_process(

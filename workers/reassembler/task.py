@@ -89,7 +89,8 @@ class PartitionTask:
         committed_offset: int | None = None,
         state_end: int = 0,
     ) -> PartitionTask:
-        """A task for a restored partition, having cleared the staging its predecessor closed but left behind."""
+        """A task for a restored partition; the staging its predecessor closed but left behind is
+        `restored_staging`, for the worker to clear once it may write to TQ (see there)."""
         task = cls(restored, store, config, committed_offset=committed_offset, state_end=state_end)
         # A first-seen time written by a worker whose clock ran ahead would hold its group open (and
         # the committed offset back) until this clock caught up.
@@ -97,18 +98,36 @@ class PartitionTask:
         opened = task.groups.restored_open_ms
         for gid, first_seen in opened.items():
             opened[gid] = min(first_seen, now_ms)
-        for entry in task._staging_to_clear:
-            if config.clear_staging:
-                store.clear(config.actor.staging_partition, list(entry.staging_keys))
-            task._cleared_to_record.append(_cleared(entry))
-        task._staging_to_clear = ()
+        if not config.clear_staging:  # the rows are not ours to clear (a replay run): recorded as they are
+            task.restored_staging_cleared()
         return task
+
+    @property
+    def restored_staging(self) -> list[str]:
+        """Staging keys of groups a predecessor closed and did not record cleared.
+
+        Not cleared by the restore itself: a restore also follows a step aborted because the worker
+        may be a zombie (its lease refused), and a zombie must not write to TQ at all. The worker
+        clears them in its next step, once its lease allows, then calls `restored_staging_cleared`.
+        """
+        return [k for entry in self._staging_to_clear for k in entry.staging_keys]
+
+    def restored_staging_cleared(self) -> None:
+        """The `restored_staging` keys are gone: the next commit records their groups as cleared."""
+        self._cleared_to_record.extend(_cleared(entry) for entry in self._staging_to_clear)
+        self._staging_to_clear = ()
 
     @property
     def has_work(self) -> bool:
         """Whether the next step must commit for this partition even when no group is ready."""
         return bool(
-            self._dirty or self._cleared_to_record or self._dead or self._opened or self._forgotten or self._completed
+            self._dirty
+            or self._staging_to_clear
+            or self._cleared_to_record
+            or self._dead
+            or self._opened
+            or self._forgotten
+            or self._completed
         )
 
     # ----- intake ----------------------------------------------------------------------------

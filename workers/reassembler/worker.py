@@ -26,20 +26,22 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from schemas.errors import InvalidArgument
 from streams.config import KafkaConfig
 from streams.consumer import Record, partitions_of
-from streams.errors import ReadTimeout
+from streams.errors import ReadTimeout, TQError, TQTimeout
 from streams.producer import TransactionalProducer, is_fatal, is_fenced
-from streams.tq import KVStore
+from streams.tq import KVStore, with_call_deadline
 from workers.reassembler.clearing import StagingClearer
 from workers.reassembler.clients import KafkaClients, WorkerClients
 from workers.reassembler.commit import PartitionCommit, commit_transaction, confirm_membership, dead_letter_counts
 from workers.reassembler.config import ReassemblerConfig
-from workers.reassembler.errors import LeaseRefused, MemberFenced, StepAborted, WorkerFenced
+from workers.reassembler.errors import LeaseRefused, MemberFenced, StepAborted
 from workers.reassembler.faults import NO_FAULTS, Faults
+from workers.reassembler.fencing import TwinWatch
 from workers.reassembler.finalize import finalize_groups
 from workers.reassembler.groups import OpenGroup
-from workers.reassembler.lease import SLOW_STEP_SHARE, Lease
+from workers.reassembler.lease import Lease, call_budget_s
 from workers.reassembler.poll_errors import check_poll_error
 from workers.reassembler.restore import restore_partition
+from workers.reassembler.stepsize import StepSize
 from workers.reassembler.sweeper import StagingSweeper
 from workers.reassembler.task import PartitionTask
 from workers.telemetry.sensors import ReassemblerSensor
@@ -48,10 +50,6 @@ log = logging.getLogger("rlstream.reassembler")
 T = TypeVar("T")
 # Longest wait between retries of a Kafka call the worker cannot go on without.
 MAX_RETRY_DELAY_S = 30.0
-# A step that finished within this share of max.poll.interval lets the next one finalize twice as many groups.
-FAST_STEP_SHARE = 0.125
-# A static member fenced again this many session timeouts after it rejoined has a live twin.
-TWIN_WINDOW_SESSIONS = 10
 
 
 def retry_delay(attempt: int) -> float:
@@ -64,7 +62,8 @@ class ReassemblerWorker:
 
     `faults` (tests and drills only) is called at fixed points of every step; `clients` makes the
     Kafka clients (real ones by default); `clock` is the monotonic clock of the lease and of the
-    transaction timing.
+    transaction timing. Every TQ call through `store` is given up at `lease.call_budget_s` (a TQ
+    store gets that deadline here, wherever the worker runs: a pool child, a Ray actor, a thread).
     """
 
     def __init__(
@@ -82,7 +81,7 @@ class ReassemblerWorker:
             # It names the transactional id: two workers sharing one would fence each other.
             raise InvalidArgument("ReassemblerConfig.worker_id is empty: every worker needs a stable id of its own")
         self.kafka = kafka
-        self.store = store
+        self.store = with_call_deadline(store, call_budget_s(config.max_poll_interval_ms / 1000))
         self.config = config
         self.sensor = sensor if sensor is not None else ReassemblerSensor()
         self.faults = faults
@@ -91,18 +90,22 @@ class ReassemblerWorker:
         self._tasks: dict[int, PartitionTask] = {}
         self._lease = Lease(config.session_timeout_ms / 1000, config.max_poll_interval_ms / 1000, clock=clock)
         self._paused = False
-        self._clearer = StagingClearer(store, config.actor.staging_partition)
-        self._sweeper = StagingSweeper(store, config, clock=clock)
+        self._clearer = StagingClearer(self.store, config.actor.staging_partition)
+        self._sweeper = StagingSweeper(self.store, config, clock=clock)
         self._warned: dict[int, float] = {}
-        # Most ready groups one step finalizes; halved after a step too slow for the poll interval.
-        self._step_groups = config.max_poll_records
+        self._step = StepSize(config.worker_id, config.max_poll_records, config.max_poll_interval_ms)
         # When the open transaction began (None: none open): a fence after its timeout is the
         # coordinator aborting it, not a twin.
         self._txn_began: float | None = None
         self._closing = False
+        self._twins = TwinWatch(
+            config.worker_id,
+            config.transactional_id,
+            session_timeout_s=config.session_timeout_ms / 1000,
+            transaction_timeout_s=config.transaction_timeout_ms / 1000,
+            clock=clock,
+        )
         self._producer = self._new_producer()
-        # When the coordinator last fenced this static member (None: never), to tell a twin apart.
-        self._member_fenced_at: float | None = None
         self._consumer = self._new_consumer()
 
     def _new_consumer(self):
@@ -124,20 +127,9 @@ class ReassemblerWorker:
         return consumer
 
     def _rejoin(self, fenced: MemberFenced) -> None:
-        """A static member fenced by the coordinator joins again, unless it was fenced again soon after.
-
-        The coordinator fences a `group.instance.id` when another consumer joins under it, but also
-        when this consumer's own join, timed out while the coordinator stalled and retried, lands
-        twice: a frozen or stalled worker fenced itself. One fence is ridden out with a new consumer
-        (its partitions restore as after any rebalance); a second within a few session timeouts of
-        that is a live twin, and the worker stops rather than fence it back.
-        """
-        now = self._clock()
-        window_s = TWIN_WINDOW_SESSIONS * self.config.session_timeout_ms / 1000
-        if self._member_fenced_at is not None and now - self._member_fenced_at < window_s:
-            raise fenced
-        self._member_fenced_at = now
-        log.warning("%s: %s; joining again with a new consumer", self.config.worker_id, fenced)
+        """A static member fenced by the coordinator joins again with a new consumer (its partitions
+        restore as after any rebalance), unless it has a live twin (`fencing.py`)."""
+        self._twins.member_fenced(fenced)
         self._settle_clear()
         self._tasks = {}
         self._paused = False
@@ -189,8 +181,6 @@ class ReassemblerWorker:
             # An assignment served while the consumer closes (a rebalance under way): restoring
             # partitions now is wasted, and the client refuses calls made from it once destroyed.
             return
-        # A clear still running could race the restore's clear of the same keys (see `_settle_clear`).
-        self._settle_clear()
         for tp in partitions:
             self._tasks[tp.partition] = self._restore_task(tp.partition)
         # librdkafka keeps a partition's paused state across revoke and re-assign: assign (what the
@@ -205,12 +195,15 @@ class ReassemblerWorker:
         log.info("%s assigned %s", self.config.worker_id, sorted(tp.partition for tp in partitions))
 
     def _on_revoke(self, consumer, partitions) -> None:
+        # Before the partitions are given up: their next owner clears what this worker did not
+        # record cleared, and two clears of one key must never overlap (`_settle_clear`).
+        self._settle_clear()
         for tp in partitions:
             self._tasks.pop(tp.partition, None)
         log.info("%s revoked %s", self.config.worker_id, sorted(tp.partition for tp in partitions))
 
     def _restore_task(self, partition: int) -> PartitionTask:
-        """A task rebuilt from the partition's state changelog, its predecessor's leftovers cleared."""
+        """A task rebuilt from the partition's state changelog; the next step clears its predecessor's leftovers."""
         return self._retrying(f"restore of partition {partition}", lambda: self._read_task(partition))
 
     def _read_task(self, partition: int) -> PartitionTask:
@@ -270,7 +263,7 @@ class ReassemblerWorker:
             for g in task.ready(task.clock(now_ms, caught_up=self._caught_up(part), paused=self._paused), timeout_ms)
         ]
         # What does not fit this step stays ready for the next one (`PartitionTask.prepare`).
-        ready = ready[: self._step_groups]
+        ready = ready[: self._step.groups]
         if ready or any(task.has_work for task in self._tasks.values()):
             self._commit_step(ready, now_ms)
         self._apply_backpressure()
@@ -294,7 +287,8 @@ class ReassemblerWorker:
         t0 = self._clock()
         tasks = list(self._tasks.values())
         try:
-            if ready and self._lease.unconfirmed:
+            restored = [k for task in tasks for k in task.restored_staging]
+            if (ready or restored) and self._lease.unconfirmed:
                 self._confirm_membership(tasks)
             outcomes = (
                 finalize_groups(
@@ -311,6 +305,8 @@ class ReassemblerWorker:
             self.faults.after_put()
             # The previous step's clear is done before this transaction records it as done.
             self._settle_clear(strict=True)
+            if restored:
+                self._clear_restored(tasks, restored)
             by_partition: dict[int, list] = {}
             for o in outcomes:
                 by_partition.setdefault(o.group.partition, []).append(o)
@@ -325,21 +321,29 @@ class ReassemblerWorker:
                 before_commit=self.faults.before_commit,
             )
         except KafkaException as exc:
-            self._recover(exc)
+            self._recover(exc, len(ready))
             return
         except StepAborted as exc:
             self._abort(exc, len(ready))
+            return
+        except TQTimeout as exc:
+            # Nothing of the step is committed: rebuilt, it puts the same rows again (idempotent).
+            self._abort(StepAborted(f"TQ did not answer in time ({exc})"), len(ready))
             return
         finally:
             self._txn_began = None
         self.faults.after_commit()
         seconds = self._clock() - t0
         self._report_commit(commits, seconds)
-        if len(ready) >= self._step_groups and seconds < self.config.max_poll_interval_ms / 1000 * FAST_STEP_SHARE:
-            self._step_groups = min(self.config.max_poll_records, self._step_groups * 2)
+        self._step.committed(len(ready), seconds)
         staging_to_clear: list[str] = []
-        for task, commit in zip(tasks, commits):
-            task.post_commit(commit, writes.get(task.partition), staging_to_clear=staging_to_clear)
+        try:
+            for task, commit in zip(tasks, commits):
+                task.post_commit(commit, writes.get(task.partition), staging_to_clear=staging_to_clear)
+        except TQError as exc:  # clearing refused receipts' rows: the sweeper finds what is left
+            log.warning("%s: after the commit: %s; rebuilding from committed state", self.config.worker_id, exc)
+            self._rebuild()
+            return
         self._clearer.submit(staging_to_clear)
 
     def _confirm_membership(self, tasks: list[PartitionTask]) -> None:
@@ -366,22 +370,8 @@ class ReassemblerWorker:
     def _abort(self, exc: StepAborted, groups: int) -> None:
         log.warning("%s: %s; rebuilding from committed state", self.config.worker_id, exc)
         self.sensor.on_abort()
-        if isinstance(exc, LeaseRefused) and self._lease.slow_step():
-            # The same records come back after the rebuild: finalizing as many again would only
-            # run out of time again, so the next steps take half as many groups.
-            self._step_groups = max(1, min(self._step_groups, groups) // 2)
-            level = logging.ERROR if groups <= 1 else logging.WARNING
-            log.log(
-                level,
-                "%s: a step of %d group(s) ran past %.0f%% of max_poll_interval_ms (%d ms); next steps finalize at "
-                "most %d%s",
-                self.config.worker_id,
-                groups,
-                SLOW_STEP_SHARE * 100,
-                self.config.max_poll_interval_ms,
-                self._step_groups,
-                " (one group alone is too slow: raise max_poll_interval_ms)" if groups <= 1 else "",
-            )
+        if self._lease.slow_step():  # the same records come back after the rebuild (`stepsize.py`)
+            self._step.too_slow(groups)
         self._rebuild()
 
     def _report_commit(self, commits: list[PartitionCommit], seconds: float) -> None:
@@ -392,9 +382,11 @@ class ReassemblerWorker:
         )
         self.sensor.on_handed_back(sum(len(c.regenerate) for c in commits))
 
-    def _recover(self, exc: KafkaException) -> None:
+    def _recover(self, exc: KafkaException, groups: int) -> None:
         """Abort the step and rebuild from committed offsets and the state topic (the step never happened)."""
         self.sensor.on_abort()
+        if self._lease.slow_step():  # e.g. a step of dead letters only: refused at its commit, not a put
+            self._step.too_slow(groups)
         open_s = self._clock() - self._txn_began if self._txn_began is not None else 0.0
         log.warning(
             "%s: transaction failed (%s); rebuilding from committed state",
@@ -417,35 +409,33 @@ class ReassemblerWorker:
         self._rebuild()
 
     def _fenced(self, open_s: float) -> None:
-        """A fence: the coordinator aborting a transaction that outlived its timeout, or a live twin.
+        """A fence `open_s` into a transaction: a new producer, unless a live twin holds the id (`fencing.py`)."""
+        self._twins.producer_fenced(open_s)
+        self._producer = self._new_producer()
 
-        librdkafka reports both as `_FENCED`. Only a transaction open for at least its timeout can
-        have been aborted by the coordinator (an outage stalled the commit): then a new producer
-        rides it out. A fence sooner can only come from another producer under this transactional id.
+    def _clear_restored(self, tasks: list[PartitionTask], keys: list[str]) -> None:
+        """Clear the staging restored partitions' predecessors left, for this step to record cleared.
+
+        Here, not in the restore: a restore also follows a step aborted because this worker may be a
+        zombie, and then no TQ write of its is safe until its membership is confirmed (done above).
         """
-        timeout_s = self.config.transaction_timeout_ms / 1000
-        if open_s >= timeout_s:
-            log.warning(
-                "%s: the transaction was open %.1fs, past its %.0fs timeout, so the coordinator aborted it; "
-                "starting a new producer",
-                self.config.worker_id,
-                open_s,
-                timeout_s,
-            )
-            self._producer = self._new_producer()
-            return
-        raise WorkerFenced(
-            f"{self.config.worker_id}: another live worker uses transactional id "
-            f"{self.config.transactional_id!r} (fenced {open_s:.1f}s into a transaction, within its "
-            f"{timeout_s:.0f}s timeout); stopping this one"
-        )
+        refusal = self._lease.refusal()
+        if refusal is not None:
+            raise LeaseRefused(f"not clearing the staging restored partitions left: {refusal}")
+        try:
+            self.store.clear(self.config.actor.staging_partition, keys)
+        except Exception as exc:  # noqa: BLE001 - a TQ failure: the next step clears them again
+            raise StepAborted(f"clearing restored staging failed ({type(exc).__name__}: {exc})") from exc
+        for task in tasks:
+            task.restored_staging_cleared()
 
     def _settle_clear(self, *, strict: bool = False) -> None:
         """Wait for the background clear; with `strict`, a failed one aborts the step.
 
         Two clears of one key must never overlap: TQ clears by row index, and a put may reuse the
         index once the first clear released it, so the second would delete another key's row. Every
-        other clear of staging (a restore's, a rebuild's) therefore waits for this one first.
+        other clear of staging (a restored partition's, a sweep's) therefore waits for this one
+        first, and so does a revoke: the partition's next owner clears what was not recorded cleared.
         """
         try:
             self._clearer.settle()

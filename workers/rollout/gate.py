@@ -220,6 +220,30 @@ def lost_group(value: bytes) -> str | None:
     return None
 
 
+class TrainerLosses:
+    """One trainer's loss count as read from its records: how many of its losses are new to this gate.
+
+    Counted per run (one publisher's life): the first run read starts from what it had counted
+    already (losses from before this gate started are not its own), a later run from 0 (a
+    restarted trainer counts from 0 again). Within a run only a count above the highest read so far
+    is new: a publisher never sends a lower one, and a lower one read anyway (a version before
+    that rule) is ignored rather than counted again when the count climbs back.
+    """
+
+    def __init__(self) -> None:
+        self._run: str | None = None
+        self._counted = 0
+
+    def new_losses(self, run: str, lost_groups: int) -> int:
+        if self._run is None:
+            self._run, self._counted = run, lost_groups
+        elif run != self._run:
+            self._run, self._counted = run, 0
+        new = max(0, lost_groups - self._counted)
+        self._counted += new
+        return new
+
+
 class AdmissionGate(StalenessBudget):
     """A `StalenessBudget` following one trainer's records on the version topic, and the groups the
     reassemblers dead-letter on their state topic, in a daemon thread.
@@ -244,9 +268,7 @@ class AdmissionGate(StalenessBudget):
         self._trainer_id = trainer_id
         self._poll_s = poll_s
         self._stop = threading.Event()
-        # The trainer run last applied and the losses it had counted then (None: no record applied yet).
-        self._run: str | None = None
-        self._run_lost = 0
+        self._trainer_losses = TrainerLosses()
         self._dead: OrderedDict[str, None] = OrderedDict()  # dead-lettered groups counted, newest last
         # read_committed: a reassembler's aborted step must not count its dead letters.
         self._consumer = Consumer(kafka.consumer(f"rlstream-gate-{uuid.uuid4().hex[:12]}", read_committed=True))
@@ -334,13 +356,9 @@ class AdmissionGate(StalenessBudget):
             return
         if self._trainer_id is not None and record.trainer_id != self._trainer_id:
             return
-        if self._run is None:  # the first record: what the trainer lost before this gate started is not ours
-            self._run, self._run_lost = record.run, record.lost_groups
-        elif record.run != self._run:  # a restarted trainer counts its losses from 0 again
-            self._run, self._run_lost = record.run, 0
-        if record.lost_groups > self._run_lost:
-            self.on_lost(record.lost_groups - self._run_lost)
-            self._run_lost = record.lost_groups
+        new = self._trainer_losses.new_losses(record.run, record.lost_groups)
+        if new:
+            self.on_lost(new)
         self.observe(record.version, record.batch_groups)
 
     def close(self) -> None:

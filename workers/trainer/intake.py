@@ -149,7 +149,8 @@ class FinalizedIntake:
             # A letter dropped unsent is written again when its record is read again: that record
             # must not then pass as one already consumed.
             self._book.forget_seen(tp.partition, self._letters.offsets(tp.partition))
-            # Its missing-rows groups are read and counted again by whoever reads the partition next.
+            # Its missing-rows groups are read and counted again by whoever reads the partition next;
+            # what a gate reads does not go down with this (VersionPublisher keeps the highest count sent).
             dropped = [n.kind for n in self._letters.drop(tp.partition)]
             self.counts.lost -= sum(1 for kind in dropped if kind in (MISSING_ROWS, HANDED_BACK))
             self.counts.handed_back -= dropped.count(HANDED_BACK)

@@ -6,10 +6,13 @@ admission gates (`workers/rollout/gate.py`) read it. The topic is compacted, so 
 reads the latest record per trainer and nothing older that matters.
 
 `lost_groups` is the trainer's running count of groups it will never train (`ConsumerCounts.lost`:
-evicted as too stale, dropped for missing rows): a gate gives their capacity back. A trainer that
-cannot fill a batch still calls `publish` with its count, or its losses would never reach the gates
-and its version would never move. Each publisher is one `run`: a gate takes the count of a new run
-as starting from 0, so a restarted trainer's losses are neither lost nor counted twice.
+evicted as too stale, dropped for missing rows): a gate gives their capacity back. What is sent
+never goes down (see `publish`), so a loop that publishes every round cannot fail on a rebalance.
+A trainer that cannot fill a batch still calls `publish` with its count, or its losses would never
+reach the gates and its version would never move. Each publisher is one `run`: a gate takes the count of a new run
+as starting from 0, so a restarted trainer's losses are never lost. Those its predecessor decided
+in its last moments, before a commit named their records, are decided and counted again: a few groups
+over-admitted for good, never fewer admitted (docs/DESIGN.md, "Admission control").
 """
 
 from __future__ import annotations
@@ -27,8 +30,18 @@ from streams.producer import AckedProducer, Outgoing
 class VersionPublisher:
     """Publishes one trainer's version and loss count on each change (thread-safe; the first call always sends)."""
 
-    def __init__(self, kafka: KafkaConfig, topic: str, *, trainer_id: str, consumer_group: str, batch_groups: int):
-        self._producer = AckedProducer(kafka)
+    def __init__(
+        self,
+        kafka: KafkaConfig,
+        topic: str,
+        *,
+        trainer_id: str,
+        consumer_group: str,
+        batch_groups: int,
+        producer: AckedProducer | None = None,
+    ):
+        # `producer`: a test's stand-in for the acked producer built from `kafka`.
+        self._producer = producer if producer is not None else AckedProducer(kafka)
         self._topic = topic
         self._trainer_id = trainer_id
         self._consumer_group = consumer_group
@@ -45,15 +58,20 @@ class VersionPublisher:
     def publish(self, version: int, *, lost_groups: int = 0, timeout_s: float = 30.0) -> bool:
         """Send `version` and `lost_groups` unless both are what was sent last; True when a record was sent (acked).
 
-        `lost_groups` is a running count for this publisher's life: it never goes down.
+        The count sent never goes down: a lower `lost_groups` than one already sent is sent as that
+        one. The consumer's count does go down when a revoked partition takes an unacknowledged
+        missing-rows letter with it (`ConsumerCounts.lost`), because that record is read and
+        counted again: here, it brings the count back to what was sent, not past it; elsewhere
+        (another trainer of the group), this count stays one ahead until this trainer's next
+        loss, which it absorbs.
         """
+        if lost_groups < 0:
+            raise InvalidArgument(f"lost_groups must be >= 0, got {lost_groups}")
         with self._lock:
+            if self._last is not None:
+                lost_groups = max(lost_groups, self._last[1])
             if (version, lost_groups) == self._last:
                 return False
-            if self._last is not None and lost_groups < self._last[1]:
-                raise InvalidArgument(
-                    f"lost_groups went down from {self._last[1]} to {lost_groups}; a running count never goes down"
-                )
             msg = TrainerVersion(
                 trainer_id=self._trainer_id,
                 consumer_group=self._consumer_group,

@@ -13,15 +13,21 @@ publishes, the drill, at random times:
 - starts a worker that freezes itself at its first put, and once woken builds for longer than a
   session timeout before it asks to put (it must refuse: the audit checks every trained group's
   rows against a digest of what was staged);
-- SIGSTOPs the broker that coordinates a live worker's transactions for longer than the
-  transaction timeout (the coordinator aborts the stalled transaction, which no worker may take
-  for a live twin: no exit 78, the pool keeps its size);
+- starts a worker that holds its first transaction open, and SIGSTOPs that transaction's
+  coordinator (a broker) for longer than the transaction timeout while it does: back, the
+  coordinator aborts the transaction, which the worker must ride out, never take for a live twin
+  (no exit 78, the pool keeps its size). The hold makes the fault certain: a coordinator frozen
+  while no transaction is open on it times nothing out, and a commit queued during the freeze can
+  land before the coordinator's timeout sweep when it comes back;
 - kill -9s one broker and restarts it on its data;
 - SIGKILLs the trainer in the middle of a training step and starts a new one.
 
 Afterwards `tests.tools.chaos.check` counts from the system's own outputs: lost and duplicated finalized
 records (a fresh read_committed consumer), groups trained more than once (the trainer's journal),
-and what is left in TQ staging and train. It prints the figures and exits 1 if an invariant fails.
+the trainer's last version (the version topic) against the groups it trained, transaction timeouts
+ridden out (the workers' logs), and what is left in TQ staging and train. It prints the figures and
+exits 1 if an invariant fails; an invariant whose fault was scheduled must have been seen to hold
+(a coordinator freeze that made no transaction time out fails the drill).
 It stops only the processes it started, by their pid. An operator drill, not part of the runtime:
 it lives with the test tools, apart from the benchmarks, and is run by `make chaos`.
 
@@ -48,8 +54,8 @@ from streams.cluster import ClusterConfig, LocalCluster
 from streams.config import KafkaConfig
 from streams.tq import TQConfig, TQStore, init_tq, ray_address
 from tests.tools.chaos.check import DrillEvents, account, figures, read_journal, unfinished_batches
-from tests.tools.chaos.procs import Producer, Reassemblers, Trainer, coordinator_of, process_state
-from tests.tools.faults import CRASH_POINTS
+from tests.tools.chaos.procs import TRAINER_ID, Producer, Reassemblers, Trainer, coordinator_of, process_state
+from tests.tools.faults import CRASH_POINTS, HOLDING
 from workers.telemetry.logs import configure_logging
 from workers.topics import TopicNames, pipeline_topics
 
@@ -90,13 +96,16 @@ class Drill:
         self.args, self.kafka, self.cluster = args, kafka, cluster
         self.rng = random.Random(args.seed)
         self.names = TopicNames(f"chaos-{self.rng.getrandbits(32):08x}")
-        self.events = DrillEvents(kills_requested=args.kills)
+        self.events = DrillEvents(
+            kills_requested=args.kills, coordinator_freeze_s=args.coordinator_freeze_s, lost_share=args.lost_share
+        )
         self.journal = workdir / "trainer.journal"
         self.workdir = workdir
         self.workers = Reassemblers(
             kafka, self.names, TQConfig(address=ray_address()), args.workers, workdir, self.events
         )
         self.trainer = Trainer(kafka, self.names, self.journal, workdir)
+        self.events.batch_groups = self.trainer.batch_groups
         self.producer = Producer(
             kafka,
             self.names,
@@ -114,6 +123,7 @@ class Drill:
         self.builder: tuple[str, object] | None = None  # the frozen builder's id and process
         self.builder_wake_at: float | None = None
         self.frozen_broker: tuple[int, float] | None = None  # broker frozen as a coordinator, until when
+        self.holder: str | None = None  # the worker holding a transaction open, until its coordinator froze
         self.events.pool_size = args.workers
         self._restarts: list[threading.Thread] = []
         self._done = threading.Event()
@@ -144,6 +154,7 @@ class Drill:
             self.events,
             self.producer.digests,
             self.producer.poisoned,
+            trainer_id=TRAINER_ID,
         )
         for line in figures(acc, self.events):
             print(line, flush=True)
@@ -211,6 +222,9 @@ class Drill:
         if done and self.trainer_kill_due:  # nothing left to train: the kill can no longer land mid-step
             self.events.crash_workers_never_died.append("trainer (never seen mid-step)")
             self.trainer_kill_due = False
+        if done and self.holder is not None:  # nothing left to commit: it can no longer hold a transaction
+            self.events.crash_workers_never_died.append(f"{self.holder} (never held a transaction open)")
+            self.holder = None
         return done
 
     def _progress(self, now: float) -> str:
@@ -248,7 +262,7 @@ class Drill:
             self.events.frozen_builder = f"{wid} started"
             say(f"started {wid}, which freezes at its first put and builds {self.args.frozen_build_s:.0f}s on waking")
         elif ev.kind == "broker":
-            if self.frozen_broker is not None:
+            if self.frozen_broker is not None or self.holder is not None:
                 return False  # one broker disruption at a time
             self.broker_down = int(ev.arg)
             self.broker_up_at = time.monotonic() + self.args.broker_down_s
@@ -256,20 +270,13 @@ class Drill:
             self.events.broker = f"broker {self.broker_down} killed (kill -9)"
             say(f"kill -9 broker {self.broker_down}")
         elif ev.kind == "coordinator":
-            if self.broker_down is not None:
+            if self.broker_down is not None or self.frozen_broker is not None:
                 return False
-            children = self.workers.children()
-            if not children:
-                return False
-            wid = self.rng.choice(sorted(children))
-            node = coordinator_of(self.kafka, self.workers.transactional_id(wid))
-            self.cluster.freeze(node)
-            self.frozen_broker = (node, time.monotonic() + self.args.coordinator_freeze_s)
-            self.events.coordinator = (
-                f"broker {node} (coordinator of {wid}) frozen {self.args.coordinator_freeze_s:.0f}s"
-            )
-            secs = self.args.coordinator_freeze_s
-            say(f"SIGSTOP broker {node}, the transaction coordinator of {wid}, for {secs:.0f}s")
+            # Past the freeze and the coordinator's sweep of timed-out transactions after it.
+            hold_s = self.args.coordinator_freeze_s + 10
+            self.holder, _ = self.workers.spawn_commit_holder(hold_s)
+            self.events.coordinator = f"{self.holder} started, to hold its first transaction {hold_s:.0f}s"
+            say(f"started {self.holder}, which holds its first transaction open {hold_s:.0f}s")
         elif ev.kind == "trainer":
             self.trainer_kill_due = True
         return True
@@ -292,6 +299,19 @@ class Drill:
             self.builder_wake_at = None
 
     def _tend_coordinator(self) -> None:
+        """Freeze the coordinator of the holder's open transaction once it holds it; thaw it when due."""
+        if self.holder is not None and self.broker_down is None:
+            log = self.workdir / f"{self.holder}.log"
+            if log.exists() and HOLDING.encode() in log.read_bytes():
+                node = coordinator_of(self.kafka, self.workers.transactional_id(self.holder))
+                self.cluster.freeze(node)
+                secs = self.args.coordinator_freeze_s
+                self.frozen_broker = (node, time.monotonic() + secs)
+                self.events.coordinator = (
+                    f"broker {node} (coordinator of {self.holder}'s open transaction) frozen {secs:.0f}s"
+                )
+                say(f"SIGSTOP broker {node}, the coordinator of {self.holder}'s open transaction, for {secs:.0f}s")
+                self.holder = None
         if self.frozen_broker is not None and time.monotonic() >= self.frozen_broker[1]:
             self.cluster.thaw(self.frozen_broker[0])
             say(f"SIGCONT broker {self.frozen_broker[0]}")

@@ -12,7 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from schemas.deadletter import ALL_ROLLOUTS_FAILED, DeadLetter
+from schemas.errors import SchemaError
 from schemas.finalized import FinalizedGroup
+from schemas.trainer_version import TrainerVersion
 from streams.config import KafkaConfig
 from streams.consumer import read_topic
 from streams.tq import STAGING, TRAIN, KVStore
@@ -43,7 +45,10 @@ class DrillEvents:
     frozen_builder: str = "none"
     frozen_builder_refused: bool = True
     coordinator: str = "none"
+    coordinator_freeze_s: float = 0.0  # as scheduled (0: no freeze in this run)
     timeouts_ridden_out: int = 0
+    lost_share: float = 0.0  # share of groups produced with every rollout failed
+    batch_groups: int = 8  # groups the trainer trains per version
     gate: object = None  # the producer's admission gate counts at the end (GateCounts)
     timed_out: bool = False
     elapsed_s: float = 0.0
@@ -106,7 +111,31 @@ class Accounting:
     poisoned_trained: list[str] = field(default_factory=list)
     # Trained groups whose rows were not those their committed record describes (a zombie's put).
     rows_overwritten: list[str] = field(default_factory=list)
+    trainings: int = 0  # trainings in the journal, as the trainer counts them for its version
+    trainer_version: int | None = None  # the highest version the trainer published
     problems: list[str] = field(default_factory=list)
+
+
+def trainer_version_floor(trainings: int, batch_groups: int) -> int:
+    """The lowest final version of a trainer that trained `trainings` groups at `batch_groups` a version.
+
+    It publishes one version per `batch_groups` trainings, but only at the top of its next round: the
+    drill may stop it between its last training and that publish, one version short.
+    """
+    return max(0, trainings // batch_groups - 1)
+
+
+def published_version(kafka: KafkaConfig, names: TopicNames, trainer_id: str) -> int | None:
+    """The highest version `trainer_id` published on the version topic (None: none)."""
+    versions = []
+    for r in read_topic(kafka, names.trainer_version):
+        try:
+            record = TrainerVersion.from_bytes(r.value)
+        except SchemaError:
+            continue
+        if record.trainer_id == trainer_id:
+            versions.append(record.version)
+    return max(versions, default=None)
 
 
 def account(
@@ -118,11 +147,13 @@ def account(
     events: DrillEvents,
     expected_digests: dict[str, str] | None = None,
     poisoned: set[str] = frozenset(),
+    trainer_id: str | None = None,
 ) -> Accounting:
     """Count lost and duplicated groups, trainings per group and TQ leftovers; list every failed invariant.
 
     `expected_digests` (group id -> digest of the rows built from what was staged) is checked
-    against what the trainer read.
+    against what the trainer read; `trainer_id`'s records on the version topic, against the groups
+    it trained.
     """
     acc = Accounting(produced=len(produced))
     records = [FinalizedGroup.from_bytes(r.value) for r in read_topic(kafka, names.finalized)]
@@ -136,6 +167,9 @@ def account(
     acc.unknown = sorted(set(counts) - set(produced))
     acc.dead_letters = len(letters)
     trained, _ = read_journal(journal)
+    acc.trainings = sum(trained.values())
+    if trainer_id is not None:
+        acc.trainer_version = published_version(kafka, names, trainer_id)
     acc.trained_once = sum(1 for g in counts if trained[g] == 1)
     acc.trained_twice = sorted(g for g, c in trained.items() if c > 1)
     acc.never_trained = sorted(g for g in counts if trained[g] == 0)
@@ -150,6 +184,7 @@ def account(
 
 
 def _problems(acc: Accounting, ev: DrillEvents) -> list[str]:
+    floor = trainer_version_floor(acc.trainings, ev.batch_groups)
     checks = [
         (acc.lost, f"{len(acc.lost)} group(s) lost, e.g. {acc.lost[:3]}"),
         (acc.duplicated, f"{len(acc.duplicated)} group(s) finalized more than once, e.g. {acc.duplicated[:3]}"),
@@ -163,6 +198,17 @@ def _problems(acc: Accounting, ev: DrillEvents) -> list[str]:
             f"{len(acc.rows_overwritten)} group(s) trained on other rows, e.g. {acc.rows_overwritten[:3]}",
         ),
         (ev.fenced_exits, f"workers stopped as fenced (exit 78): {ev.fenced_exits[:2]}"),
+        # A freeze that made no transaction time out tested nothing: the drill must not pass on it.
+        (
+            ev.coordinator_freeze_s > 0 and ev.timeouts_ridden_out < 1,
+            f"the coordinator was frozen {ev.coordinator_freeze_s:.0f}s and no transaction timeout was ridden out",
+        ),
+        # With groups lost the gate gives their capacity back, or the trainer's version stalls.
+        (
+            ev.lost_share > 0 and (acc.trainer_version is None or acc.trainer_version < floor),
+            f"the trainer's version stalled at {acc.trainer_version} (at least {floor} for {acc.trainings} "
+            f"groups trained, {ev.batch_groups} a version)",
+        ),
         (acc.poisoned_trained, f"groups whose rollouts all failed reached the trainer: {acc.poisoned_trained[:3]}"),
         (ev.pool_size_at_end < ev.pool_size, f"the pool ended with {ev.pool_size_at_end} of {ev.pool_size} workers"),
         (
@@ -198,6 +244,7 @@ def figures(acc: Accounting, ev: DrillEvents) -> list[str]:
             f"{acc.poisoned} produced, {acc.poisoned_dead_lettered} dead-lettered",
         ),
         ("admission gate", _gate_line(ev.gate)),
+        ("trainer version", f"{acc.trainer_version} (floor {trainer_version_floor(acc.trainings, ev.batch_groups)})"),
         ("trained exactly once", acc.trained_once),
         ("trained more than once", len(acc.trained_twice)),
         ("finalized but never trained", len(acc.never_trained)),

@@ -176,13 +176,16 @@ class Reassemblers:
                 else:
                     self.ev.other_exits.append(f"pid {pid} exited {proc.returncode}")
         for wid, (kind, proc) in list(self.extra.items()):
+            lives_on = kind in ("frozen_builder", "commit_holder")  # workers once woken or committed
             if proc.poll() is None:
-                if not respawn and kind != "frozen_builder":  # it lives on as a worker once woken
+                if not respawn and not lives_on:
                     self.ev.crash_workers_never_died.append(f"{wid} ({kind})")
                 continue
             if kind in CRASH_POINTS and proc.returncode == -signal.SIGKILL:
                 self.ev.kills[kind] += 1
-            elif kind != "frozen_builder":
+            elif proc.returncode == FENCED_EXIT:
+                self.ev.fenced_exits.append(f"{wid} ({kind}) pid {proc.pid} exited {FENCED_EXIT}")
+            elif not lives_on:
                 self.ev.other_exits.append(f"{wid} ({kind}) pid {proc.pid} exited {proc.returncode}")
             del self.extra[wid]
 
@@ -234,6 +237,19 @@ class Reassemblers:
         self.extra[wid] = ("frozen_builder", proc)
         return wid, proc
 
+    def spawn_commit_holder(self, hold_s: float) -> tuple[str, subprocess.Popen]:
+        """A worker that holds its first transaction open `hold_s` before committing (and says so in its
+        log, `faults.HOLDING`), then goes on as a worker."""
+        wid = f"c{len(self.extra)}"
+        config = msgspec.structs.replace(self.base, worker_id=wid, static_membership=False)
+        args = (*DRILL_WORKER, "--slow-commit-s", str(hold_s))
+        proc = spawn_worker(
+            self.kafka, config, self.tq, args=args, stdout=self._log(wid), stderr=subprocess.STDOUT,
+            preexec_fn=die_with_parent,
+        )  # fmt: skip
+        self.extra[wid] = ("commit_holder", proc)
+        return wid, proc
+
     def stop_one(self, rng: random.Random, seconds: float) -> int | None:
         live = list(self.children().values())
         if not live:
@@ -273,7 +289,16 @@ class Reassemblers:
 class Trainer:
     """The trainer process (`tests/tools/chaos/trainer.py`); restarted after a kill, journal shared by all of them."""
 
-    def __init__(self, kafka: KafkaConfig, names: TopicNames, journal: Path, workdir: Path, train_step_s: float = 0.3):
+    def __init__(
+        self,
+        kafka: KafkaConfig,
+        names: TopicNames,
+        journal: Path,
+        workdir: Path,
+        train_step_s: float = 0.3,
+        batch_groups: int = 8,
+    ):
+        self.batch_groups = batch_groups
         self.argv = [
             sys.executable,
             *TRAINER,
@@ -285,6 +310,8 @@ class Trainer:
             str(journal),
             "--train-step-s",
             str(train_step_s),
+            "--batch-groups",
+            str(batch_groups),
         ]
         self.journal, self.workdir = journal, workdir
         self.proc: subprocess.Popen | None = None

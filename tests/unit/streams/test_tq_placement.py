@@ -8,7 +8,7 @@ import pytest
 import ray
 import transfer_queue
 
-import streams.tq as tq_mod
+import streams.tq_setup as tq_mod
 from streams.errors import TQError
 from streams.tq import TQConfig, init_tq, nodes_offering
 from workers.actors.reassembler import (

@@ -7,7 +7,7 @@ import pytest
 import ray
 import transfer_queue
 
-import streams.tq as tq_mod
+import streams.tq_setup as tq_mod
 from streams.errors import TQError
 from streams.tq import CLUSTER, SINGLE_NODE, TQConfig, init_tq
 

@@ -2,115 +2,46 @@
 
 Each step runs for real (poll, finalize, settle, prepare, commit, post-commit); Kafka is
 `fake_kafka.FakeBroker`, TQ an `InMemoryStore`, time a clock the test moves, and faults are objects
-the test passes in, as the drills do.
+the test passes in, as the drills do (helpers in `steps.py`). Fences: `test_worker_fencing.py`; TQ
+failing or slow: `test_worker_tq.py`.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import threading
 
 import pytest
 
+from schemas.deadletter import DeadLetter
 from schemas.finalized import FinalizedGroup
 from streams.partitioner import partition_of
 from streams.tq import STAGING, TRAIN
-from tests.unit.memory_store import InMemoryStore
 from workers.reassembler.config import ReassemblerConfig
-from workers.reassembler.errors import WorkerFenced
 from workers.reassembler.faults import Faults
 from workers.reassembler.worker import ReassemblerWorker
 from workers.rollout.publisher import stage_rollouts
-from workers.rollout.synthetic import SyntheticShape, make_group
-from workers.topics import TopicNames
+from workers.rollout.synthetic import make_group
 
 from .fake_kafka import FakeBroker
-
-TINY = SyntheticShape(group_size=2, calls=(1, 2), prompt_len=(2, 4), answer_len=(1, 3), observation_len=(1, 2))
-NAMES = TopicNames("t")
-GROUP = "reassemblers.t"
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-class RecordingStore(InMemoryStore):
-    """An InMemoryStore that logs every put and clear, and can hold a clear back."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.events: list[tuple[str, str, tuple[str, ...]]] = []
-        self.hold_next_clear: threading.Event | None = None
-        self._clearing: dict[str, int] = {}
-        self.overlapping_clears: list[str] = []
-        self._lock = threading.Lock()
-
-    def put(self, partition, keys, fields, tags):
-        self.events.append(("put", partition, tuple(keys)))
-        super().put(partition, keys, fields, tags)
-
-    def clear(self, partition, keys):
-        with self._lock:
-            for k in keys:
-                self._clearing[k] = self._clearing.get(k, 0) + 1
-                if self._clearing[k] > 1:
-                    self.overlapping_clears.append(k)
-            hold, self.hold_next_clear = self.hold_next_clear, None
-        self.events.append(("clear", partition, tuple(keys)))
-        if hold is not None:
-            # Held for 2 s, long enough for an overlapping clear of the same keys to start meanwhile.
-            hold.wait(2.0)
-        with self._lock:
-            for k in keys:
-                self._clearing[k] -= 1
-        super().clear(partition, keys)
-
-    def puts(self, partition=TRAIN) -> list[tuple[str, ...]]:
-        return [keys for kind, part, keys in self.events if kind == "put" and part == partition]
-
-
-def make_broker() -> FakeBroker:
-    broker = FakeBroker()
-    broker.create(NAMES.receipts, 2)
-    broker.create(NAMES.state, 2)
-    broker.create(NAMES.finalized, 1)
-    broker.create(NAMES.deadletter, 1)
-    return broker
-
-
-EXPERTS = SyntheticShape(
-    group_size=2, calls=(1, 2), prompt_len=(2, 4), answer_len=(1, 3), observation_len=(1, 2), routed_experts_k=2
+from .steps import (
+    EXPERTS,
+    GROUP,
+    NAMES,
+    TINY,
+    Clock,
+    CommitFault,
+    FreezeAtPut,
+    RecordingStore,
+    finalized,
+    make_broker,
+    publish,
+    state_entries,
+    steps,
+    work,
+    worker,
 )
-
-
-def publish(broker: FakeBroker, store, group_id: str, *, shape=TINY, seed=0) -> list:
-    """Stage a group and append its receipts to its receipts partition, as the publisher does."""
-    rollouts = make_group(group_id, 0, 1, shape=shape, seed=seed)
-    stage_rollouts(store, rollouts)
-    key = group_id.encode()
-    for r in rollouts:
-        broker.append(NAMES.receipts, partition_of(key, 2), key, r.receipt.to_bytes())
-    return rollouts
-
-
-def worker(broker, store, *, clock=None, faults=None, **settings) -> ReassemblerWorker:
-    config = ReassemblerConfig(prefix="t", worker_id="w0", consumer_group=GROUP, **settings)
-    clients = broker.clients()
-    return ReassemblerWorker(None, store, config, faults=faults or Faults(), clients=clients, clock=clock or Clock())
-
-
-def finalized(broker) -> list[str]:
-    return [FinalizedGroup.from_bytes(m.value()).group_id for m in broker.records(NAMES.finalized)]
-
-
-def steps(w: ReassemblerWorker, n: int) -> None:
-    for _ in range(n):
-        w.step()
-    w._clearer.settle()
 
 
 def test_a_step_finalizes_a_complete_group_commits_it_with_its_offsets_and_clears_its_staging():
@@ -123,26 +54,6 @@ def test_a_step_finalizes_a_complete_group_commits_it_with_its_offsets_and_clear
     assert store.list(STAGING) == {}
     part = partition_of(b"g1", 2)
     assert broker.offsets[(GROUP, NAMES.receipts, part)] == len(rollouts)
-
-
-class FreezeAtPut(Faults):
-    """Stops the clock's world: at put `at`, time jumps `seconds` (a SIGSTOP) and the group expels the
-    member; then each later put first spends `then_build_s` (a slow build after waking)."""
-
-    def __init__(self, clock: Clock, broker: FakeBroker, *, at: int = 0, seconds: float = 10.0, then_build_s=0.0):
-        self.clock, self.broker, self.at, self.seconds, self.then_build_s = clock, broker, at, seconds, then_build_s
-        self.frozen = False
-        self.tick = lambda: None  # the worker's lease watch, ticking through a build that runs
-
-    def before_put(self, put: int, sample_ids) -> None:
-        if not self.frozen and put == self.at:
-            self.frozen = True
-            self.clock.now += self.seconds
-            self.broker.kick(GROUP)
-        elif self.frozen:
-            for _ in range(int(self.then_build_s * 10)):
-                self.clock.now += 0.1
-                self.tick()
 
 
 def test_a_worker_frozen_past_its_session_puts_nothing_until_the_broker_confirms_its_generation():
@@ -203,46 +114,13 @@ def test_a_rollout_staged_without_routed_experts_does_not_crash_a_router_replay_
     assert record.group_id == "g1" and record.valid_row_count == 2
 
 
-class CommitFault(Faults):
-    """Before the first commit, time passes (`seconds`) and the coordinator aborts the transaction
-    (as it does past its timeout), fencing the producer's epoch."""
-
-    def __init__(self, clock: Clock, broker: FakeBroker, seconds: float):
-        self.clock, self.broker, self.seconds, self.done = clock, broker, seconds, False
-
-    def before_commit(self) -> None:
-        if not self.done:
-            self.done = True
-            self.clock.now += self.seconds
-            tid = f"{GROUP}.w0"
-            self.broker.epochs[tid] += 1  # what a transaction timeout (or a twin's init) does
-
-
-def test_a_transaction_that_outlived_its_timeout_is_ridden_out_not_taken_for_a_live_twin():
-    broker, store = make_broker(), RecordingStore()
-    clock = Clock()
-    w = worker(broker, store, clock=clock, faults=CommitFault(clock, broker, seconds=11.0))
-    publish(broker, store, "g1")
-    steps(w, 3)  # fenced at commit 11 s into a 10 s transaction: a new producer, the step again
-    assert finalized(broker) == ["g1"]
-
-
-def test_a_fence_within_the_transaction_timeout_is_a_live_twin_and_stops_the_worker():
-    broker, store = make_broker(), RecordingStore()
-    clock = Clock()
-    w = worker(broker, store, clock=clock, faults=CommitFault(clock, broker, seconds=1.0))
-    publish(broker, store, "g1")
-    with pytest.raises(WorkerFenced, match="another live worker"):
-        w.step()
-    assert finalized(broker) == []
-
-
 class SlowBuild(Faults):
     """A step that puts more than `fits` groups takes `seconds` of the clock: too big for the poll interval."""
 
     def __init__(self, clock: Clock, fits: int, seconds: float):
         self.clock, self.fits, self.seconds = clock, fits, seconds
         self.groups, self.charged = 0, False
+        self.tick = lambda: None  # the worker's lease watch
 
     def before_put(self, put: int, sample_ids) -> None:
         if put == 0:
@@ -250,13 +128,15 @@ class SlowBuild(Faults):
         self.groups += len({s.rsplit("_g", 1)[0] for s in sample_ids})
         if self.groups > self.fits and not self.charged:
             self.charged = True
-            self.clock.now += self.seconds
+            work(self.clock, self.seconds, self.tick)
 
 
 def test_a_step_too_slow_for_the_poll_interval_is_shrunk_instead_of_aborted_forever():
     broker, store = make_broker(), RecordingStore()
     clock = Clock()
-    w = worker(broker, store, clock=clock, faults=SlowBuild(clock, fits=2, seconds=50.0), max_poll_interval_ms=60_000)
+    faults = SlowBuild(clock, fits=2, seconds=50.0)
+    w = worker(broker, store, clock=clock, faults=faults, max_poll_interval_ms=60_000)
+    faults.tick = w._lease.tick
     groups = [f"g{i}" for i in range(8)]
     for i, g in enumerate(groups):
         publish(broker, store, g, seed=i)
@@ -267,20 +147,61 @@ def test_a_step_too_slow_for_the_poll_interval_is_shrunk_instead_of_aborted_fore
 def test_an_aborted_step_waits_for_the_background_clear_before_the_restore_clears_again():
     broker, store = make_broker(), RecordingStore()
     clock = Clock()
+    faults = CommitFault(clock, broker, seconds=1.0, times=0)
+    w = worker(broker, store, clock=clock, faults=faults)
+    g1 = {c.staging_key for r in publish(broker, store, "g1") for c in r.receipt.manifest}
+    store.hold_next_clear = threading.Event()
+    w.step()  # commits g1; its staging clear runs in the background, held
+    faults.times = 1
+    publish(broker, store, "g2")
+    # Fenced at its commit: the step aborts before its transaction records g1's staging as cleared,
+    # so the restore leaves g1's staging to clear again. Never while the first clear still runs.
+    steps(w, 3)
+    assert [set(keys) for kind, _, keys in store.events if kind == "clear" and g1 & set(keys)] == [g1, g1]
+    assert store.overlapping_clears == []
+    assert sorted(finalized(broker)) == ["g1", "g2"]
+
+
+def test_a_revoke_waits_for_the_background_clear_before_giving_its_partitions_up():
+    # Under cooperative rebalancing the next owner restores a partition as soon as this worker gives
+    # it up, and clears the same staging keys: two clears of one key must never overlap.
+    broker, store = make_broker(), RecordingStore()
+    w = worker(broker, store)
+    publish(broker, store, "g1")
+    held = store.hold_next_clear = threading.Event()
+    w.step()  # commits g1; its staging clear runs in the background, held
+    revoke = threading.Thread(target=w._on_revoke, args=(w._consumer, w._consumer.assignment()))
+    revoke.start()
+    revoke.join(0.5)
+    returned_while_clearing = not revoke.is_alive()
+    held.set()
+    revoke.join(10)
+    assert not returned_while_clearing, "the revoke gave its partitions up with their clear in flight"
+    assert store.clears_done == 1 and not revoke.is_alive()
+
+
+def test_a_zombie_clears_no_staging_until_the_broker_confirms_its_generation():
+    broker, store = make_broker(), RecordingStore()
+    clock = Clock()
+    broker.members_notice = False
     faults = FreezeAtPut(clock, broker, seconds=10.0)
     faults.frozen = True  # not in the first step
     w = worker(broker, store, clock=clock, faults=faults)
+    lease_at_clear: list[str | None] = []
+    store.on_clear = lambda: lease_at_clear.append(w._lease.refusal())
     publish(broker, store, "g1")
-    store.hold_next_clear = threading.Event()
-    w.step()  # commits g1; its staging clear runs in the background, held
+    steps(w, 1)  # g1 committed and its staging cleared; the next commit would record that
     faults.frozen = False
     publish(broker, store, "g2")
-    # Frozen at its put: the step aborts before its transaction records g1's staging as cleared,
-    # so the rebuild's restore clears g1's staging again. Never while the first clear still runs.
-    w.step()
-    w._clearer.settle()
-    assert [keys for kind, _, keys in store.events if kind == "clear"].count(store.events[-1][2]) >= 1
-    assert store.overlapping_clears == []
+    # Frozen at its put: the abort's rebuild restores g1 as closed with its staging not recorded
+    # cleared. Clearing it now would be a TQ write of a worker that may have lost the partition.
+    steps(w, 3)
+    assert lease_at_clear[1:] == [], "a worker whose lease refused cleared staging"
+    broker.members_notice = True  # the next poll hands the member its rebalance
+    steps(w, 3)
+    assert sorted(finalized(broker)) == ["g1", "g2"] and store.list(STAGING) == {}
+    assert all(refusal is None for refusal in lease_at_clear), lease_at_clear
+    assert {e.group_id for e in state_entries(broker) if e.staging_cleared} == {"g1", "g2"}
 
 
 def test_config_refuses_a_group_timeout_at_or_above_the_closed_retention():
@@ -292,44 +213,48 @@ def test_config_refuses_a_group_timeout_at_or_above_the_closed_retention():
         ReassemblerConfig(session_timeout_ms=10_000, max_poll_interval_ms=5_000)
 
 
-class PickyStore(RecordingStore):
-    """A store that cannot give one staged row as asked (a layout it cannot read, a field it lacks)."""
+class SlowDeadLetters(Faults):
+    """A step of more than `fits` ready groups takes `seconds` of the clock even though it puts nothing
+    (every group is dead-lettered), and the consumer leaves its group meanwhile (max.poll.interval)."""
 
-    def __init__(self, bad_key: str):
-        super().__init__()
-        self.bad_key = bad_key
+    def __init__(self, clock: Clock, broker: FakeBroker, fits: int, seconds: float):
+        self.clock, self.broker, self.fits, self.seconds = clock, broker, fits, seconds
+        self.worker: ReassemblerWorker | None = None
+        self.overran = 0
 
-    def get(self, partition, keys, select=None):
-        if self.bad_key in keys:
-            raise ValueError(f"row {self.bad_key!r} of {partition!r} cannot be read as asked")
-        return super().get(partition, keys, select)
-
-
-def test_a_staged_row_the_store_cannot_read_rejects_that_row_and_the_group_still_finalizes():
-    broker = make_broker()
-    rollouts = make_group("g1", 0, 1, shape=TINY)
-    store = PickyStore(rollouts[1].receipt.manifest[0].staging_key)
-    stage_rollouts(store, rollouts)
-    for r in rollouts:
-        broker.append(NAMES.receipts, partition_of(b"g1", 2), b"g1", r.receipt.to_bytes())
-    steps(worker(broker, store), 2)
-    (record,) = [FinalizedGroup.from_bytes(m.value()) for m in broker.records(NAMES.finalized)]
-    assert record.valid_row_count == 1 and record.rejection_reasons[1] is not None
+    def after_put(self) -> None:
+        if self.worker._step.groups > self.fits:
+            self.overran += 1
+            work(self.clock, self.seconds, self.worker._lease.tick)
+            self.broker.kick(GROUP)
 
 
-def test_a_static_member_fenced_once_joins_again_but_fenced_twice_soon_after_stops_as_a_twin():
+def test_a_step_without_puts_that_overran_the_poll_interval_is_shrunk_too():
     broker, store = make_broker(), RecordingStore()
     clock = Clock()
-    w = worker(broker, store, clock=clock, static_membership=True)
+    faults = SlowDeadLetters(clock, broker, fits=2, seconds=50.0)
+    w = worker(broker, store, clock=clock, faults=faults, max_poll_interval_ms=60_000)
+    faults.worker = w
+    failed = dataclasses.replace(TINY, failure_rate=1.0)
+    groups = [f"g{i}" for i in range(8)]
+    for i, g in enumerate(groups):
+        publish(broker, store, g, shape=failed, seed=i)
+    steps(w, 20)  # each overrun fails at the commit (the member left its group), then is shrunk
+    letters = {DeadLetter.from_bytes(m.value()).source_key.decode() for m in broker.records(NAMES.deadletter)}
+    assert letters == set(groups) and faults.overran >= 1
+
+
+def test_a_step_aborted_by_a_freeze_is_not_taken_for_a_slow_one(caplog):
+    broker, store = make_broker(), RecordingStore()
+    clock = Clock()
+    broker.members_notice = False
+    # Frozen for 50 s of a 60 s poll interval: past the 3/4 a slow step has, but none of it working.
+    faults = FreezeAtPut(clock, broker, seconds=50.0)
+    w = worker(broker, store, clock=clock, faults=faults, max_poll_interval_ms=60_000)
     publish(broker, store, "g1")
-    steps(w, 2)
-    # The coordinator fenced the member id (its own retried join, after the coordinator stalled).
-    broker.fenced_members.add(GROUP)
-    w.step()
-    publish(broker, store, "g2")
-    steps(w, 3)
-    assert sorted(finalized(broker)) == ["g1", "g2"], "a worker fenced once goes on"
-    clock.now += 30.0  # within ten session timeouts of the first fence
-    broker.fenced_members.add(GROUP)
-    with pytest.raises(WorkerFenced, match="joined consumer group"):
+    with caplog.at_level(logging.WARNING, logger="rlstream.reassembler"):
         w.step()
+    assert faults.frozen and store.puts() == []
+    assert w._step.groups == w.config.max_poll_records, "a freeze shrank the step"
+    assert [r.levelname for r in caplog.records if "frozen" in r.getMessage()] == ["WARNING"]
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR or "max_poll_interval" in r.getMessage()]

@@ -7,7 +7,7 @@ import pytest
 
 from schemas.errors import InvalidArgument
 from schemas.state import CLOSED, DEAD_LETTERED, FINALIZED, HANDED_BACK, OPEN, GroupState
-from workers.rollout.gate import StalenessBudget, lost_group, staleness_capacity
+from workers.rollout.gate import StalenessBudget, TrainerLosses, lost_group, staleness_capacity
 
 
 def cap(**kw):
@@ -161,3 +161,15 @@ def test_a_group_closed_without_training_rows_counts_as_lost_to_the_gate(outcome
     entry = GroupState("g", CLOSED, 0, 0, 1, 0, outcome=outcome)
     assert (lost_group(entry.to_bytes()) == "g") is lost
     assert lost_group(GroupState("g", OPEN, 0, 0, 0, 0).to_bytes()) is None
+
+
+def test_a_trainer_run_losses_count_once_each_even_if_a_lower_count_is_read_between():
+    losses = TrainerLosses()
+    assert losses.new_losses("r1", 3) == 0  # the first record read: those losses predate this gate
+    assert losses.new_losses("r1", 4) == 1
+    # A lower count (a publisher that sent its consumer's count as it was, after a rebalance gave a
+    # loss back) is not a negative loss, and the climb back to 4 is not a new one either.
+    assert losses.new_losses("r1", 3) == 0
+    assert losses.new_losses("r1", 4) == 0
+    assert losses.new_losses("r1", 5) == 1
+    assert losses.new_losses("r2", 2) == 2  # a restarted trainer counts from 0

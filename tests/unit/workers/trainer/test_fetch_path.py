@@ -1,13 +1,11 @@
 """The trainer's fetch path over `TQStore`: select's lookup (`tags`) is the only one before materialize's data.
 
-TQ is replaced by a fake with its KV calls and its habit of giving the locations of cleared rows to
-the next rows put; it counts round trips (a synchronous call, or one coroutine run on its loop).
-Every test runs on rows of the packed layout (put through the store) and of the previous one (one
+TQ is replaced by a fake (tests/unit/fake_tq.py) with its KV calls and its habit of giving the locations
+of cleared rows to the next rows put; it counts round trips (a synchronous call, or one coroutine run
+on its loop). Every test runs on rows of the packed layout (put through the store) and of the previous one (one
 TQ field per tensor field, put by TQ's own API): a packed row is checked by the key it carries, a
 row of the previous layout by a lookup sent once its data has arrived.
 """
-
-import asyncio
 
 import pytest
 import torch
@@ -15,88 +13,9 @@ from tensordict import TensorDict
 
 from streams.errors import MissingKeysError
 from streams.tq import TQStore
+from tests.unit.fake_tq import FakeTQ
 
 P = "rlstream.train"
-
-
-class FakeMeta:
-    def __init__(self, indexes: list[int], tags: list[dict], fields: list[str]):
-        self.global_indexes, self.custom_meta, self.field_names = indexes, tags, fields
-        self.size, self.is_ready = len(indexes), True
-
-    def select_fields(self, names: list[str]) -> "FakeMeta":
-        return FakeMeta(self.global_indexes, self.custom_meta, [f for f in self.field_names if f in names])
-
-
-class FakeTQ:
-    """TQ's module and client in one: rows by location, locations of cleared rows reused first."""
-
-    class StorageKeyNotFoundError(KeyError):
-        pass
-
-    def __init__(self):
-        self.where: dict[tuple[str, str], int] = {}
-        self.rows: dict[int, tuple[dict[str, torch.Tensor], dict]] = {}
-        self.free: list[int] = []
-        self.round_trips = self.lookups = 0
-
-    def get_client(self):
-        return self
-
-    def kv_batch_put(self, keys, partition_id, fields, tags):
-        for i, key in enumerate(keys):
-            if (partition_id, key) not in self.where:
-                self.where[partition_id, key] = self.free.pop(0) if self.free else len(self.rows) + len(self.free)
-            self.rows[self.where[partition_id, key]] = ({n: fields.get(n)[i] for n in fields.keys()}, tags[i])  # noqa: SIM118
-
-    def kv_clear(self, keys, partition_id):
-        for key in keys:
-            if (at := self.where.pop((partition_id, key), None)) is not None:
-                del self.rows[at]
-                self.free.append(at)
-
-    def kv_list(self, partition_id):
-        return {partition_id: {k: self.rows[at][1] for (p, k), at in self.where.items() if p == partition_id}}
-
-    def kv_batch_get(self, keys, partition_id, select_fields=None):
-        self.round_trips += 1
-        meta = self._meta(keys, partition_id)
-        return self._data(meta if select_fields is None else meta.select_fields(select_fields))
-
-    def _meta(self, keys, partition_id) -> FakeMeta:
-        self.lookups += 1
-        at = [self.where[partition_id, k] for k in keys if (partition_id, k) in self.where]
-        fields = sorted(self.rows[at[0]][0]) if at else []
-        return FakeMeta(at, [self.rows[i][1] for i in at], fields)
-
-    def _data(self, meta: FakeMeta) -> TensorDict:
-        if any(i not in self.rows for i in meta.global_indexes):
-            raise self.StorageKeyNotFoundError("gone")
-        out = {}
-        for f in meta.field_names:
-            rows = [self.rows[i][0][f] for i in meta.global_indexes]
-            # As TQ's get: 0-dim rows stacked, others rebuilt as a jagged nested tensor.
-            dense = all(r.dim() == 0 for r in rows)
-            out[f] = torch.stack(rows) if dense else torch.nested.as_nested_tensor(rows, layout=torch.jagged)
-        return TensorDict(out, batch_size=[meta.size])
-
-    def kv_retrieve_meta(self, keys, partition_id, create=False):
-        self.round_trips += 1
-        return self._meta(keys, partition_id)
-
-    def get_data(self, metadata):
-        self.round_trips += 1
-        return self._data(metadata)
-
-    async def async_kv_retrieve_meta(self, keys, partition_id, create=False):
-        return self._meta(keys, partition_id)
-
-    async def async_get_data(self, metadata):
-        return self._data(metadata)
-
-    def _run_coroutine(self, coro):
-        self.round_trips += 1
-        return asyncio.run(coro)
 
 
 @pytest.fixture
@@ -146,6 +65,7 @@ def test_a_get_of_the_keys_tags_found_reads_and_checks_them_in_one_round_trip(tq
 
 def test_a_get_without_tags_before_it_looks_the_keys_up_once_in_the_same_round_trip_as_the_data(tq, store, put, layout):
     put(KEYS, 0)
+    tq.round_trips = 0
     assert store.get(P, KEYS[:2], select=["x"])["x"].tolist() == [0, 1]
     # The packed row's key is its check; a row of the previous layout is looked up again after the read.
     assert tq.lookups == (1 if layout == "packed" else 2) and tq.round_trips == 1
