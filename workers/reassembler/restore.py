@@ -46,7 +46,7 @@ def restore_partition(
 ) -> Restored:
     """Apply a state partition's entries in log order (bare entries: offset unknown)."""
     groups = PromptGroups(partition, closed_capacity=closed_capacity)
-    pending: dict[str, GroupState] = {}
+    staging_to_clear: dict[str, GroupState] = {}
     for item in entries:
         record = item if isinstance(item, LogEntry) else LogEntry(-1, None, item)
         entry = record.entry
@@ -54,7 +54,7 @@ def restore_partition(
             if record.key is not None:
                 gid = record.key.decode(errors="replace")
                 groups.restore_forgotten(gid)
-                pending.pop(gid, None)
+                staging_to_clear.pop(gid, None)
         elif isinstance(entry, PartitionProgress):
             # The highest rather than the last: the same while writers keep it monotonic, and a
             # step back would re-emit outputs that are already committed.
@@ -64,18 +64,18 @@ def restore_partition(
         elif entry.group_id == LEGACY_PROGRESS_ID:
             groups.emitted_through = max(groups.emitted_through, entry.last_offset)
         else:
-            _apply_group(groups, pending, entry, record.offset)
+            _apply_group(groups, staging_to_clear, entry, record.offset)
     # A group forgotten for capacity and then seen again (a later entry of it) is remembered after all.
     forgotten = tuple(dict.fromkeys(g for g in groups.forgotten_in_restore if g not in groups.closed))
     groups.forgotten_in_restore = []
-    return Restored(groups, tuple(pending.values()), forgotten)
+    return Restored(groups, tuple(staging_to_clear.values()), forgotten)
 
 
-def _apply_group(groups: PromptGroups, pending: dict[str, GroupState], entry: GroupState, offset: int) -> None:
+def _apply_group(groups: PromptGroups, staging_to_clear: dict[str, GroupState], entry: GroupState, offset: int) -> None:
     if entry.status == OPEN:
         groups.restore_open(entry.group_id, entry.first_seen_ms, offset)
         # A reopened (redriven) group re-staged its tensors: they are not the closed group's staging to clear.
-        pending.pop(entry.group_id, None)
+        staging_to_clear.pop(entry.group_id, None)
         return
     groups.restore_closed(
         entry.group_id,
@@ -84,6 +84,6 @@ def _apply_group(groups: PromptGroups, pending: dict[str, GroupState], entry: Gr
         closed_ms=entry.closed_event_ms or entry.first_seen_ms,
         entry_offset=offset,
     )
-    pending.pop(entry.group_id, None)
+    staging_to_clear.pop(entry.group_id, None)
     if entry.staging_to_clear:
-        pending[entry.group_id] = entry
+        staging_to_clear[entry.group_id] = entry

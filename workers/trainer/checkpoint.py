@@ -67,7 +67,7 @@ def decode_state(data: Any, *, topic: str, consumer_group: str) -> ConsumerState
             raise InvalidArgument(f"{where}: partition and offset must be >= 0")
         prev = mark.offset - 1
         for first, last in mark.trained:
-            # The ledger bisects them and the commit metadata counts gaps from one to the next.
+            # PartitionPosition bisects them and the commit metadata counts gaps from one to the next.
             if first <= prev or last < first:
                 raise InvalidArgument(f"{where}.trained: ranges must be sorted, disjoint and at or past the offset")
             prev = last

@@ -48,13 +48,13 @@ class ExperienceConsumer(FinalizedIntake):
         if version == self.version:
             return
         self.version = version
-        for p in self._book.all_pending():
+        for p in self._pending.all_pending():
             if p.state in ("held", "ready"):
                 self._decide(p)
         self._apply_backpressure()
 
     def _ready(self) -> list[Pending]:
-        ready = sorted((p for p in self._book.all_pending() if p.state == "ready"), key=lambda p: p.arrival)
+        ready = sorted((p for p in self._pending.all_pending() if p.state == "ready"), key=lambda p: p.arrival)
         by_id = {p.group.group_id: p for p in ready}
         return [by_id[g.group_id] for g in self.policy.order([p.group for p in ready])]
 
@@ -70,7 +70,7 @@ class ExperienceConsumer(FinalizedIntake):
         """
         return sum(
             1
-            for p in self._book.all_pending()
+            for p in self._pending.all_pending()
             if p.state in ("held", "ready") and self.policy.decide(p.group, version) is Decision.YIELD
         )
 
@@ -158,7 +158,7 @@ class ExperienceConsumer(FinalizedIntake):
             raise
 
     def _withdraw(self, meta: BatchMeta, missing: set[str]) -> None:
-        handed = [self._book.pending.get(part, {}).get(offset) for part, offset in meta.positions]
+        handed = [self._pending.by_partition.get(part, {}).get(offset) for part, offset in meta.positions]
         handed = [p for p in handed if p is not None and p.state == "yielded"]
         self._missing_rows(handed, missing)
         # Decided again, not just marked ready: the version may have moved since `select` (set_version
@@ -200,7 +200,7 @@ class ExperienceConsumer(FinalizedIntake):
         `checkpoint_durable`). Rows go only once a commit names their records as consumed, so a trainer
         that dies in between never leaves a successor thinking a trained group was lost (`clears.py`)."""
         for group, (part, offset) in zip(meta.groups, meta.positions, strict=True):
-            self._book.release(group, part, offset)
+            self._pending.release(group, part, offset)
             self._clears.clear(list(group.sample_ids), part, offset)
         self._commit_resolved()
 
@@ -221,7 +221,7 @@ class ExperienceConsumer(FinalizedIntake):
             )
         # Partitions of a restored state not assigned yet keep their marks.
         marks = dict(self._restored)
-        for part, (offset, ranges) in self._book.snapshot(self._letters.offsets).items():
+        for part, (offset, ranges) in self._pending.snapshot(self._letters.offsets).items():
             marks[part] = PartitionMark(offset, [tuple(r) for r in ranges])
         state = ConsumerState(
             STATE_VERSION,
@@ -257,7 +257,7 @@ class ExperienceConsumer(FinalizedIntake):
                     mark.offset,
                 )
             self._durable.append((part, mark.offset, metadata))
-            committed = self._book.committed_offset(part)
+            committed = self._pending.committed_offset(part)
             if release is not None and committed is not None and committed < mark.offset:
                 # Named first, from where the commit stands: a trainer started without this checkpoint
                 # after a crash between the clear and the marks' commit reads them again as trained.
@@ -275,7 +275,7 @@ class ExperienceConsumer(FinalizedIntake):
         st = decode_state(state, topic=self.config.finalized_topic, consumer_group=self.config.consumer_group)
         if not self._clears.deferred:
             raise InvalidArgument("load_state_dict needs ConsumerConfig(checkpointed=True)")
-        if self._book.ledgers:
+        if self._pending.positions:
             raise InvalidArgument("load_state_dict must come before the first select, next_batch or poll")
         self._restored = dict(st.partitions)
         self.version = max(self.version, st.version)

@@ -51,7 +51,7 @@ class ConsumerCounts:
 
     yielded: int = 0
     evicted_stale: int = 0
-    # Records of a group id already taken in, at another position (a replay, a re-finalization).
+    # Records of a group id already taken in, at another position (re-published, re-finalized).
     duplicates: int = 0
     # Groups never consumed whose rows were missing from TQ: handed back for regeneration, else dead-lettered.
     missing_rows: int = 0
@@ -101,7 +101,7 @@ class FinalizedIntake:
         # Rows of resolved groups stay until a commit names their records: a durable checkpoint's with
         # checkpoints, else the next commit of the offsets (`clears.py`).
         self._clears = RowClears(store, config.train_partition, deferred=config.checkpointed)
-        self._book = PendingGroups(store, config.train_partition, config.max_seen_groups, clear=self._clears.clear)
+        self._pending = PendingGroups(store, config.train_partition, config.max_seen_groups, clear=self._clears.clear)
         self._run = uuid.uuid4().hex  # tells this consumer's states from a predecessor's
         # A restored checkpoint's marks, per partition, until that partition is first assigned.
         self._restored: dict[int, PartitionMark] = {}
@@ -139,16 +139,16 @@ class FinalizedIntake:
             return
         for tp in committed:
             try:
-                self._book.assign(tp.partition, tp.offset, tp.metadata)
+                self._pending.assign(tp.partition, tp.offset, tp.metadata)
             except ValueError as exc:
                 log.warning("%s[%d]: %s; consumed groups may be reported missing", topic, tp.partition, exc)
 
     def _on_revoke(self, consumer, partitions) -> None:
         for tp in partitions:
-            self._book.revoke(tp.partition)
+            self._pending.revoke(tp.partition)
             # A letter dropped unsent is written again when its record is read again: that record
             # must not then pass as one already consumed.
-            self._book.forget_seen(tp.partition, self._letters.offsets(tp.partition))
+            self._pending.forget_seen(tp.partition, self._letters.offsets(tp.partition))
             # Its missing-rows groups are read and counted again by whoever reads the partition next;
             # what a gate reads does not go down with this (VersionPublisher keeps the highest count sent).
             dropped = [n.kind for n in self._letters.drop(tp.partition)]
@@ -172,14 +172,14 @@ class FinalizedIntake:
 
     def _take(self, m) -> None:
         part, offset = m.partition(), m.offset()
-        resolved_before = self._book.read(part, offset)
+        resolved_before = self._pending.read(part, offset)
         try:
             group = FinalizedGroup.from_bytes(m.value())
         except SchemaError as exc:
             if not resolved_before:  # else dead-lettered already, before a restart
                 self._undecodable(m, exc)
             return
-        outcome, pending = self._book.take(group, part, offset, resolved_before=resolved_before)
+        outcome, pending = self._pending.take(group, part, offset, resolved_before=resolved_before)
         if outcome == NEW and pending is not None:
             self._decide(pending)
         elif outcome == REREAD:
@@ -222,7 +222,7 @@ class FinalizedIntake:
     def _resolve_letters(self) -> None:
         """Resolve the records whose dead letters were acknowledged, and commit what is now resolved."""
         for part, offset in self._letters.flush():
-            self._book.resolve_offset(part, offset)
+            self._pending.resolve_offset(part, offset)
         self._commit_resolved()
 
     def _apply_backpressure(self) -> None:
@@ -255,8 +255,8 @@ class FinalizedIntake:
         self.counts.evicted_stale += 1
         self.counts.lost += 1
         self.sensor.on_evict()
-        self._book.resolved(p)
-        self._book.group_resolved(p.group)
+        self._pending.resolved(p)
+        self._pending.group_resolved(p.group)
         if self._on_evict is not None:
             self._on_evict(p.group, self.version)
 
@@ -285,9 +285,9 @@ class FinalizedIntake:
                 log.error("%s", message)
             self._clears.clear(list(p.group.sample_ids), p.partition, p.offset)
             # Unresolved until its notice is acknowledged: the outbox holds the commit back instead.
-            self._book.set_aside(p)
+            self._pending.set_aside(p)
             self._letters.add(p.partition, p.offset, notice)
-            self._book.group_resolved(p.group)
+            self._pending.group_resolved(p.group)
         self._resolve_letters()
 
     def _commit_durable(self) -> None:
@@ -320,7 +320,7 @@ class FinalizedIntake:
             log.log(level, "commit of %s failed, retrying later: %s", what, err.str())
             return False
         for part, offset, metadata in points:
-            self._book.committed(part, offset, metadata)
+            self._pending.committed(part, offset, metadata)
         return True
 
     def _start_from_state(self, consumer, partitions: list[TopicPartition]) -> list[TopicPartition]:
@@ -342,7 +342,7 @@ class FinalizedIntake:
             mark = self._restored.pop(tp.partition)
             start = min(mark.offset, max(0, committed.get(tp.partition, mark.offset)))
             before = [(start, mark.offset - 1)] if start < mark.offset else []
-            self._book.restore(tp.partition, start, before + list(mark.trained))
+            self._pending.restore(tp.partition, start, before + list(mark.trained))
             tp.offset = start
         consumer.assign(partitions)
         restored = {tp.partition for tp in named}
@@ -356,13 +356,13 @@ class FinalizedIntake:
             return
         topic = self.config.finalized_topic
         held = self._clears.held
-        if not self._commit(self._book.commit_points(topic, self._letters.offsets, held), f"{topic} offsets"):
+        if not self._commit(self._pending.commit_points(topic, self._letters.offsets, held), f"{topic} offsets"):
             return
-        if self._clears.release_named(self._book.named):
-            self._commit(self._book.commit_points(topic, self._letters.offsets, held), f"{topic} offsets")
+        if self._clears.release_named(self._pending.named):
+            self._commit(self._pending.commit_points(topic, self._letters.offsets, held), f"{topic} offsets")
 
     def _update_waiting(self) -> None:
-        waiting = [p for p in self._book.all_pending() if p.state in ("held", "ready")]
+        waiting = [p for p in self._pending.all_pending() if p.state in ("held", "ready")]
         self.counts.waiting = len(waiting)
         self.counts.ahead = sum(
             1 for p in waiting if p.state == "held" and self.policy.too_far_ahead(p.group, self.version)
@@ -372,7 +372,7 @@ class FinalizedIntake:
         # Letters sent but not yet acknowledged get a moment, so their records are committed past.
         try:
             for part, offset in self._letters.flush(timeout_s=5.0):
-                self._book.resolve_offset(part, offset)
+                self._pending.resolve_offset(part, offset)
             self._commit_resolved()
         except Exception as exc:  # noqa: BLE001 - the Kafka member must go whatever TQ does
             log.warning(

@@ -55,8 +55,8 @@ class PendingGroups:
     ):
         self._clear = clear if clear is not None else (lambda ids, _p, _o: store.clear(train_partition, ids))
         self._max_seen = max_seen_groups
-        self.pending: dict[int, dict[int, Pending]] = {}  # partition -> offset -> pending
-        self.ledgers: dict[int, PartitionPosition] = {}
+        self.by_partition: dict[int, dict[int, Pending]] = {}  # partition -> offset -> pending
+        self.positions: dict[int, PartitionPosition] = {}
         # Group ids already taken in, the oldest resolved forgotten first past max_seen_groups.
         self._seen: OrderedDict[str, _Seen] = OrderedDict()
         self._duplicates: dict[str, list[Pending]] = {}  # group id -> duplicates waiting for it
@@ -65,19 +65,19 @@ class PendingGroups:
     # ----- partitions ---------------------------------------------------------------------------
 
     def assign(self, partition: int, offset: int, metadata: str | None) -> None:
-        """From the partition's committed offset and metadata; ValueError (and a plain ledger) if malformed."""
+        """From the partition's committed offset and metadata; ValueError (and a plain position) if malformed."""
         try:
-            self.ledgers[partition] = PartitionPosition.from_commit(offset, metadata)
+            self.positions[partition] = PartitionPosition.from_commit(offset, metadata)
         except ValueError:
-            self.ledgers[partition] = PartitionPosition.from_commit(offset, None)
+            self.positions[partition] = PartitionPosition.from_commit(offset, None)
             raise
 
     def restore(self, partition: int, offset: int, trained: list[tuple[int, int]]) -> None:
         """From a checkpoint: reading starts at `offset`, and records in `trained` were resolved before."""
-        self.ledgers[partition] = PartitionPosition.from_state(offset, trained)
+        self.positions[partition] = PartitionPosition.from_state(offset, trained)
 
     def revoke(self, partition: int) -> None:
-        for p in self.pending.pop(partition, {}).values():
+        for p in self.by_partition.pop(partition, {}).values():
             if p.state == "duplicate":
                 self._duplicates[p.group.group_id].remove(p)
                 continue
@@ -85,13 +85,13 @@ class PendingGroups:
             seen = self._seen.get(p.group.group_id)
             if p.state != "yielded" and seen is not None and (seen.partition, seen.offset) == (p.partition, p.offset):
                 del self._seen[p.group.group_id]
-        self.ledgers.pop(partition, None)
+        self.positions.pop(partition, None)
 
     # ----- intake -------------------------------------------------------------------------------
 
     def read(self, partition: int, offset: int) -> bool:
         """Note the record at `offset` as read; True when it was resolved before a restart or rebalance."""
-        return self.ledgers.setdefault(partition, PartitionPosition()).read(offset)
+        return self.positions.setdefault(partition, PartitionPosition()).read(offset)
 
     def take(
         self, group: FinalizedGroup, partition: int, offset: int, *, resolved_before: bool
@@ -109,7 +109,7 @@ class PendingGroups:
             return (REREAD if (first.partition, first.offset) == (partition, offset) else DUPLICATE), None
         self._remember(group.group_id, _Seen(partition, offset))
         pending = Pending(group, partition, offset, "held", next(self._arrivals))
-        self.pending.setdefault(partition, {})[offset] = pending
+        self.by_partition.setdefault(partition, {})[offset] = pending
         return NEW, pending
 
     def _remember(self, group_id: str, seen: _Seen) -> None:
@@ -133,19 +133,19 @@ class PendingGroups:
         duplicate, and nothing will read them: they are cleared now.
         """
         if first.resolved:
-            self.ledgers[partition].resolve(offset)
+            self.positions[partition].resolve(offset)
             self._clear(list(group.sample_ids), partition, offset)
             return
         pending = Pending(group, partition, offset, "duplicate")
-        self.pending.setdefault(partition, {})[offset] = pending
+        self.by_partition.setdefault(partition, {})[offset] = pending
         self._duplicates.setdefault(group.group_id, []).append(pending)
 
     # ----- resolution ---------------------------------------------------------------------------
 
     def resolved(self, p: Pending) -> None:
         """The record of `p` needs nothing more: it no longer holds its partition's commit back."""
-        if self.pending.get(p.partition, {}).pop(p.offset, None) is not None:
-            self.ledgers[p.partition].resolve(p.offset)
+        if self.by_partition.get(p.partition, {}).pop(p.offset, None) is not None:
+            self.positions[p.partition].resolve(p.offset)
 
     def forget_seen(self, partition: int, offsets: Iterable[int]) -> None:
         """Forget the groups whose records lie at these offsets, so reading them again is no re-read."""
@@ -156,11 +156,11 @@ class PendingGroups:
 
     def set_aside(self, p: Pending) -> None:
         """Stop tracking `p` without resolving its record (a dead letter now holds the commit back)."""
-        self.pending.get(p.partition, {}).pop(p.offset, None)
+        self.by_partition.get(p.partition, {}).pop(p.offset, None)
 
     def resolve_offset(self, partition: int, offset: int) -> None:
-        if partition in self.ledgers:
-            self.ledgers[partition].resolve(offset)
+        if partition in self.positions:
+            self.positions[partition].resolve(offset)
 
     def group_resolved(self, group: FinalizedGroup) -> None:
         """The group was released, evicted or dropped: its waiting duplicates are resolved with it."""
@@ -175,7 +175,7 @@ class PendingGroups:
 
     def release(self, group: FinalizedGroup, partition: int, offset: int) -> None:
         """The trainer is done with a yielded group (its rows are cleared by the caller)."""
-        pending = self.pending.get(partition, {}).get(offset)
+        pending = self.by_partition.get(partition, {}).get(offset)
         if pending is not None:
             self.resolved(pending)
         self.group_resolved(group)
@@ -191,13 +191,13 @@ class PendingGroups:
         """(partition, offset, metadata) to commit where it changed; `held_back(p)`: offsets unresolved elsewhere;
         `held(p)`: resolved offsets to name in the metadata without passing them (rows still to clear)."""
         out = []
-        for part, ledger in self.ledgers.items():
-            point = ledger.commit_point([*self.pending.get(part, ()), *held_back(part)], held(part))
+        for part, position in self.positions.items():
+            point = position.commit_point([*self.by_partition.get(part, ()), *held_back(part)], held(part))
             if point is None:
                 continue
             offset, metadata, truncated = point
-            if truncated and not ledger.warned_truncated:
-                ledger.warned_truncated = True
+            if truncated and not position.warned_truncated:
+                position.warned_truncated = True
                 log.warning(
                     "%s[%d]: too many resolved records past offset %d to name in the commit metadata; "
                     "after a restart some will be reported as missing rows",
@@ -205,40 +205,40 @@ class PendingGroups:
                     part,
                     offset,
                 )
-            if ledger.committed != (offset, metadata):
+            if position.committed != (offset, metadata):
                 out.append((part, offset, metadata))
         return out
 
     def snapshot(self, held_back: Callable[[int], list[int]]) -> dict[int, tuple[int, list[tuple[int, int]]]]:
         """Per partition read or restored: its first unresolved offset and the resolved ranges past it."""
         out = {}
-        for part, ledger in self.ledgers.items():
-            cut = ledger.snapshot([*self.pending.get(part, ()), *held_back(part)])
+        for part, position in self.positions.items():
+            cut = position.snapshot([*self.by_partition.get(part, ()), *held_back(part)])
             if cut is not None:
                 out[part] = cut
         return out
 
     def committed(self, partition: int, offset: int, metadata: str) -> None:
-        if partition in self.ledgers:
-            self.ledgers[partition].committed = (offset, metadata)
+        if partition in self.positions:
+            self.positions[partition].committed = (offset, metadata)
 
     def committed_offset(self, partition: int) -> int | None:
         """Where the partition's commit stands (as read at assignment or last committed; 0 when there was
         none, and reading began at the start); None if the partition is not assigned."""
-        ledger = self.ledgers.get(partition)
-        if ledger is None:
+        position = self.positions.get(partition)
+        if position is None:
             return None
-        if ledger.committed is not None:
-            return ledger.committed[0]
-        return ledger.start if ledger.start is not None else 0
+        if position.committed is not None:
+            return position.committed[0]
+        return position.start if position.start is not None else 0
 
     def named(self, partition: int, offset: int) -> bool:
         """Whether the partition's last commit passed or named the resolved record at `offset`."""
-        ledger = self.ledgers.get(partition)
-        return ledger is not None and ledger.names(offset)
+        position = self.positions.get(partition)
+        return position is not None and position.names(offset)
 
     # ----- views --------------------------------------------------------------------------------
 
     def all_pending(self) -> Iterator[Pending]:
-        for part in list(self.pending.values()):
+        for part in list(self.by_partition.values()):
             yield from list(part.values())

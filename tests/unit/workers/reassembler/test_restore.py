@@ -36,13 +36,13 @@ def test_closed_entries_with_uncleared_staging_are_pending_in_log_order():
     assert [(e.group_id, e.staging_keys) for e in restored.staging_to_clear] == [("b", ("b/0",)), ("a", ("a/0", "a/1"))]
 
 
-def test_a_later_closed_entry_without_keys_settles_a_pending_clear():
+def test_a_later_closed_entry_without_keys_settles_its_staging_to_clear():
     # What a worker of the previous version wrote once it had cleared the keys.
     legacy_cleared = closed("g", 0, 1)
     assert restore_partition(0, [closed("g", 0, 1, keys=("k",)), legacy_cleared]).staging_to_clear == ()
 
 
-def test_open_after_closed_reopens_a_redriven_dead_lettered_group_and_drops_its_pending_clear():
+def test_open_after_closed_reopens_a_redriven_dead_lettered_group_and_drops_its_staging_to_clear():
     restored = restore_partition(
         0,
         [closed("g", 0, 1, outcome=DEAD_LETTERED, keys=("g/0",)), opened("g", 9, first_seen_ms=5_000)],
@@ -78,7 +78,7 @@ def test_a_progress_entry_of_the_previous_version_still_counts():
     assert LEGACY_PROGRESS_ID not in groups.restored_open_ms
 
 
-def test_a_tombstone_forgets_a_closed_group_and_its_pending_clear():
+def test_a_tombstone_forgets_a_closed_group_and_its_staging_to_clear():
     entries = [
         LogEntry(0, b"g", closed("g", 0, 1, keys=("g/0",))),
         LogEntry(1, b"h", closed("h", 2, 3)),

@@ -1,4 +1,4 @@
-"""The trainer's checkpoint state: validated on the way in, ledgers from a mark."""
+"""The trainer's checkpoint state: validated on the way in, positions from a mark."""
 
 import json
 
@@ -43,13 +43,13 @@ def test_a_bad_state_is_refused_naming_what_is_wrong(data, message):
         decode_state(data, topic="t", consumer_group="g")
 
 
-def test_a_ledger_from_a_mark_starts_there_and_knows_the_trained_records_past_it():
-    ledger = PartitionPosition.from_state(5, [(7, 9)])
-    assert ledger.snapshot([]) == (5, [(7, 9)])  # nothing read yet: the mark itself
-    assert not ledger.read(5) and not ledger.read(6)
-    assert ledger.read(7) and ledger.read(8)
-    ledger.resolve(5)
-    assert ledger.snapshot([6]) == (6, [(7, 9)])
+def test_a_position_from_a_mark_starts_there_and_knows_the_trained_records_past_it():
+    position = PartitionPosition.from_state(5, [(7, 9)])
+    assert position.snapshot([]) == (5, [(7, 9)])  # nothing read yet: the mark itself
+    assert not position.read(5) and not position.read(6)
+    assert position.read(7) and position.read(8)
+    position.resolve(5)
+    assert position.snapshot([6]) == (6, [(7, 9)])
 
 
 @pytest.mark.parametrize("trained", [[[30, 40], [10, 20]], [[10, 20], [15, 25]], [[6, 5]]])

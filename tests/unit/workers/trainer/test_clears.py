@@ -55,16 +55,16 @@ def test_a_failed_clear_forgets_nothing():
 
 
 def test_a_commit_stops_at_a_held_record_and_names_it_resolved():
-    ledger = PartitionPosition.from_commit(3, None)
+    position = PartitionPosition.from_commit(3, None)
     for offset in range(3, 8):
-        ledger.read(offset)
+        position.read(offset)
     for offset in (3, 4, 6, 7):
-        ledger.resolve(offset)
+        position.resolve(offset)
     # 5 is unresolved; 6 and 7 are resolved but their rows not cleared yet.
-    offset, metadata, _ = ledger.commit_point([5], held=[3, 4])
+    offset, metadata, _ = position.commit_point([5], held=[3, 4])
     assert offset == 3 and decode_ranges(offset, metadata) == [(3, 4), (6, 7)]
-    ledger.committed = (offset, metadata)
-    assert ledger.names(3) and ledger.names(7) and not ledger.names(5)
-    offset, metadata, _ = ledger.commit_point([5])  # rows gone: the offset passes them
+    position.committed = (offset, metadata)
+    assert position.names(3) and position.names(7) and not position.names(5)
+    offset, metadata, _ = position.commit_point([5])  # rows gone: the offset passes them
     assert offset == 5 and decode_ranges(offset, metadata) == [(6, 7)]
     assert not PartitionPosition().names(0)  # nothing committed: nothing named

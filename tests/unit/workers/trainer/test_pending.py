@@ -1,5 +1,5 @@
-"""The trainer's group book: duplicates never yielded twice, never orphaning rows, never destroying rows
-of a group not yet trained; records read again after a rebalance are no duplicates."""
+"""The trainer's pending groups (`PendingGroups`): duplicates never yielded twice, never orphaning rows, never
+destroying rows of a group not yet trained; records read again after a rebalance are no duplicates."""
 
 import torch
 from tensordict import TensorDict
@@ -36,73 +36,73 @@ def _put(store, group):
     store.put(TRAIN, ids, TensorDict({"x": torch.zeros(len(ids), 2)}, batch_size=[len(ids)]), [{}] * len(ids))
 
 
-def _book():
+def _groups():
     store = InMemoryStore()
     return store, PendingGroups(store, TRAIN, max_seen_groups=100)
 
 
-def _take(book, group, partition, offset):
-    return book.take(group, partition, offset, resolved_before=book.read(partition, offset))
+def _take(groups, group, partition, offset):
+    return groups.take(group, partition, offset, resolved_before=groups.read(partition, offset))
 
 
 def test_a_duplicate_of_a_waiting_group_keeps_the_shared_rows_and_waits_for_it():
-    store, book = _book()
+    store, groups = _groups()
     original, bigger = _group("a"), _group("a", rows=3)
     _put(store, bigger)
-    outcome, pending = _take(book, original, 0, 0)
+    outcome, pending = _take(groups, original, 0, 0)
     assert outcome == NEW and pending is not None
-    assert _take(book, bigger, 0, 1) == (DUPLICATE, None)
+    assert _take(groups, bigger, 0, 1) == (DUPLICATE, None)
     assert store.present(TRAIN, list(bigger.sample_ids)) == set(bigger.sample_ids)
     # Neither record is resolved: the commit stays at the original.
-    assert book.commit_points("t", lambda p: [])[0][:2] == (0, 0)
+    assert groups.commit_points("t", lambda p: [])[0][:2] == (0, 0)
     pending.state = "yielded"
     store.clear(TRAIN, list(original.sample_ids))  # what release does
-    book.release(original, 0, 0)
+    groups.release(original, 0, 0)
     assert store.present(TRAIN, list(bigger.sample_ids)) == set()  # the duplicate's extra row too
-    assert book.commit_points("t", lambda p: [])[0][:2] == (0, 2)
+    assert groups.commit_points("t", lambda p: [])[0][:2] == (0, 2)
 
 
 def test_a_duplicate_of_a_released_group_has_its_rows_cleared_at_once():
-    store, book = _book()
+    store, groups = _groups()
     group = _group("b")
-    _, pending = _take(book, group, 1, 5)
-    book.release(group, 1, 5)
+    _, pending = _take(groups, group, 1, 5)
+    groups.release(group, 1, 5)
     _put(store, group)  # put again by whoever published the duplicate
-    assert _take(book, group, 1, 9) == (DUPLICATE, None)
+    assert _take(groups, group, 1, 9) == (DUPLICATE, None)
     assert store.present(TRAIN, list(group.sample_ids)) == set()
-    assert book.commit_points("t", lambda p: [])[0][:2] == (1, 10)
+    assert groups.commit_points("t", lambda p: [])[0][:2] == (1, 10)
 
 
 def test_a_yielded_group_read_again_after_a_rebalance_waits_for_its_release():
-    store, book = _book()
+    store, groups = _groups()
     group = _group("c")
     _put(store, group)
-    _, pending = _take(book, group, 2, 3)
+    _, pending = _take(groups, group, 2, 3)
     pending.state = "yielded"
-    book.revoke(2)
-    book.assign(2, 3, None)
-    assert _take(book, group, 2, 3) == (REREAD, None)
-    assert book.commit_points("t", lambda p: []) == []  # still at 3: the trainer holds the group
+    groups.revoke(2)
+    groups.assign(2, 3, None)
+    assert _take(groups, group, 2, 3) == (REREAD, None)
+    assert groups.commit_points("t", lambda p: []) == []  # still at 3: the trainer holds the group
     assert store.present(TRAIN, list(group.sample_ids)) == set(group.sample_ids)
-    book.release(group, 2, 3)
-    assert book.commit_points("t", lambda p: [])[0][:2] == (2, 4)
+    groups.release(group, 2, 3)
+    assert groups.commit_points("t", lambda p: [])[0][:2] == (2, 4)
 
 
 def test_a_held_group_of_a_revoked_partition_is_taken_in_again_as_new():
-    _, book = _book()
+    _, groups = _groups()
     group = _group("d")
-    _take(book, group, 0, 0)
-    book.revoke(0)
-    assert _take(book, group, 0, 0)[0] == NEW
+    _take(groups, group, 0, 0)
+    groups.revoke(0)
+    assert _take(groups, group, 0, 0)[0] == NEW
 
 
 def test_records_resolved_before_a_restart_are_rereads_and_their_rows_are_not_needed():
-    _, book = _book()
-    book.assign(0, 4, None)
-    book.read(0, 4)
-    book.ledgers[0].resolve(4)
-    book.read(0, 5)
-    ((part, offset, metadata),) = book.commit_points("t", lambda p: [5])
+    _, groups = _groups()
+    groups.assign(0, 4, None)
+    groups.read(0, 4)
+    groups.positions[0].resolve(4)
+    groups.read(0, 5)
+    ((part, offset, metadata),) = groups.commit_points("t", lambda p: [5])
     successor = PendingGroups(InMemoryStore(), TRAIN, max_seen_groups=100)
     successor.assign(part, offset, metadata)
     assert _take(successor, _group("e"), 0, 5)[0] == NEW
@@ -110,26 +110,26 @@ def test_records_resolved_before_a_restart_are_rereads_and_their_rows_are_not_ne
 
 
 def test_a_group_whose_letter_was_dropped_unsent_with_its_partition_is_new_when_read_again():
-    _, book = _book()
+    _, groups = _groups()
     group = _group("lost")
-    _, pending = _take(book, group, 0, 10)
+    _, pending = _take(groups, group, 0, 10)
     # Its rows were missing: a letter holds the commit back; the group counts as consumed meanwhile.
-    book.set_aside(pending)
-    book.group_resolved(group)
-    book.revoke(0)
-    book.forget_seen(0, [10])  # the unsent letter was dropped with the partition
-    assert _take(book, group, 0, 10)[0] == NEW
+    groups.set_aside(pending)
+    groups.group_resolved(group)
+    groups.revoke(0)
+    groups.forget_seen(0, [10])  # the unsent letter was dropped with the partition
+    assert _take(groups, group, 0, 10)[0] == NEW
 
 
 def test_a_waiting_group_is_never_forgotten_so_its_duplicate_is_never_taken_in_as_new():
     store = InMemoryStore()
-    book = PendingGroups(store, TRAIN, max_seen_groups=2)
+    groups = PendingGroups(store, TRAIN, max_seen_groups=2)
     waiting = _group("waiting")
-    _take(book, waiting, 0, 0)
+    _take(groups, waiting, 0, 0)
     for offset, gid in enumerate(("a", "b", "c"), start=1):
         group = _group(gid)
-        _, pending = _take(book, group, 0, offset)
-        book.resolved(pending)
-        book.group_resolved(group)
+        _, pending = _take(groups, group, 0, offset)
+        groups.resolved(pending)
+        groups.group_resolved(group)
     # Three resolved groups came after it, past the memory of two: the waiting one is still known.
-    assert _take(book, waiting, 1, 0)[0] == DUPLICATE
+    assert _take(groups, waiting, 1, 0)[0] == DUPLICATE

@@ -1,5 +1,5 @@
-"""The trainer's per-partition ledger: commit offsets never pass an unresolved record, and the commit
-metadata names the resolved records past it so a restart knows them."""
+"""The trainer's per-partition position (`PartitionPosition`): commit offsets never pass an unresolved record,
+and the commit metadata names the resolved records past it so a restart knows them."""
 
 import pytest
 
@@ -38,18 +38,18 @@ def test_runs_break_only_at_unresolved_records():
 
 
 def test_the_commit_stays_at_the_first_unresolved_record_and_names_what_is_resolved_past_it():
-    ledger = PartitionPosition()
-    assert ledger.commit_point([]) is None
+    position = PartitionPosition()
+    assert position.commit_point([]) is None
     for offset in (0, 1, 2, 4, 5):  # 3 is a commit marker
-        assert not ledger.read(offset)
+        assert not position.read(offset)
     for offset in (0, 2, 5):
-        ledger.resolve(offset)
-    offset, metadata, truncated = ledger.commit_point([1, 4])
+        position.resolve(offset)
+    offset, metadata, truncated = position.commit_point([1, 4])
     assert offset == 1 and not truncated
     assert decode_ranges(1, metadata) == [(2, 2), (5, 5)]
-    ledger.resolve(1)
-    ledger.resolve(4)
-    assert ledger.commit_point([])[:2] == (6, "")
+    position.resolve(1)
+    position.resolve(4)
+    assert position.commit_point([])[:2] == (6, "")
 
 
 def test_a_successor_knows_what_its_predecessor_resolved_and_carries_it_on():
