@@ -289,6 +289,40 @@ def stop_agent_loop_manager(manager) -> None:
         ray.kill(worker)
 
 
+def record(trainer, name: str) -> list:
+    """Each call of the trainer's method `name` (its verl code still runs): (kwargs or args, result)."""
+    calls: list = []
+    method = getattr(trainer, name)
+
+    def recorded(*args, **kwargs):
+        result = method(*args, **kwargs)
+        calls.append((args, kwargs, result))
+        return result
+
+    setattr(trainer, name, recorded)
+    return calls
+
+
+@dataclass
+class VerlRun:
+    """One verl run's names under a unique prefix: topics, consumer group, checkpoint folder."""
+
+    names: Any
+    prefix: str
+    consumer_group: str
+    checkpoints: str
+    tiny: TinyFiles
+    bootstrap: str
+    services: Shared
+
+    def config(self, *extra: str, **kw):
+        return compose(
+            cpu_overrides(self.tiny, self.checkpoints, **kw)
+            + rlstream_overrides(self.bootstrap, self.prefix, self.consumer_group)
+            + list(extra)
+        )
+
+
 class ReassemblerThread:
     """rlstream's reassembler, in this process: finalizes the groups verl's rollouts publish."""
 

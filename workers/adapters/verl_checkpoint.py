@@ -81,7 +81,7 @@ def save_state(checkpoint_dir: str, state: Mapping[str, Any]) -> str:
 
 
 def write_journal(root: str, step: int, state: Mapping[str, Any], handed_out: Iterable[tuple[int, int]]) -> None:
-    """Step `step`'s journal: the state before it and the (partition, offset) of every group handed out in it."""
+    """Step `step`'s journal: the consumer's state and the (partition, offset) of the groups handed out, not acked."""
     write_json(os.path.join(root, JOURNAL), {"step": step, "state": dict(state), "handed_out": list(handed_out)})
 
 

@@ -124,9 +124,7 @@ class RlstreamReplayBuffer:
         self._publisher: VersionPublisher | None = None
         self.last_batch: BatchMeta | None = None
         self._untrained: list[BatchMeta] = []  # handed to verl, not known to be trained yet
-        self._step: int | None = None  # verl's global step of the samples in the journal
-        self._step_base: dict | None = None  # the consumer's state before that step (checkpointed)
-        self._step_positions: list[tuple[int, int]] = []
+        self._step: int | None = None  # verl's global step of the last sample
         self._not_durable: list[tuple[int, dict]] = []  # async saves waiting for verl's tracker
         self._swept: set[str] = set()
         self.resumed_step = self._restore()
@@ -251,7 +249,9 @@ class RlstreamReplayBuffer:
         self._declare_saved_durable()
         self._sweep_predecessor_rows(partition_id)
         if global_steps != self._step:
-            self._begin_step(global_steps, batch_size)
+            self._step = global_steps
+            if self.settings.publish_version:
+                self._publish(global_steps, batch_size)
         limit = self.settings.wait_timeout_s
         deadline = None if limit is None else time.monotonic() + limit
         evicted = self._consumer.counts.evicted_stale
@@ -263,7 +263,7 @@ class RlstreamReplayBuffer:
         self._hand_over(partition_id, verl)
         self._untrained.append(meta)
         self.last_batch = meta
-        self._journal(meta)
+        self._journal(global_steps)
         batch = KVBatchMeta(partition_id=partition_id, keys=list(verl.keys), tags=list(verl.tags))
         return batch, self._metrics(meta, verl, self._consumer.counts.evicted_stale - evicted)
 
@@ -272,15 +272,6 @@ class RlstreamReplayBuffer:
         untrained, self._untrained = self._untrained, []
         for meta in untrained:
             self._consumer.ack(meta)
-
-    def _begin_step(self, global_steps: int, batch_size: int) -> None:
-        """A new verl step: its journal starts from the state now, and the trainer's version goes out."""
-        self._step = global_steps
-        self._step_positions = []
-        if self._consumer.config.checkpointed:
-            self._step_base = self._consumer.state_dict()
-        if self.settings.publish_version:
-            self._publish(global_steps, batch_size)
 
     def _publish(self, global_steps: int, batch_size: int) -> None:
         if self._publisher is None:
@@ -298,12 +289,16 @@ class RlstreamReplayBuffer:
             )
         self._publisher.publish(self.version_at(global_steps), lost_groups=self._consumer.counts.lost)
 
-    def _journal(self, meta: BatchMeta) -> None:
-        """The step's journal on disk before verl gets the batch: the state verl's tracker may soon stand for."""
-        self._step_positions.extend(meta.positions)
+    def _journal(self, global_steps: int) -> None:
+        """The step's journal on disk before verl gets the batch: the state verl's tracker may soon stand for.
+
+        The consumer's state now (every batch acked so far was trained) and the records of the
+        batches handed out in this step; verl writes its tracker for the step only once they trained.
+        """
         root = self.settings.checkpoint_dir
-        if root is not None and self._step_base is not None:
-            verl_checkpoint.write_journal(root, self._step, self._step_base, self._step_positions)
+        if root is not None:
+            positions = [p for meta in self._untrained for p in meta.positions]
+            verl_checkpoint.write_journal(root, global_steps, self._consumer.state_dict(), positions)
 
     def on_checkpoint(self, global_step: int, checkpoint_dir: str, *, async_save: bool = False) -> None:
         """verl saved step `global_step` into `checkpoint_dir` (RlstreamCheckpointCallback calls this).
