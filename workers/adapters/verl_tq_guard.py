@@ -69,8 +69,8 @@ def close() -> None:
     if client is not None:
         client.close()
     interface._TQ_CLIENT = None
-    # Forgetting the handle keeps a later unguarded close from killing the controller too.
-    interface._TQ_CONTROLLER = None
+    # The controller's handle stays: in the process that created it, dropping the last handle makes
+    # Ray destroy the actor as surely as ray.kill does.
 
 
 _GUARDS: dict[str, Callable[..., Any]] = {
