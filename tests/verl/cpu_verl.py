@@ -119,13 +119,22 @@ class TinyRolloutServer:
         self.model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir)).eval()
         self.response_length = response_length
         self.global_steps: int | None = None
+        self.calls = 0
+        self.fail_at: int | None = None
 
     def set_global_steps(self, global_steps: int) -> None:
         self.global_steps = global_steps
 
+    def fail_call(self, k: int) -> None:
+        """The k-th request from now fails, as a request to a crashed engine would."""
+        self.fail_at = self.calls + k
+
     async def generate(self, request_id: str, *, prompt_ids, sampling_params: dict, **kwargs):
         from verl.workers.rollout.replica import TokenOutput
 
+        self.calls += 1
+        if self.calls == self.fail_at:
+            raise RuntimeError("stand-in rollout server: this request failed")
         ids = torch.tensor([list(prompt_ids)], dtype=torch.int64)
         with torch.no_grad():
             out = self.model.generate(
@@ -186,13 +195,17 @@ ACTOR_FIELDS = [
 class StubActorWorkerGroup:
     """The actor worker group (FSDP/Megatron on GPUs): trains nothing, records what it was given.
 
-    ``update_actor`` reads every field verl's actor reads (a missing one raises, as TQ does), and
-    keeps per verl step the rlstream groups of the rows (padding rows carry no group).
-    ``crash_after_update`` raises right after that step trained, as a process dying there would.
+    ``update_actor`` reads every field verl's actor reads for every row, verl's padding rows too (a
+    field on some rows only raises, as TQ does), and keeps per verl step the rlstream group of each
+    row (``trained``; a rejected rollout's masked row counts, verl's padding rows, keyed "pad...", do
+    not) and the rejected ones (``rejected``). ``crash_after_update`` raises right after that step
+    trained, as a process dying there would.
     """
 
     _dispatch_info: dict = field(default_factory=lambda: {"actor": [0]})
     trained: dict[int, list[str]] = field(default_factory=dict)
+    rejected: dict[int, list[str]] = field(default_factory=dict)
+    padding_rows: int = 0
     saved: list[int] = field(default_factory=list)
     loaded: list[str] = field(default_factory=list)
     crash_after_update: int | None = None
@@ -205,9 +218,14 @@ class StubActorWorkerGroup:
         assert set(ACTOR_FIELDS) <= set(data.keys()), f"fields missing for verl's actor: {set(data.keys())}"
         mask = data["loss_mask"].to_padded_tensor(padding=0)
         assert mask.shape[0] == len(batch.keys) and batch.extra_info["mini_batch_size"] > 0
-        groups = [tag["rlstream_group_id"] for tag in batch.tags if not tag.get("is_padding")]
         step = self.step_of()
-        self.trained.setdefault(step, []).extend(groups)
+        for key, tag in zip(batch.keys, batch.tags):
+            if key.startswith("pad"):  # verl's own padding (upsample_batch_to_divisible_size)
+                self.padding_rows += 1
+                continue
+            self.trained.setdefault(step, []).append(tag["rlstream_group_id"])
+            if "rlstream_rejected" in tag:
+                self.rejected.setdefault(step, []).append(tag["rlstream_group_id"])
         if self.crash_after_update == step:
             raise RuntimeError(f"crash after training step {step}")
         return {"metrics": {"mfu": 0.0, "pg_loss": 0.0}}  # what verl's _update_actor reads of the output

@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import os
 
+import ray
 import transfer_queue as tq
 
 from schemas.trainer_version import TrainerVersion
@@ -26,8 +27,11 @@ def _partition(name: str) -> dict:
 
 
 def test_verls_loop_trains_every_group_its_own_rollouts_published_through_rlstream(verl_run, kafka):
-    config = verl_run.config(steps=3)
+    # Mini-batches of 3 prompts (6 rows) make verl pad each 4-row batch with 2 rows of its own.
+    config = verl_run.config("actor_rollout_ref.actor.ppo_mini_batch_size=3", steps=3)
     trainer = cpu_trainer(config, verl_run.services)
+    # The 2 validation requests go through, then one training session fails (its rollout is rejected).
+    ray.get(verl_run.services.server.fail_call.remote(4))
     # verl's _build_replay_buffer and build_checkpoint_callback, from verl's config, built rlstream's.
     assert isinstance(trainer.replay_buffer, RlstreamReplayBuffer)
     assert isinstance(trainer.checkpoint_callback, RlstreamCheckpointCallback)
@@ -41,12 +45,15 @@ def test_verls_loop_trains_every_group_its_own_rollouts_published_through_rlstre
         stop_agent_loop_manager(manager)
         trainer.replay_buffer.close()
 
-    trained = trainer.actor_rollout_wg.trained
+    actor = trainer.actor_rollout_wg
+    trained = actor.trained
     assert sorted(trained) == [1, 2, 3]
     rows_per_group = collections.Counter(g for groups in trained.values() for g in groups)
-    # 2 prompts a step, each a group of rollout.n = 2 rows; every group trained once, in one step.
+    # 2 prompts a step, each a group of rollout.n = 2 rows, the failed session's as a masked row;
+    # every group trained once, in one step, and verl padded each batch to its mini-batch multiple.
     assert len(rows_per_group) == 6 and set(rows_per_group.values()) == {2}
     assert all(len(groups) == 4 for groups in trained.values())
+    assert sum(len(r) for r in actor.rejected.values()) == 1 and actor.padding_rows == 3 * 2
     # The groups are verl's own prompts (their uids), published and finalized by rlstream.
     published = {r.key.decode() for r in read_topic(kafka, verl_run.names.receipts)}
     assert set(rows_per_group) == published
