@@ -307,6 +307,7 @@ class RlstreamReplayBuffer:
         is declared durable, or, while an async save is pending, once verl's tracker shows the step.
         """
         self.settle()
+        self._declare_saved_durable()
         if self.settings.checkpoint_dir is None:
             raise InvalidArgument(
                 "the rlstream checkpoint callback needs sampler_kwargs.rlstream.checkpoint_dir"

@@ -6,6 +6,7 @@ sampler's own logic against the real broker and TQ.
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -18,6 +19,7 @@ from tests.integration.helpers import SMALL
 from tests.integration.trainer.staging import committed_at_end, finalize_groups
 from workers.adapters import verl_tq_guard
 from workers.adapters.errors import SampleTimeout
+from workers.adapters.verl_checkpoint import STATE_FILE, TRACKER, step_dir
 from workers.adapters.verl_fields import verl_uid
 from workers.adapters.verl_sampler import RlstreamReplayBuffer
 from workers.trainer.config import ConsumerConfig
@@ -42,9 +44,9 @@ def _sampler(kafka, tq_store, consumer, **settings) -> RlstreamReplayBuffer:
     )
 
 
-def _consumer(kafka, tq_store, names, finalized, group: str, policy=None) -> ExperienceConsumer:
+def _consumer(kafka, tq_store, names, finalized, group: str, policy=None, **config) -> ExperienceConsumer:
     rl_partition = next(iter(finalized.values())).partition_id
-    config = ConsumerConfig(prefix=names.prefix, consumer_group=group, train_partition=rl_partition)
+    config = ConsumerConfig(prefix=names.prefix, consumer_group=group, train_partition=rl_partition, **config)
     return ExperienceConsumer(kafka, tq_store, config, policy or windowed(1))
 
 
@@ -187,6 +189,33 @@ def test_the_trainers_version_goes_to_the_admission_gates_once_per_step(kafka, t
             (f"verl-{unique}", 1, 0),
         ]
         assert {r.consumer_group for r in records} == {f"vv-{unique}"} and records[0].batch_groups == 1
+    finally:
+        tq_store.clear(verl_partition, keys)
+        sampler.close()
+
+
+def test_an_async_save_is_durable_only_once_verls_tracker_shows_it(kafka, tq_store, unique, tmp_path):
+    """Megatron's async_save: on_save comes before the workers finish writing and before verl's tracker."""
+    names, finalized = finalize_groups(kafka, tq_store, f"vd-{unique}", versions=range(1), per_version=2)
+    rl_partition = next(iter(finalized.values())).partition_id
+    verl_partition = f"verl.{unique}"
+    group, root = f"vd-{unique}", str(tmp_path)
+    consumer = _consumer(kafka, tq_store, names, finalized, group, checkpointed=True)
+    sampler = _sampler(kafka, tq_store, consumer, checkpoint_dir=root, wait_timeout_s=1.0)
+    keys: list[str] = []
+    try:
+        batch, _ = sampler.sample(1, verl_partition, 2)
+        keys += batch.keys
+        sampler.on_checkpoint(1, step_dir(root, 1), async_save=True)
+        assert os.path.exists(os.path.join(step_dir(root, 1), STATE_FILE))
+        rows = [s for g in finalized.values() for s in g.sample_ids]
+        assert tq_store.present(rl_partition, rows) == set(rows), "not durable while verl's save is pending"
+        assert not committed_at_end(kafka, group, names.finalized)
+        with open(os.path.join(root, TRACKER), "w") as f:
+            f.write("1")  # Megatron's finalize writes verl's tracker once the save is complete
+        with pytest.raises(SampleTimeout):
+            sampler.sample(2, verl_partition, 1)  # verl's next step: the save is durable now
+        assert not tq_store.present(rl_partition, rows) and committed_at_end(kafka, group, names.finalized)
     finally:
         tq_store.clear(verl_partition, keys)
         sampler.close()
