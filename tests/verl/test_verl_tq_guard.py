@@ -36,13 +36,12 @@ def _stage(store, partition: str, n: int) -> list[str]:
 def test_verls_tq_checkpoint_neither_snapshots_nor_rewinds_rlstreams_partitions(verl_run, tq_store):
     config = verl_run.config(mode="colocate_async")
     trainer = cpu_trainer(config, verl_run.services)
+    before: list[str] = []
+    after: list[str] = []
     try:
-        assert verl_tq_guard.installed()
         before = _stage(tq_store, STAGING, 2) + _stage(tq_store, TRAIN, 1)
         trainer.global_steps = 1
         trainer._save_checkpoint()  # verl's own: actor (stub), data.pt, tq.save_checkpoint, tracker, on_save
-        saved = os.path.join(step_dir(verl_run.checkpoints, 1), "transfer_queue")
-        assert os.listdir(saved) == [verl_tq_guard.SKIPPED_MARKER], "no copy of rlstream's staging in verl's checkpoint"
 
         after = _stage(tq_store, STAGING, 2)  # rlstream moves on: rows staged and cleared after the save
         tq_store.clear(STAGING, before[:1])
@@ -51,6 +50,8 @@ def test_verls_tq_checkpoint_neither_snapshots_nor_rewinds_rlstreams_partitions(
         assert tq_store.present(STAGING, after) == set(after), "rows staged after verl's save are kept"
         assert not tq_store.present(STAGING, before[:1]), "rows cleared after verl's save stay cleared"
         assert tq_store.present(TRAIN, before[2:]) == set(before[2:])
+        saved = os.path.join(step_dir(verl_run.checkpoints, 1), "transfer_queue")
+        assert os.listdir(saved) == [verl_tq_guard.SKIPPED_MARKER], "no copy of rlstream's staging in verl's checkpoint"
     finally:
         trainer.replay_buffer.close()
         tq_store.clear(STAGING, before[1:2] + after)
