@@ -26,7 +26,7 @@ def test_verls_padding_rows_and_num_turns_read_work_on_rlstream_rows():
     batch = list_of_dict_to_tensordict([*real, pad])
     # _compute_metrics: np.array(data.pop("num_turns").tolist()); a missing field raised KeyError.
     turns = np.array(batch.pop("num_turns").tolist())
-    assert turns.tolist() == [2, 2, 0]
-    assert list(batch["uid"])[:2] == ["gA", "gA"]  # tensordict 0.10: a LinkedList, no .tolist()
+    assert turns.tolist() == [2, 0, 2, 0]  # the rejected rollout and the padding row have no turn
+    assert list(batch["uid"])[::2] == ["gA", "gA"]  # tensordict 0.10: a LinkedList, no .tolist()
     assert batch["extra_fields"][0]["min_global_steps"] == 5
     assert batch["prompts"][0].dtype == torch.int64

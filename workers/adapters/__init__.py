@@ -1,1 +1,2 @@
-"""Adapters that hand rlstream's finalized groups to RL frameworks (verl: verl_sampler.py)."""
+"""Adapters that put rlstream into RL frameworks: verl 0.9.1's replay buffer, agent-loop manager and checkpoint
+callback (docs/VERL.md). None imports the framework at module level."""

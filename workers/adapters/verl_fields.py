@@ -33,8 +33,14 @@ stores them, so verl's padding rows (copied from a real row, ``num_turns=0``) re
 Tags: ``status`` "success", ``prompt_len``, ``response_len``, ``seq_len``, ``global_steps`` (the
 step of the group's oldest weights), ``min_global_steps``/``max_global_steps`` (the row's weight
 version as a step), and ``rlstream_group_id``/``rlstream_sample_id`` to trace a row back.
-Rows with a rejection reason (rlstream's one-pad-token placeholders) are left out: verl has no
-placeholder row, and its own async buffer evicts failed trajectories rather than train on them.
+
+Group size: verl sizes its actor mini-batches as ``ppo_mini_batch_size * rollout.n`` rows, so every
+group hands verl exactly its n rows. A rollout with a rejection reason (rlstream's one-pad-token
+placeholder) becomes a row that carries nothing: the group's prompt, one response token, every
+mask, score and logprob 0, a uid of its own (so GRPO's group mean and std leave it out, as verl's
+padding rows do) and ``is_padding`` in its tag (so verl's metrics leave it out). A group of another
+size than ``group_size`` (verl's ``rollout.n``) is refused with ``InvalidArgument``: rlstream's
+producers and verl disagree on n, which no row mapping can mend.
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ from typing import Any
 import torch
 from tensordict import NonTensorStack, TensorDict
 
+from schemas.errors import InvalidArgument
 from schemas.payload import ROW_SHAPES_SUFFIX
 from workers.trainer.batch import BatchMeta
 
@@ -83,10 +90,11 @@ VERL_FIELDS = (*VERL_TOKEN_FIELDS, "sample_mask", "uid", *VERL_NON_TENSOR_FIELDS
 DEFAULT_NUM_TURNS = 2
 
 
-def _non_tensor(tag: dict[str, Any], step: int) -> dict[str, Any]:
+def _non_tensor(tag: dict[str, Any], step: int, *, rejected: bool = False) -> dict[str, Any]:
     """The non-tensor columns verl reads of one row, from its tag where the rollout recorded them."""
     return {
-        "num_turns": int(tag.get("num_turns", DEFAULT_NUM_TURNS)),
+        # A rejected rollout has no turn, as verl's padding rows (num_turns=0).
+        "num_turns": 0 if rejected else int(tag.get("num_turns", DEFAULT_NUM_TURNS)),
         "extra_fields": {"min_global_steps": step, "max_global_steps": step, "reward_extra_info": {}},
         "raw_prompt": list(tag.get("raw_prompt", [])),
         "data_source": str(tag.get("data_source", "rlstream")),
@@ -105,26 +113,64 @@ def verl_key(group_id: str, session_id: int) -> str:
     return f"{verl_uid(group_id)}_{session_id}_0"
 
 
+def rejected_uid(group_id: str, session_id: int) -> str:
+    """The uid field of a rejected rollout's row: a group of its own, as verl's padding rows have."""
+    return f"{verl_uid(group_id)}-rejected-{session_id}"
+
+
 @dataclass(frozen=True)
 class VerlRows:
     """What one TQ put into verl's partition takes, and the rlstream rows left out as rejected."""
 
     keys: list[str]
-    fields: TensorDict | None  # None when every row was rejected
+    fields: TensorDict | None  # None only for a batch without rows
     tags: list[dict[str, Any]]
-    rejected: int
+    rejected: int  # rows standing for rejected rollouts (fully masked)
 
 
-def _kept_rows(meta: BatchMeta) -> list[tuple[int, int, int]]:
-    """(batch row, group index, session id) of the rows verl gets: those without a rejection reason."""
-    kept, row = [], 0
+def _rows_of(meta: BatchMeta, group_size: int | None) -> list[tuple[int, int, int, str | None]]:
+    """(batch row, group index, session id, rejection reason) of every row, checking each group's size."""
+    out, row = [], 0
     for g_index, group in enumerate(meta.groups):
-        reasons = group.rejection_reasons if len(group.rejection_reasons) == len(group.sample_ids) else ()
-        for session in range(len(group.sample_ids)):
-            if not reasons or reasons[session] is None:
-                kept.append((row, g_index, session))
+        size = len(group.sample_ids)
+        if group_size is not None and size != group_size:
+            raise InvalidArgument(
+                f"group {group.group_id!r} has {size} rows, verl's rollout.n is {group_size}: rlstream's"
+                " producers and verl must agree on the group size (verl sizes mini-batches by it)"
+            )
+        reasons = group.rejection_reasons if len(group.rejection_reasons) == size else (None,) * size
+        for session in range(size):
+            out.append((row, g_index, session, reasons[session]))
             row += 1
-    return kept
+    return out
+
+
+def _rejected_row(rows: dict[str, list[torch.Tensor]], values: dict[str, torch.Tensor], tag: dict[str, Any]) -> dict:
+    """A rejected rollout as a row that weighs nothing: its group's prompt and one placeholder token."""
+    prompt = values["prompt_ids_for_adv"].to(torch.int64)
+    p = int(prompt.shape[0])
+    # The placeholder row's own token (rlstream's pad value) stands for the response verl needs (>= 1 token).
+    response = values["input_ids"][:1].to(torch.int64)
+    ids = torch.cat([prompt, response])
+    zeros = torch.zeros(1, dtype=torch.int64)
+    out = {
+        "prompts": prompt,
+        "responses": response,
+        "input_ids": ids,
+        "attention_mask": torch.ones(p + 1, dtype=torch.int64),
+        "position_ids": torch.arange(p + 1, dtype=torch.int64),
+        "response_mask": zeros,
+        "loss_mask": zeros.clone(),
+        "rollout_log_probs": torch.zeros(1, dtype=torch.float32),
+        "rm_scores": torch.zeros(1, dtype=torch.float32),
+    }
+    if "routed_experts" in values:
+        # Every row of a batch must carry the field once one does; the row shape's last dim is k.
+        shape = tag.get("routed_experts" + ROW_SHAPES_SUFFIX) or [1, 1]
+        out["routed_experts"] = torch.zeros(p + 1, *shape[1:], dtype=torch.int16)
+    for name, value in out.items():
+        rows.setdefault(name, []).append(value)
+    return {"prompt_len": p, "response_len": 1, "seq_len": p + 1}
 
 
 def _one_row(rows: dict[str, list[torch.Tensor]], values: dict[str, torch.Tensor], tag: dict[str, Any]) -> dict:
@@ -167,42 +213,53 @@ def _row_values(rows: TensorDict, names: Sequence[str]) -> dict[str, list[torch.
     return {name: list(rows[name].unbind(0)) for name in names}
 
 
-def to_verl_rows(meta: BatchMeta, rows: TensorDict, *, version_offset: int = 0) -> VerlRows:
+def to_verl_rows(
+    meta: BatchMeta, rows: TensorDict, *, version_offset: int = 0, group_size: int | None = None
+) -> VerlRows:
     """rlstream's jagged rows of `meta` (from `materialize(..., layout="jagged")`) in verl's names.
 
-    A weight version w is verl step ``w - version_offset``.
+    A weight version w is verl step ``w - version_offset``. Every row goes in, a rejected one as a
+    row that weighs nothing (module doc); `group_size` (verl's rollout.n), when given, is checked.
     """
     names = [n for n in (*RLSTREAM_FIELDS, "routed_experts") if n in set(rows.keys())]
     values = _row_values(rows, names)
-    kept = _kept_rows(meta)
+    every = _rows_of(meta, group_size)
     out: dict[str, list[torch.Tensor]] = {}
     keys, tags, uids = [], [], []
     plain: dict[str, list[Any]] = {name: [] for name in VERL_NON_TENSOR_FIELDS}
-    for row, g_index, session in kept:
+    for row, g_index, session, reason in every:
         group = meta.groups[g_index]
         tag = dict(group.tags[session])
-        sizes = _one_row(out, {n: values[n][row] for n in names}, tag)
+        one = {n: values[n][row] for n in names}
+        sizes = _one_row(out, one, tag) if reason is None else _rejected_row(out, one, tag)
         step = int(tag.get("weight_version", group.group_min_wv)) - version_offset
         keys.append(verl_key(group.group_id, session))
-        uids.append(verl_uid(group.group_id))
-        for name, value in _non_tensor(tag, step).items():
+        uids.append(verl_uid(group.group_id) if reason is None else rejected_uid(group.group_id, session))
+        for name, value in _non_tensor(tag, step, rejected=reason is not None).items():
             plain[name].append(value)
-        tags.append(
-            {
-                "status": "success",
-                **sizes,
-                "global_steps": group.group_min_wv - version_offset,
-                "min_global_steps": step,
-                "max_global_steps": step,
-                "rlstream_group_id": group.group_id,
-                "rlstream_sample_id": group.sample_ids[session],
-            }
-        )
-    rejected = len(meta.sample_ids) - len(kept)
+        verl_tag = {
+            "status": "success",
+            **sizes,
+            "global_steps": group.group_min_wv - version_offset,
+            "min_global_steps": step,
+            "max_global_steps": step,
+            "rlstream_group_id": group.group_id,
+            "rlstream_sample_id": group.sample_ids[session],
+        }
+        if reason is not None:
+            # verl's own flag for a row without signal: its metrics and sample counts leave it out.
+            verl_tag.update(is_padding=True, rlstream_rejected=reason)
+        tags.append(verl_tag)
+    rejected = sum(reason is not None for *_, reason in every)
     if not keys:
         return VerlRows([], None, [], rejected)
     fields: dict[str, Any] = {n: torch.nested.as_nested_tensor(v, layout=torch.jagged) for n, v in out.items()}
-    fields["sample_mask"] = torch.stack([values["sample_mask"][row].to(torch.float32) for row, _, _ in kept])
+    fields["sample_mask"] = torch.stack(
+        [
+            values["sample_mask"][row].to(torch.float32) if reason is None else torch.tensor(0.0)
+            for row, *_, reason in every
+        ]
+    )
     fields["uid"] = NonTensorStack(*uids)
     for name, values_ in plain.items():
         fields[name] = NonTensorStack(*values_)

@@ -6,9 +6,10 @@ import msgspec
 import pytest
 import torch
 
+from schemas.errors import InvalidArgument
 from schemas.finalized import FinalizedGroup
 from schemas.payload import Completion, PromptGroupRecord, pack_payload, record_to_train_batch
-from workers.adapters.verl_fields import VERL_FIELDS, VERL_TOKEN_FIELDS, to_verl_rows, verl_key, verl_uid
+from workers.adapters.verl_fields import VERL_FIELDS, VERL_TOKEN_FIELDS, rejected_uid, to_verl_rows, verl_key, verl_uid
 from workers.trainer.batch import BatchMeta
 
 PROMPT = torch.tensor([11, 12, 13], dtype=torch.int64)
@@ -65,13 +66,15 @@ def _batch(group_id: str = "gA", weight_version: int = 7, experts: bool = False)
     return BatchMeta(9, (group,), ((0, 0),), "rlstream.train"), fields
 
 
-def test_rows_get_verl_names_and_contents_and_the_rejected_row_is_left_out():
+def test_rows_get_verl_names_and_contents_and_every_rollout_is_a_row():
     meta, rows = _batch()
-    verl = to_verl_rows(meta, rows, version_offset=2)
-    assert verl.rejected == 1 and verl.keys == ["gA_0_0", "gA_2_0"]
+    verl = to_verl_rows(meta, rows, version_offset=2, group_size=3)
+    # verl sizes mini-batches as ppo_mini_batch_size * rollout.n rows: a group of n hands over n rows.
+    assert verl.rejected == 1 and verl.keys == ["gA_0_0", "gA_1_0", "gA_2_0"]
     assert set(verl.fields.keys()) == set(VERL_FIELDS)
     f = {name: verl.fields[name].unbind(0) for name in VERL_TOKEN_FIELDS}
-    assert list(verl.fields["uid"]) == ["gA", "gA"]  # tensordict 0.10 returns a LinkedList: no .tolist()
+    # tensordict 0.10 returns a LinkedList: no .tolist(); the rejected row is a GRPO group of its own.
+    assert list(verl.fields["uid"]) == ["gA", rejected_uid("gA", 1), "gA"]
     # Multi-turn rollout: prompt, then assistant/tool/assistant turns as one response.
     assert f["prompts"][0].tolist() == [11, 12, 13] and f["prompts"][0].dtype == torch.int64
     assert f["responses"][0].tolist() == [21, 22, 31, 32, 33, 23]
@@ -82,10 +85,10 @@ def test_rows_get_verl_names_and_contents_and_the_rejected_row_is_left_out():
     assert f["rm_scores"][0].tolist() == [0.0] * 5 + [1.5] and f["rm_scores"][0].dtype == torch.float32
     assert f["attention_mask"][0].tolist() == [1] * 9 and f["position_ids"][0].tolist() == list(range(9))
     # A row whose sample_mask is 0 keeps its tokens and reward but contributes no loss.
-    assert f["responses"][1].tolist() == [41, 42, 43, 44] and f["response_mask"][1].tolist() == [0, 0, 0, 0]
-    assert f["rm_scores"][1].tolist() == [0.0, 0.0, 0.0, -2.0]
-    assert verl.fields["sample_mask"].tolist() == [1.0, 0.0]
-    assert verl.fields["prompts"].offsets().diff().tolist() == [3, 3]  # jagged, as verl reads it
+    assert f["responses"][2].tolist() == [41, 42, 43, 44] and f["response_mask"][2].tolist() == [0, 0, 0, 0]
+    assert f["rm_scores"][2].tolist() == [0.0, 0.0, 0.0, -2.0]
+    assert verl.fields["sample_mask"].tolist() == [1.0, 0.0, 0.0]
+    assert verl.fields["prompts"].offsets().diff().tolist() == [3, 3, 3]  # jagged, as verl reads it
     assert verl.tags[0] == {
         "status": "success",
         "prompt_len": 3,
@@ -97,7 +100,30 @@ def test_rows_get_verl_names_and_contents_and_the_rejected_row_is_left_out():
         "rlstream_group_id": "gA",
         "rlstream_sample_id": meta.sample_ids[0],
     }
-    assert verl.tags[1]["rlstream_sample_id"] == meta.sample_ids[2]
+    assert verl.tags[2]["rlstream_sample_id"] == meta.sample_ids[2]
+
+
+def test_a_rejected_rollout_is_a_row_that_weighs_nothing_in_verls_dtypes():
+    meta, rows = _batch()
+    verl = to_verl_rows(meta, rows, version_offset=2)
+    row = {name: verl.fields[name].unbind(0)[1] for name in VERL_TOKEN_FIELDS}
+    # verl's actor needs a prompt and at least one response token (no_padding_2_padding).
+    assert row["prompts"].tolist() == [11, 12, 13] and row["responses"].tolist() == [0]
+    assert row["input_ids"].tolist() == [11, 12, 13, 0] and row["position_ids"].tolist() == [0, 1, 2, 3]
+    for name in ("response_mask", "loss_mask"):
+        assert row[name].tolist() == [0] and row[name].dtype == torch.int64
+    for name in ("rm_scores", "rollout_log_probs"):
+        assert row[name].tolist() == [0.0] and row[name].dtype == torch.float32
+    assert verl.fields["num_turns"][1] == 0
+    tag = verl.tags[1]
+    assert tag["is_padding"] is True and tag["rlstream_rejected"] == "timeout"
+    assert (tag["prompt_len"], tag["response_len"], tag["seq_len"]) == (3, 1, 4)
+
+
+def test_a_group_of_another_size_than_rollout_n_is_refused():
+    meta, rows = _batch()
+    with pytest.raises(InvalidArgument, match=r"group 'gA' has 3 rows, verl's rollout.n is 4"):
+        to_verl_rows(meta, rows, group_size=4)
 
 
 def test_routed_experts_get_their_row_shape_back_as_int16():
@@ -105,17 +131,21 @@ def test_routed_experts_get_their_row_shape_back_as_int16():
     verl = to_verl_rows(meta, rows)
     experts = verl.fields["routed_experts"].unbind(0)
     assert experts[0].shape == (9, 2) and experts[0].dtype == torch.int16
-    assert experts[0][3].tolist() == [21, 22] and experts[1][3].tolist() == [41 + 0, 41 + 1]
+    assert experts[0][3].tolist() == [21, 22] and experts[2][3].tolist() == [41 + 0, 41 + 1]
+    # The rejected rollout's row carries the field too (TQ refuses a field on some rows only), all zero.
+    assert experts[1].shape == (4, 2) and experts[1].dtype == torch.int16 and experts[1].abs().sum().item() == 0
 
 
-def test_a_batch_of_rejected_rows_only_puts_nothing():
+def test_a_group_of_rejected_rows_only_still_hands_over_n_masked_rows():
     meta, rows = _batch()
     group = meta.groups[0]
     all_rejected = msgspec.structs.replace(
         group, valid_row_count=0, rejection_reasons=("a", "b", "c"), canonical_output_tokens=0
     )
-    verl = to_verl_rows(BatchMeta(9, (all_rejected,), ((0, 0),), "rlstream.train"), rows)
-    assert verl.keys == [] and verl.fields is None and verl.rejected == 3
+    verl = to_verl_rows(BatchMeta(9, (all_rejected,), ((0, 0),), "rlstream.train"), rows, group_size=3)
+    assert len(verl.keys) == 3 and verl.rejected == 3
+    assert all(t["is_padding"] for t in verl.tags)
+    assert all(m.sum().item() == 0 for m in verl.fields["loss_mask"].unbind(0))
 
 
 def test_a_row_that_does_not_start_with_its_prompt_is_refused():
