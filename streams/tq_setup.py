@@ -40,7 +40,7 @@ SINGLE_NODE = TQProfile(num_storage_units=1, client_io_threads=1, num_threads=1)
 
 @dataclass(frozen=True)
 class TQConfig:
-    """How to reach Ray and size TQ; address None starts a local Ray instance unless one is running.
+    """How to reach Ray and size TQ; address None starts a new local Ray unless this process has one.
 
     The sizing fields left None follow `profile`: "auto" takes `SINGLE_NODE` when this process
     starts Ray itself or attaches to a one-node cluster, `CLUSTER` otherwise. A TQ_* environment

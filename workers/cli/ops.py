@@ -304,6 +304,11 @@ def resume(target: KafkaTarget, checkpoint, consumer_group: str, trainer_consume
         f" Ray {ray_address}"
     )
     session = init_tq(TQConfig(address=ray_address))
+    if session.started_tq:
+        # Closing a TQ this process created would take every row it restored with it.
+        session.close()
+        say(f"resume: no TQ runs in the Ray at {ray_address}: start the job's Ray and TQ first, then resume")
+        return 1
     try:
         config = ConsumerConfig(prefix=names.prefix, consumer_group=trainer_consumer_group, checkpointed=True)
         report = reconcile(target.kafka, TQStore(), config, checkpoint, reassembler_consumer_group=consumer_group)

@@ -5,15 +5,16 @@ A reassembler (staging rows gone) or the trainer (train rows gone) hands a group
 prompt again under `new_group_id`, publishes it, and only then calls `done`: the feed commits a
 partition's offset past a hand-back once it and every one taken before it there are done, so a
 worker that dies mid-way leaves them to the next (at least once). A hand-back delivered twice is
-generated under the same derived id; the feed skips one it already generated, and the reassemblers
-refuse duplicate receipts of a group they hold.
+generated under the same derived id: the feed skips one it generated already or was told was (a
+restarted worker passes the group ids with receipts on Kafka), since a second copy would stage under
+the first one's keys.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
@@ -47,6 +48,7 @@ class RegenerateFeed:
         names: TopicNames,
         consumer_group: str,
         *,
+        generated: Iterable[str] = (),
         make_consumer: Callable[[dict[str, object]], Consumer] = Consumer,
     ):
         self.topic = names.regenerate
@@ -55,7 +57,9 @@ class RegenerateFeed:
         # Per partition: offsets taken and not yet committed past, in order, and which are done.
         self._taken: dict[int, list[int]] = {}
         self._done: set[tuple[int, int]] = set()
-        self._generated: OrderedDict[str, None] = OrderedDict()
+        # What this worker generated, and what the caller knows was (receipts already on Kafka before a
+        # restart): a hand-back delivered again must not stage a second copy under the same keys.
+        self._generated: OrderedDict[str, None] = OrderedDict((g, None) for g in generated)
 
     def _on_revoke(self, consumer, partitions) -> None:
         # Its hand-backs not done are read again by the partition's next owner.

@@ -37,14 +37,17 @@ def save_into_checkpoint(
 
     Returns the state, for `consumer.checkpoint_durable(state)` once the checkpoint is stored, and what
     the spill wrote. The state is cut first: rows acked after it stay in TQ until a later durable
-    checkpoint, so the spill holds at least every row the state does not count as trained.
+    checkpoint, so every group the state does not count as resolved is in the spill, by its train
+    rows or by its staged ones, unless TQ lost them before.
     """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     state = consumer.state_dict()
     summary = None
     if spill:
-        partitions = (consumer.config.train_partition, STAGING)
+        # Staging first: a group finalized while the spill reads has its train rows put before its
+        # staging is cleared, so it is caught in one form or the other, never in neither.
+        partitions = (STAGING, consumer.config.train_partition)
         summary = spill_rows(store, directory, binding=spill_binding(state), partitions=partitions)
     tmp = directory / (STATE_FILE + ".tmp")
     tmp.write_text(json.dumps(state, sort_keys=True))

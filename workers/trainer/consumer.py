@@ -221,7 +221,7 @@ class ExperienceConsumer(FinalizedIntake):
             )
         # Partitions of a restored state not assigned yet keep their marks.
         marks = dict(self._restored)
-        for part, (offset, ranges) in self._pending.snapshot(self._letters.offsets).items():
+        for part, (offset, ranges) in self._pending.snapshot(self._outbox.offsets).items():
             marks[part] = PartitionMark(offset, [tuple(r) for r in ranges])
         state = ConsumerState(
             STATE_VERSION,
@@ -268,6 +268,16 @@ class ExperienceConsumer(FinalizedIntake):
         else:
             self._naming = []
         self._commit_durable()
+
+    def remember_resolved(self, records: Sequence[tuple[str, int, int]]) -> None:
+        """Groups resolved before the restored checkpoint, as (group id, partition, offset) of their records.
+
+        A restored consumer starts each partition at its checkpoint's mark and never reads those records
+        again; a later duplicate of one would be taken for a new group, and with its rows gone handed
+        back to be trained twice. `resume` lists the ones with such a duplicate (`resolved_originals`).
+        """
+        for group_id, partition, offset in records:
+            self._pending.remember_resolved(group_id, partition, offset)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from a checkpoint's state, before the first poll: each partition it names is read

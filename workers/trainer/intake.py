@@ -113,7 +113,7 @@ class FinalizedIntake:
         self._paused: set[int] = set()
         self._errors = PollErrors(config.finalized_topic, config.consumer_group, config.max_poll_interval_ms)
         self._replay = AckedProducer(kafka) if config.stale_replay else None
-        self._letters = Outbox(kafka, f"trainer:{config.consumer_group}")
+        self._outbox = Outbox(kafka, f"trainer:{config.consumer_group}")
         settings = {
             "session.timeout.ms": config.session_timeout_ms,
             "heartbeat.interval.ms": max(100, config.session_timeout_ms // 3),
@@ -148,10 +148,10 @@ class FinalizedIntake:
             self._pending.revoke(tp.partition)
             # A letter dropped unsent is written again when its record is read again: that record
             # must not then pass as one already consumed.
-            self._pending.forget_seen(tp.partition, self._letters.offsets(tp.partition))
+            self._pending.forget_seen(tp.partition, self._outbox.offsets(tp.partition))
             # Its missing-rows groups are read and counted again by whoever reads the partition next;
             # what a gate reads does not go down with this (VersionPublisher keeps the highest count sent).
-            dropped = [n.kind for n in self._letters.drop(tp.partition)]
+            dropped = [n.kind for n in self._outbox.drop(tp.partition)]
             self.counts.lost -= sum(1 for kind in dropped if kind in (MISSING_ROWS, HANDED_BACK))
             self.counts.handed_back -= dropped.count(HANDED_BACK)
             self._clears.drop(tp.partition)
@@ -214,14 +214,14 @@ class FinalizedIntake:
             m.value(),
             UNDECODABLE_FINALIZED,
             f"{where}: {exc}",
-            worker_id=self._letters.worker_id,
+            worker_id=self._outbox.worker_id,
         )
         notice = Notice(topic, letter.source_key, letter.to_bytes(), UNDECODABLE_FINALIZED, where)
-        self._letters.add(part, offset, notice)
+        self._outbox.add(part, offset, notice)
 
     def _resolve_letters(self) -> None:
         """Resolve the records whose dead letters were acknowledged, and commit what is now resolved."""
-        for part, offset in self._letters.flush():
+        for part, offset in self._outbox.flush():
             self._pending.resolve_offset(part, offset)
         self._commit_resolved()
 
@@ -272,7 +272,7 @@ class FinalizedIntake:
             if not lost:
                 continue
             notice, message = lost_rows_notice(
-                self.config, p.group, p.partition, p.offset, lost, worker_id=self._letters.worker_id
+                self.config, p.group, p.partition, p.offset, lost, worker_id=self._outbox.worker_id
             )
             self.counts.missing_rows += 1
             self.counts.lost += 1
@@ -286,7 +286,7 @@ class FinalizedIntake:
             self._clears.clear(list(p.group.sample_ids), p.partition, p.offset)
             # Unresolved until its notice is acknowledged: the outbox holds the commit back instead.
             self._pending.set_aside(p)
-            self._letters.add(p.partition, p.offset, notice)
+            self._outbox.add(p.partition, p.offset, notice)
             self._pending.group_resolved(p.group)
         self._resolve_letters()
 
@@ -356,10 +356,10 @@ class FinalizedIntake:
             return
         topic = self.config.finalized_topic
         held = self._clears.held
-        if not self._commit(self._pending.commit_points(topic, self._letters.offsets, held), f"{topic} offsets"):
+        if not self._commit(self._pending.commit_points(topic, self._outbox.offsets, held), f"{topic} offsets"):
             return
         if self._clears.release_named(self._pending.named):
-            self._commit(self._pending.commit_points(topic, self._letters.offsets, held), f"{topic} offsets")
+            self._commit(self._pending.commit_points(topic, self._outbox.offsets, held), f"{topic} offsets")
 
     def _update_waiting(self) -> None:
         waiting = [p for p in self._pending.all_pending() if p.state in ("held", "ready")]
@@ -371,7 +371,7 @@ class FinalizedIntake:
     def close(self) -> None:
         # Letters sent but not yet acknowledged get a moment, so their records are committed past.
         try:
-            for part, offset in self._letters.flush(timeout_s=5.0):
+            for part, offset in self._outbox.flush(timeout_s=5.0):
                 self._pending.resolve_offset(part, offset)
             self._commit_resolved()
         except Exception as exc:  # noqa: BLE001 - the Kafka member must go whatever TQ does
@@ -384,6 +384,6 @@ class FinalizedIntake:
             )
         finally:
             self._consumer.close()
-            self._letters.close()
+            self._outbox.close()
             if self._replay is not None:
                 self._replay.close()

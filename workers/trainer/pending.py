@@ -147,6 +147,11 @@ class PendingGroups:
         if self.by_partition.get(p.partition, {}).pop(p.offset, None) is not None:
             self.positions[p.partition].resolve(p.offset)
 
+    def remember_resolved(self, group_id: str, partition: int, offset: int) -> None:
+        """A group resolved before this consumer started (its record is not read again): its duplicates are."""
+        if group_id not in self._seen:
+            self._remember(group_id, _Seen(partition, offset, resolved=True))
+
     def forget_seen(self, partition: int, offsets: Iterable[int]) -> None:
         """Forget the groups whose records lie at these offsets, so reading them again is no re-read."""
         at = {(partition, o) for o in offsets}

@@ -59,13 +59,19 @@ class ResumeReport:
     closed_without_record: int = 0
     unaccounted: list[str] = field(default_factory=list)
     checkpoint: str = "none"
+    # (group id, partition, offset) of originals resolved before the cut that have a duplicate past it:
+    # for `ExperienceConsumer.remember_resolved` of the restored trainer.
+    resolved_originals: list[tuple[str, int, int]] = field(default_factory=list)
 
     def lines(self) -> list[str]:
         return [
             f"checkpoint: {self.checkpoint}",
             f"finalized groups resolved before the checkpoint (trained, evicted or handed back): {self.trained}",
             f"finalized groups restored ({self.restored_rows} train rows back in TQ): {self.restored}",
-            f"finalized groups whose train rows are lost, to be handed back by the trainer: {self.hand_back_finalized}",
+            f"finalized groups whose train rows are lost, to be handed back (or dead-lettered) by the trainer:"
+            f" {self.hand_back_finalized}",
+            f"duplicates past the checkpoint of groups resolved before it: {len(self.resolved_originals)}"
+            + (" (give them to the trainer: ExperienceConsumer.remember_resolved)" if self.resolved_originals else ""),
             f"open groups restored whole: {self.open_restored}, partly (completed with placeholders):"
             f" {self.open_partial}, lost (to be handed back by a reassembler): {self.open_hand_back}"
             f" ({self.staging_rows} staged rows back in TQ)",
@@ -159,12 +165,20 @@ def resume(
     names = config.topics
     marks = _trained_marks(kafka, config, state)
     kept = spill.keys(config.train_partition) if spill is not None else set()
-    seen: set[str] = set()
+    first: dict[str, tuple[int, int, bool]] = {}  # group id -> its first record, resolved before the cut
     for part, offset, group in _finalized(kafka, config.finalized_topic):
-        if group.group_id in seen:
-            continue  # a duplicate: the trainer resolves it with its original
-        seen.add(group.group_id)
-        if _is_trained(marks, part, offset):
+        gid = group.group_id
+        resolved = _is_trained(marks, part, offset)
+        if gid in first:
+            # A duplicate. Past the cut, of an original before it, the restored trainer never reads that
+            # original again: told of it (`remember_resolved`), it resolves the duplicate with it instead
+            # of taking it for a group whose rows are lost, and handing it back to be trained again.
+            o_part, o_offset, o_resolved = first[gid]
+            if o_resolved and not resolved:
+                report.resolved_originals.append((gid, o_part, o_offset))
+            continue
+        first[gid] = (part, offset, resolved)
+        if resolved:
             report.trained += 1
         elif spill is not None and kept.issuperset(group.sample_ids):
             report.restored_rows += spill.restore(store, config.train_partition, group.sample_ids)
@@ -176,7 +190,7 @@ def resume(
         if entry.status != CLOSED:
             continue
         if entry.outcome == FINALIZED:
-            if gid not in seen:
+            if gid not in first:
                 report.unaccounted.append(gid)
         else:
             report.closed_without_record += 1

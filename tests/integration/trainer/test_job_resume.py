@@ -17,9 +17,10 @@ from pathlib import Path
 
 from schemas.regenerate import TRAIN_ROWS_LOST, Regenerate
 from streams.consumer import read_topic
+from streams.producer import AckedProducer, Outgoing
 from streams.tq import STAGING, TRAIN, ray_address
 from tests.integration.helpers import SMALL, drive, finalized_records
-from tests.integration.trainer.staging import finalize_groups
+from tests.integration.trainer.staging import committed_at_end, finalize_groups
 from workers.reassembler.config import ReassemblerConfig
 from workers.reassembler.worker import ReassemblerWorker
 from workers.rollout.publisher import RolloutPublisher
@@ -28,6 +29,7 @@ from workers.trainer.checkpoint_dir import load_state, save_into_checkpoint
 from workers.trainer.config import ConsumerConfig
 from workers.trainer.consumer import ExperienceConsumer
 from workers.trainer.policies import ready_first
+from workers.trainer.resume import resume
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -92,7 +94,7 @@ def test_resume_restores_what_the_checkpoint_kept_and_the_trainer_hands_back_the
     assert out.returncode == 0, out.stdout + out.stderr
     assert "finalized groups resolved before the checkpoint (trained, evicted or handed back): 2" in out.stdout
     assert "finalized groups restored (16 train rows back in TQ): 2" in out.stdout
-    assert "to be handed back by the trainer: 2" in out.stdout
+    assert "to be handed back (or dead-lettered) by the trainer: 2" in out.stdout
     assert "open groups restored whole: 1," in out.stdout
     assert "unaccounted for: 0" in out.stdout
     assert tq_store.present(STAGING, staged) == set(staged)
@@ -112,3 +114,54 @@ def test_resume_restores_what_the_checkpoint_kept_and_the_trainer_hands_back_the
     assert sorted(yielded) == untrained
     backs = [Regenerate.from_bytes(r.value) for r in read_topic(kafka, names.regenerate)]
     assert sorted(b.group_id for b in backs) == late and {b.reason for b in backs} == {TRAIN_ROWS_LOST}
+
+
+def test_a_duplicate_past_the_checkpoint_of_a_group_trained_before_it_is_not_handed_back_to_train_again(
+    kafka, tq_store, unique, tmp_path
+):
+    """The restored trainer starts at the checkpoint's marks and never reads the original again: without
+    `remember_resolved` it takes the duplicate for a group whose rows were lost and hands it back."""
+    names, finalized = finalize_groups(kafka, tq_store, f"jdup-{unique}", versions=range(1), per_version=2)
+    group = f"jdup-trainer-{unique}"
+    first = _consumer(kafka, tq_store, names, group, [])
+    try:
+        batch = first.select(10, min_groups=2, max_groups=2, timeout_s=60)
+        assert batch is not None
+        first.ack(batch)
+        state, _ = save_into_checkpoint(tmp_path, first, tq_store)
+        first.checkpoint_durable(state)
+    finally:
+        first.close()
+    original = finalized["v0-g0"]
+    producer = AckedProducer(kafka)
+    producer.send([Outgoing(names.finalized, original.group_id.encode(), original.to_bytes())])  # a re-publish
+    producer.close()
+
+    config = ConsumerConfig(prefix=names.prefix, consumer_group=group, checkpointed=True)
+    report = resume(kafka, tq_store, config, tmp_path, reassembler_consumer_group=f"re-{names.prefix}")
+    (gid, part, offset), *more = report.resolved_originals
+    assert gid == original.group_id and not more
+    assert any(r.offset == offset and r.partition == part for r in read_topic(kafka, names.finalized))
+
+    yielded: list[str] = []
+    second = _consumer(kafka, tq_store, names, group, yielded)
+    try:
+        second.load_state_dict(load_state(tmp_path))
+        second.remember_resolved(report.resolved_originals)
+        deadline = time.monotonic() + 60
+        while not committed_at_end(kafka, group, names.finalized):
+            assert time.monotonic() < deadline, f"counts {second.counts}"
+            if (b := second.select(10, min_groups=1, max_groups=8, timeout_s=0.5)) is not None:
+                second.ack(b)
+            state = second.state_dict()
+            second.checkpoint_durable(state)
+    finally:
+        second.close()
+    assert yielded == [] and second.counts.duplicates == 1 and second.counts.handed_back == 0
+    assert not list(read_topic(kafka, names.regenerate))
+
+
+def test_resume_refuses_a_ray_without_the_jobs_tq_instead_of_restoring_into_one_it_would_close(kafka, tmp_path):
+    cli = [sys.executable, "-m", "workers.cli.main", "resume", "--bootstrap-servers", kafka.bootstrap_servers]
+    out = subprocess.run([*cli, "--ray-address", "local"], cwd=ROOT, capture_output=True, text=True, timeout=180)
+    assert out.returncode == 1 and "no TQ runs in the Ray at local" in out.stderr, out.stdout + out.stderr

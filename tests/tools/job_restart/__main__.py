@@ -15,7 +15,7 @@ lost = 0, trained twice = 0 and trained once + handed back = produced.
     .venv/bin/python -m tests.tools.job_restart [--rounds 3] [--prompts 480] [--bootstrap-servers B]
 
 It stops only the processes it started, by their pid. A drill, not part of the runtime: `make drills`
-runs it at full size, and `make test` a short round (tests/integration/test_job_restart_drill.py).
+runs it at full size, and `make test` a short round (tests/integration/test_job_restart.py).
 """
 
 from __future__ import annotations
@@ -76,7 +76,10 @@ class Job:
 
     def kill_everything(self) -> int:
         """SIGKILL the job's processes and its Ray's, with every descendant; returns how many were killed."""
-        roots = [self.proc.pid] + [int(p.read_text()) for p in self.pids.glob("*.pid")]
+        # A pid file may outlive its process and its pid be reused: only what started after the job is its.
+        born = _started(self.proc.pid) or 0
+        listed = [int(p.read_text()) for p in self.pids.glob("*.pid")]
+        roots = [self.proc.pid] + [pid for pid in listed if (_started(pid) or -1) >= born]
         doomed = set()
         for root in roots:
             doomed |= {root, *_descendants(root)}
@@ -102,6 +105,14 @@ class Job:
             raise
         finally:
             self._reader.join(timeout=10)
+
+
+def _started(pid: int) -> int | None:
+    """When `pid` started, in clock ticks since boot (None if it is gone)."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def _children() -> dict[int, list[int]]:

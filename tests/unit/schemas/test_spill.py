@@ -23,7 +23,7 @@ def test_round_trips():
         ({"tags": ({},)}, "spill_chunk.tags"),
         ({"offsets": (0, 24)}, "spill_chunk.offsets"),
         ({"offsets": (0, 8, 23)}, "spill_chunk.offsets"),
-        ({"offsets": (0, 16, 8)}, "spill_chunk.offsets"),
+        ({"offsets": (0, 30, 24)}, "spill_chunk.offsets[2]"),
         ({"keys": ("a", "")}, "spill_chunk.keys[1]"),
         ({"partition": ""}, "spill_chunk.partition"),
     ],

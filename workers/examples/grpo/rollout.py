@@ -68,6 +68,8 @@ class RolloutSpec:
     # Prompts 0 .. prompts - 1 (None: no end); those already published (before a restart) are skipped.
     prompts: int | None = None
     published: frozenset[int] = frozenset()
+    # Group ids with receipts already (before a restart): a hand-back naming one is not generated again.
+    generated: frozenset[str] = frozenset()
 
 
 def group_id_of(prefix: str, prompt_idx: int) -> str:
@@ -127,7 +129,7 @@ class RolloutWorker:
             trainer_id=spec.trainer_id,
             batch_share=1.0 / spec.workers,
         )
-        self._feed = RegenerateFeed(spec.kafka, names, f"rollouts.{spec.prefix}")
+        self._feed = RegenerateFeed(spec.kafka, names, f"rollouts.{spec.prefix}", generated=spec.generated)
         self._stop = threading.Event()
 
     def _refresh(self) -> bool:

@@ -40,7 +40,7 @@ from workers.reassembler.config import ReassemblerConfig
 from workers.reassembler.worker import ReassemblerWorker
 from workers.topics import TopicNames, pipeline_topics
 from workers.trainer.config import ConsumerConfig
-from workers.trainer.resume import resume
+from workers.trainer.resume import ResumeReport, resume
 
 
 @dataclass(frozen=True)
@@ -230,23 +230,25 @@ def _train(
     return True
 
 
-def _published_prompts(kafka: KafkaConfig, names: TopicNames) -> set[int]:
-    """Prompts whose first generation has a receipt on Kafka already: a restarted run does not generate them
-    again (a group cut short is completed or handed back by the reassemblers)."""
-    published = set()
+def _published(kafka: KafkaConfig, names: TopicNames) -> tuple[set[int], set[str]]:
+    """Prompts whose first generation has a receipt on Kafka already, and every group id with one: a
+    restarted run generates neither again (a group cut short is completed or handed back by the
+    reassemblers; a hand-back delivered again after the restart names a group generated already)."""
+    prompts, groups = set(), set()
     for r in read_topic(kafka, names.receipts):
         try:
             receipt = Receipt.from_bytes(r.value)
         except SchemaError:
             continue
+        groups.add(receipt.group_id)
         if receipt.group_id == group_id_of(names.prefix, receipt.prompt_idx):
-            published.add(receipt.prompt_idx)
-    return published
+            prompts.add(receipt.prompt_idx)
+    return prompts, groups
 
 
 def _restart(
     cfg: GrpoConfig, kafka: KafkaConfig, store: KVStore, names: TopicNames, log: Callable[[str], None]
-) -> tuple[Path | None, list[str], set[int]]:
+) -> tuple[Path | None, ResumeReport, set[int], set[str]]:
     """Before anything reads the topics again: put back what the last checkpoint's spill kept."""
     assert cfg.checkpoint_dir is not None
     checkpoint = latest(cfg.checkpoint_dir)
@@ -257,7 +259,7 @@ def _restart(
         log(f"resume: {line}")
     if report.unaccounted:
         raise RuntimeError(f"resume: {len(report.unaccounted)} group(s) unaccounted for, e.g. {report.unaccounted[:3]}")
-    return checkpoint, lines, _published_prompts(kafka, names)
+    return checkpoint, report, *_published(kafka, names)
 
 
 def run_grpo(
@@ -289,9 +291,10 @@ def run_grpo(
             store = TQStore()
         names = TopicNames(result.prefix)
         create_topics(kafka, pipeline_topics(names, cfg.partitions))
-        checkpoint, published = None, set()
+        checkpoint, report, published, generated = None, None, set(), set()
         if cfg.resume:
-            checkpoint, result.resume_report, published = _restart(cfg, kafka, store, names, log)
+            checkpoint, report, published, generated = _restart(cfg, kafka, store, names, log)
+            result.resume_report = report.lines()
         # Runs last: groups still in flight when training stops leave rows that nobody will consume.
         cleanups.append(lambda: _clear_rows(store, f"{result.prefix}-"))
         reassemblers = _Reassemblers(kafka, store, result.prefix, cfg.reassemblers, cfg.group_timeout_s)
@@ -300,6 +303,7 @@ def run_grpo(
         spec = RolloutSpec(
             kafka, result.prefix, trainer_id, cfg.task, policy.shape, cfg.group_size,
             cfg.max_staleness, cfg.rollout_workers, cfg.seed, cfg.prompts, frozenset(published),
+            frozenset(generated),
         )  # fmt: skip
         rollouts = _Rollouts(spec, max_groups=10_000_000)
         cleanups.append(lambda: _stop_rollouts(rollouts, result))
@@ -311,6 +315,7 @@ def run_grpo(
         cleanups.append(trainer.close)
         if checkpoint is not None:
             progress = load(checkpoint, trainer)
+            trainer.consumer.remember_resolved(report.resolved_originals)
             log(f"restarted from {checkpoint} at step {len(trainer.steps)}, version {trainer.version}")
         if cfg.resume:
             progress.restarts.append(len(trainer.steps))
