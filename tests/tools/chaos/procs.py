@@ -225,30 +225,24 @@ class Reassemblers:
         self.extra[wid] = (point, proc)
         return wid
 
+    def _spawn_extra(self, letter: str, kind: str, fault_args: tuple[str, ...]) -> tuple[str, subprocess.Popen]:
+        wid = f"{letter}{len(self.extra)}"
+        config = msgspec.structs.replace(self.base, worker_id=wid, static_membership=False)
+        proc = spawn_worker(
+            self.kafka, config, self.tq, args=(*DRILL_WORKER, *fault_args), stdout=self._log(wid),
+            stderr=subprocess.STDOUT, preexec_fn=die_with_parent,
+        )  # fmt: skip
+        self.extra[wid] = (kind, proc)
+        return wid, proc
+
     def spawn_frozen_builder(self, then_build_s: float) -> tuple[str, subprocess.Popen]:
         """A worker that freezes itself (SIGSTOP) at its first put and, once woken, builds `then_build_s` more."""
-        wid = f"z{len(self.extra)}"
-        config = msgspec.structs.replace(self.base, worker_id=wid, static_membership=False)
-        args = (*DRILL_WORKER, "--freeze-before-put", "--then-build-s", str(then_build_s))
-        proc = spawn_worker(
-            self.kafka, config, self.tq, args=args, stdout=self._log(wid), stderr=subprocess.STDOUT,
-            preexec_fn=die_with_parent,
-        )  # fmt: skip
-        self.extra[wid] = ("frozen_builder", proc)
-        return wid, proc
+        return self._spawn_extra("z", "frozen_builder", ("--freeze-before-put", "--then-build-s", str(then_build_s)))
 
     def spawn_commit_holder(self, hold_s: float) -> tuple[str, subprocess.Popen]:
         """A worker that holds its first transaction open `hold_s` before committing (and says so in its
         log, `faults.HOLDING`), then goes on as a worker."""
-        wid = f"c{len(self.extra)}"
-        config = msgspec.structs.replace(self.base, worker_id=wid, static_membership=False)
-        args = (*DRILL_WORKER, "--slow-commit-s", str(hold_s))
-        proc = spawn_worker(
-            self.kafka, config, self.tq, args=args, stdout=self._log(wid), stderr=subprocess.STDOUT,
-            preexec_fn=die_with_parent,
-        )  # fmt: skip
-        self.extra[wid] = ("commit_holder", proc)
-        return wid, proc
+        return self._spawn_extra("c", "commit_holder", ("--slow-commit-s", str(hold_s)))
 
     def stop_one(self, rng: random.Random, seconds: float) -> int | None:
         live = list(self.children().values())
