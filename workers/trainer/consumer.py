@@ -171,6 +171,14 @@ class ExperienceConsumer(FinalizedIntake):
                 self._decide(p)
         self._apply_backpressure()
 
+    def give_back(self, meta: BatchMeta) -> None:
+        """The trainer returns a handed-out batch untrained: its groups wait to be selected again.
+
+        For a caller that gives up on a batch before training it (it could not complete it, say).
+        Each group is decided again at the current version, as a withdrawn one is.
+        """
+        self._withdraw(meta, set())
+
     def next_batch(self, num_groups: int, timeout_s: float) -> TrainBatch | None:
         """Up to num_groups usable groups with their padded tensors, waiting at most timeout_s for any."""
         if num_groups < 1:

@@ -182,3 +182,18 @@ def test_a_handed_out_group_the_trainer_cannot_use_is_dead_lettered_and_its_offs
         assert again.select(1, min_groups=1, timeout_s=3.0) is None, "a restarted trainer never gets it again"
     finally:
         again.close()
+
+
+def test_a_batch_given_back_untrained_is_selected_again(kafka, tq_store, unique):
+    names, finalized = finalize_groups(kafka, tq_store, f"se-{unique}", versions=range(1), per_version=2)
+    consumer = _consumer(kafka, tq_store, names, unique)
+    try:
+        meta = consumer.select(1, min_groups=2, max_groups=2, timeout_s=30.0)
+        assert consumer.select(1, min_groups=1, timeout_s=0.5) is None  # both are out
+        consumer.give_back(meta)
+        again = consumer.select(2, min_groups=2, max_groups=2, timeout_s=5.0)
+        assert again is not None and {g.group_id for g in again.groups} == set(finalized)
+        consumer.ack(again)
+        assert consumer.counts.lost == 0 and not tq_store.present(TRAIN, list(again.sample_ids))
+    finally:
+        consumer.close()
