@@ -31,11 +31,14 @@ once across a crash. Without it, an ack commits at once: a crash after the ack a
 next checkpoint leaves the model without groups rlstream counts as trained.
 
 Staleness is rlstream's policy: by default `windowed(max_off_policy_threshold - 1)`, verl's "drop"
-bound (verl counts a span of versions, rlstream a distance). `refill_fn` is not called: prompts come
-from verl's own dispatch through rlstream's agent-loop manager (verl_rollout.py) or from rlstream's
-rollout workers. Validation (``partition_id="val"``) is verl's: verl builds one buffer and
-``_validate`` samples "val" from it, so those calls go to verl's own ``ReplayBuffer``/
-``ReplayBufferAsync``, built with the same arguments on first use. When verl builds this buffer it
+bound (verl counts a span of versions, rlstream a distance). Prompts come from verl's own dispatch
+through rlstream's agent-loop manager (verl_rollout.py); each group that will never reach verl (its
+rollouts all failed, or the consumer counts it lost) has verl dispatch another prompt through
+`refill_fn` (verl_partitions.py), so that a step never waits for a group that is not coming
+(``refill_lost: false`` turns that off, e.g. when rlstream's own rollout workers make the groups).
+A sample that waits long says so in the log every minute. Validation (``partition_id="val"``) is
+verl's: verl builds one buffer and ``_validate`` samples "val" from it, so those calls go to verl's
+own ``ReplayBuffer``/``ReplayBufferAsync``, built with the same arguments on first use. When verl builds this buffer it
 also guards TQ's whole-store checkpoint and close against rlstream's partitions (verl_tq_guard.py).
 """
 
@@ -50,9 +53,11 @@ from schemas.errors import InvalidArgument
 from streams.config import KafkaConfig
 from streams.errors import MissingKeysError
 from streams.tq import KVStore
-from workers.adapters import verl_checkpoint, verl_tq_guard
+from workers.adapters import verl_tq_guard
 from workers.adapters.errors import SampleTimeout
+from workers.adapters.verl_checkpoint import ConsumerCheckpoints
 from workers.adapters.verl_fields import VerlRows, to_verl_rows, verl_uid
+from workers.adapters.verl_partitions import Refills, sweep_rlstream_rows
 from workers.adapters.verl_settings import (
     VerlSamplerSettings,
     consumer_from_options,
@@ -69,6 +74,7 @@ log = logging.getLogger("rlstream.adapters.verl")
 # The verl release whose interface this class follows (tests/verl runs it against the installed one).
 VERL_VERSION = "0.9.1"
 VALIDATION_PARTITION = "val"
+WAIT_REPORT_S = 60.0  # a sample waiting this long says so, and again as often
 
 
 class RlstreamReplayBuffer:
@@ -92,8 +98,7 @@ class RlstreamReplayBuffer:
         self.trainer_config = trainer_config
         self.max_off_policy_threshold = max_off_policy_threshold
         self.max_off_policy_strategy = max_off_policy_strategy
-        self.poll_interval = poll_interval
-        self.refill_fn = refill_fn  # kept for verl's introspection; never called (module doc)
+        self.refill_fn = refill_fn
         # verl builds one replay buffer for both partitions; validation stays verl's (module doc).
         self._verl_kwargs = dict(
             trainer_mode=trainer_mode,
@@ -106,6 +111,7 @@ class RlstreamReplayBuffer:
         self._verl_val: Any = None
         options = dict(plain(sampler_kwargs or {}).get("rlstream", {}) or {})
         self.settings, consumer_options = VerlSamplerSettings.split(options)
+        self.poll_interval = self.settings.poll_interval_s  # what verl reads; the wait is rlstream's
         if self.settings.checkpoint_dir is not None:
             if consumer_options.get("checkpointed") is False:
                 raise InvalidArgument("checkpoint_dir needs a checkpointed consumer; leave checkpointed unset")
@@ -130,9 +136,15 @@ class RlstreamReplayBuffer:
         self.last_batch: BatchMeta | None = None
         self._untrained: list[BatchMeta] = []  # handed to verl, not known to be trained yet
         self._step: int | None = None  # verl's global step of the last sample
-        self._not_durable: list[tuple[int, dict]] = []  # async saves waiting for verl's tracker
         self._swept: set[str] = set()
-        self.resumed_step = self._restore()
+        self.refills = Refills(store, consumer.counts, refill_fn if self.settings.refill_lost else None)
+        root = self.settings.checkpoint_dir
+        self._checkpoints = (
+            None
+            if root is None
+            else ConsumerCheckpoints(root, consumer, self.settings.resume_mode, self.settings.resume_from_path)
+        )
+        self.resumed_step = None if self._checkpoints is None else self._checkpoints.restore()
 
     @property
     def consumer(self) -> ExperienceConsumer:
@@ -142,26 +154,6 @@ class RlstreamReplayBuffer:
         if self._publisher is not None:
             self._publisher.close()
         self._consumer.close()
-
-    def _restore(self) -> int | None:
-        """Load the consumer state of the checkpoint verl resumes from (before the first poll)."""
-        root = self.settings.checkpoint_dir
-        if root is None:
-            return None
-        config = self._consumer.config
-        point = verl_checkpoint.restore_point(
-            root,
-            self.settings.resume_mode,
-            self.settings.resume_from_path,
-            topic=config.finalized_topic,
-            group=config.consumer_group,
-        )
-        if point is None:
-            return None
-        step, state = point
-        self._consumer.load_state_dict(state)
-        log.info("rlstream consumer restored to verl's step %d from %s", step, root)
-        return step
 
     def _verl_buffer(self) -> Any:
         """verl's own buffer, built on first use as verl's _build_replay_buffer would without a custom sampler."""
@@ -223,10 +215,12 @@ class RlstreamReplayBuffer:
             if left <= 0:
                 raise SampleTimeout(f"{len(ready)} of {target_count} groups usable at version {version}")
             self._consumer.poll(min(left, self.settings.poll_interval_s))
+            self.refills.settle()
         metrics = {"rlstream/evicted_stale": self._consumer.counts.evicted_stale - evicted}
         return {verl_uid(g.group_id) for g in ready}, metrics
 
     def _select(self, version: int, batch_size: int, deadline: float | None) -> BatchMeta:
+        started = told = time.monotonic()
         while True:
             wait = self.settings.poll_interval_s
             if deadline is not None:
@@ -236,6 +230,20 @@ class RlstreamReplayBuffer:
                 return meta
             if deadline is not None and time.monotonic() >= deadline:
                 raise SampleTimeout(f"fewer than {batch_size} groups usable at version {version}")
+            # Groups that will never come are replaced while verl waits (verl_partitions.py).
+            self.refills.settle()
+            if time.monotonic() - told >= WAIT_REPORT_S:
+                told = time.monotonic()
+                counts = self._consumer.counts
+                log.warning(
+                    "verl has waited %.0f s for %d group(s) usable at version %d: %d waiting, %d lost so far;"
+                    " are rlstream's reassemblers and Kafka up?",
+                    told - started,
+                    batch_size,
+                    version,
+                    counts.waiting,
+                    counts.lost,
+                )
 
     def sample(self, global_steps: int, partition_id: str, batch_size: int) -> tuple[Any, dict]:
         """`batch_size` groups in verl's partition `partition_id`: verl's KVBatchMeta and rlstream's metrics.
@@ -251,8 +259,12 @@ class RlstreamReplayBuffer:
         if batch_size < 1:
             raise InvalidArgument(f"batch_size must be >= 1, got {batch_size}")
         self.settle()
-        self._declare_saved_durable()
-        self._sweep_predecessor_rows(partition_id)
+        self.refills.settle()
+        if self._checkpoints is not None:
+            self._checkpoints.declare_saved_durable()
+        if partition_id not in self._swept:
+            self._swept.add(partition_id)
+            sweep_rlstream_rows(self._store, partition_id)
         if global_steps != self._step:
             self._step = global_steps
             if self.settings.publish_version:
@@ -332,15 +344,8 @@ class RlstreamReplayBuffer:
         self._publisher.publish(self.version_at(global_steps), lost_groups=self._consumer.counts.lost)
 
     def _journal(self, global_steps: int) -> None:
-        """The step's journal on disk before verl gets the batch: the state verl's tracker may soon stand for.
-
-        The consumer's state now (every batch acked so far was trained) and the records of the
-        batches handed out in this step; verl writes its tracker for the step only once they trained.
-        """
-        root = self.settings.checkpoint_dir
-        if root is not None:
-            positions = [p for meta in self._untrained for p in meta.positions]
-            verl_checkpoint.write_journal(root, global_steps, self._consumer.state_dict(), positions)
+        if self._checkpoints is not None:
+            self._checkpoints.journal(global_steps, [p for meta in self._untrained for p in meta.positions])
 
     def on_checkpoint(self, global_step: int, checkpoint_dir: str, *, async_save: bool = False) -> None:
         """verl saved step `global_step` into `checkpoint_dir` (RlstreamCheckpointCallback calls this).
@@ -349,43 +354,12 @@ class RlstreamReplayBuffer:
         is declared durable, or, while an async save is pending, once verl's tracker shows the step.
         """
         self.settle()
-        self._declare_saved_durable()
-        if self.settings.checkpoint_dir is None:
+        if self._checkpoints is None:
             raise InvalidArgument(
                 "the rlstream checkpoint callback needs sampler_kwargs.rlstream.checkpoint_dir"
                 " (verl's trainer.default_local_dir) to save the consumer's state beside verl's"
             )
-        state = self._consumer.state_dict()
-        verl_checkpoint.save_state(checkpoint_dir, state)
-        if async_save:
-            self._not_durable.append((global_step, state))
-            return
-        # A newer durable state covers what older pending ones would.
-        self._not_durable = []
-        self._consumer.checkpoint_durable(state)
-
-    def _declare_saved_durable(self) -> None:
-        """Async saves whose step verl's tracker now shows are durable, oldest first."""
-        if not self._not_durable:
-            return
-        shown = verl_checkpoint.read_tracker(self.settings.checkpoint_dir or "")
-        while self._not_durable and shown is not None and self._not_durable[0][0] <= shown:
-            _, state = self._not_durable.pop(0)
-            self._consumer.checkpoint_durable(state)
-
-    def _sweep_predecessor_rows(self, partition_id: str) -> None:
-        """Once per partition: clear rows a crashed predecessor put there (verl clears them only after training).
-
-        Those of groups not trained come again on the same keys; those trained are covered by the
-        restored state and would stay forever.
-        """
-        if partition_id in self._swept:
-            return
-        self._swept.add(partition_id)
-        left = [k for k, tag in self._store.list(partition_id).items() if "rlstream_group_id" in (tag or {})]
-        if left:
-            log.info("clearing %d row(s) of an earlier run from verl's partition %r", len(left), partition_id)
-            self._store.clear(partition_id, left)
+        self._checkpoints.save(global_step, checkpoint_dir, async_save=async_save)
 
     def _hand_over(self, partition_id: str, verl: VerlRows) -> None:
         # Rows go before verl hears of them; a crash in between re-delivers the group onto the same keys.
