@@ -27,6 +27,9 @@ log = logging.getLogger("rlstream.adapters.verl")
 
 TRAIN, VAL = "train", "val"
 FAILURE = "failure"
+# The tag of a prompt whose group will never reach the trainer. Whole, not just the status: in sync
+# mode verl registers no prompt key, so this put creates one, and it must still read as a prompt.
+FAILED_PROMPT_TAG = {"is_prompt": True, "status": FAILURE}
 
 
 def _prompt_keys(store: KVStore, *, status: str | None = None) -> list[str]:

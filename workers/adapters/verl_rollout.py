@@ -87,6 +87,7 @@ def _build() -> dict[str, type]:
     import transfer_queue as tq
     from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopManagerTQ, AgentLoopWorkerTQ, apply_greedy_sampling_params
 
+    from workers.adapters.verl_partitions import FAILED_PROMPT_TAG
     from workers.adapters.verl_sessions import failed_group, group_rollouts
 
     class RlstreamAgentLoopWorker(AgentLoopWorkerTQ.__ray_actor_class__):  # Ray actor classes cannot be subclassed
@@ -149,7 +150,7 @@ def _build() -> dict[str, type]:
             else:
                 # The group never reaches the trainer (verl's own status word): rlstream's replay
                 # buffer has verl dispatch another prompt in its place (refill_fn).
-                await tq.async_kv_put(key=uid, partition_id="train", tag={"status": "failure"})
+                await tq.async_kv_put(key=uid, partition_id="train", tag=dict(FAILED_PROMPT_TAG))
 
         async def _agent_loop_postprocess(self, output, validate, **kwargs):
             if validate:

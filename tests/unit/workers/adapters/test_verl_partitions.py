@@ -8,7 +8,7 @@ from tensordict import TensorDict
 
 from schemas.errors import InvalidArgument
 from tests.unit.memory_store import InMemoryStore
-from workers.adapters.verl_partitions import TRAIN, Refills, sweep_rlstream_rows
+from workers.adapters.verl_partitions import FAILED_PROMPT_TAG, TRAIN, Refills, sweep_rlstream_rows
 from workers.trainer.intake import ConsumerCounts
 
 
@@ -82,3 +82,10 @@ def test_the_sweep_clears_only_rows_rlstream_put_into_verls_partition():
     _put(store, TRAIN, {"g1_0": {"rlstream_group_id": "g1"}, "u9": {"is_prompt": True, "status": "pending"}})
     assert sweep_rlstream_rows(store, TRAIN) == 1
     assert set(store.list(TRAIN)) == {"u9"}
+
+
+def test_a_failed_prompt_the_agent_loop_marks_in_sync_mode_is_dispatched_again():
+    """In sync mode verl registers no prompt key: the agent loop's put creates it with its tag alone."""
+    store, dispatch = InMemoryStore(), Dispatch()
+    _put(store, TRAIN, {"u1": dict(FAILED_PROMPT_TAG)})
+    assert Refills(store, ConsumerCounts(), dispatch).settle() == 1 and dispatch.calls == [1]
