@@ -132,7 +132,9 @@ def test_a_batch_is_acked_when_verl_asks_for_the_next_not_when_it_is_handed_out(
     finally:
         first.close()  # the trainer dies before training the batch
 
-    second = _sampler(kafka, tq_store, _consumer(kafka, tq_store, names, finalized, group), wait_timeout_s=1.0)
+    # Long enough for the new consumer to join the consumer group on a loaded machine.
+    second = _sampler(kafka, tq_store, _consumer(kafka, tq_store, names, finalized, group), wait_timeout_s=60.0)
+    again = None
     try:
         again, _ = second.sample(1, verl_partition, 3)
         # The restarted trainer gets all three, the two handed out before the crash among them.
@@ -140,13 +142,15 @@ def test_a_batch_is_acked_when_verl_asks_for_the_next_not_when_it_is_handed_out(
         assert not committed_at_end(kafka, group, names.finalized)
         # Asking for the next batch says the last one was trained: its groups are acked then, even
         # when no next batch comes.
+        second.settings = replace(second.settings, wait_timeout_s=1.0)
         with pytest.raises(SampleTimeout):
             second.sample(2, verl_partition, 1)
         all_rows = [s for g in finalized.values() for s in g.sample_ids]
         assert not tq_store.present(rl_partition, all_rows), "acked groups' rows are cleared after the commit"
         assert committed_at_end(kafka, group, names.finalized)
     finally:
-        tq_store.clear(verl_partition, list(again.keys))
+        if again is not None:
+            tq_store.clear(verl_partition, list(again.keys))
         second.close()
 
 
