@@ -75,3 +75,17 @@ def test_verls_task_runner_closes_its_tq_client_not_the_tq_rlstream_uses(verl_ru
         if runner.trainer is not None:
             runner.trainer.replay_buffer.close()
         tq_store.clear(STAGING, kept)
+
+
+def test_the_guard_is_in_place_once_verl_builds_its_checkpoint_callback(verl_run):
+    """verl builds the callback first in PPOTrainer.__init__: a run failing before its replay buffer is
+    built still reaches TaskRunnerV1's final tq.close(), which must not take rlstream's TQ along."""
+    from verl.trainer.ppo.checkpoint_callback import build_checkpoint_callback
+
+    verl_tq_guard.uninstall()
+    build_checkpoint_callback(verl_run.config())
+    assert verl_tq_guard.installed()
+
+    verl_tq_guard.uninstall()
+    build_checkpoint_callback(verl_run.config("++trainer.v1.sampler.sampler_kwargs.rlstream.guard_tq=false"))
+    assert not verl_tq_guard.installed(), "guard_tq=false leaves TQ's own functions"

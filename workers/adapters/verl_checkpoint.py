@@ -22,6 +22,7 @@ Files are JSON written to a temporary name, fsynced and renamed: a crash leaves 
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -33,6 +34,7 @@ from workers.trainer.checkpoint import PartitionMark, decode_state, encode_state
 
 TRACKER = "latest_checkpointed_iteration.txt"  # verl's; read as its find_latest_ckpt_path reads it
 STATE_FILE = os.path.join("rlstream", "consumer_state.json")
+log = logging.getLogger("rlstream.adapters.verl")
 JOURNAL = "rlstream_step_journal.json"
 
 
@@ -155,6 +157,57 @@ def restore_point(
     )
 
 
+class ConsumerCheckpoints:
+    """The replay buffer's consumer state beside verl's checkpoints under `root` (verl's default_local_dir):
+    restored before the first poll, journaled at each training sample, saved with each checkpoint and
+    declared durable once verl's files are (module doc)."""
+
+    def __init__(self, root: str, consumer: Any, resume_mode: str = "auto", resume_from_path: str | None = None):
+        self.root = root
+        self._consumer = consumer
+        self._resume = (resume_mode, resume_from_path)
+        self._not_durable: list[tuple[int, dict]] = []  # async saves waiting for verl's tracker
+
+    def restore(self) -> int | None:
+        """Load the consumer state of the checkpoint verl resumes from; the step, None when verl starts afresh."""
+        config = self._consumer.config
+        point = restore_point(self.root, *self._resume, topic=config.finalized_topic, group=config.consumer_group)
+        if point is None:
+            return None
+        step, state = point
+        self._consumer.load_state_dict(state)
+        log.info("rlstream consumer restored to verl's step %d from %s", step, self.root)
+        return step
+
+    def journal(self, step: int, handed_out: Iterable[tuple[int, int]]) -> None:
+        """The step's journal before verl gets its batch: the state now and the records handed out in it.
+
+        Every batch acked so far was trained; verl writes its tracker for the step only once the
+        records handed out in it trained too.
+        """
+        write_journal(self.root, step, self._consumer.state_dict(), handed_out)
+
+    def save(self, global_step: int, checkpoint_dir: str, *, async_save: bool) -> None:
+        """The state beside verl's checkpoint of `global_step`, declared durable now or once verl's tracker shows it."""
+        self.declare_saved_durable()
+        state = self._consumer.state_dict()
+        save_state(checkpoint_dir, state)
+        if async_save:
+            self._not_durable.append((global_step, state))
+            return
+        self._not_durable = []  # a newer durable state covers what older pending ones would
+        self._consumer.checkpoint_durable(state)
+
+    def declare_saved_durable(self) -> None:
+        """Async saves whose step verl's tracker now shows are durable, oldest first."""
+        if not self._not_durable:
+            return
+        shown = read_tracker(self.root)
+        while self._not_durable and shown is not None and self._not_durable[0][0] <= shown:
+            _, state = self._not_durable.pop(0)
+            self._consumer.checkpoint_durable(state)
+
+
 class RlstreamCheckpointCallback:
     """``trainer.checkpoint_callback_class``: on each verl checkpoint, rlstream's state beside it (module doc).
 
@@ -164,6 +217,12 @@ class RlstreamCheckpointCallback:
 
     def __init__(self, config: Any = None):
         self.config = config
+        # verl builds this callback first in PPOTrainer.__init__, before its replay buffer: the TQ
+        # guard goes in here too, so that a run failing in between cannot close rlstream's TQ.
+        if _sampler_option(config, "guard_tq", True):
+            from workers.adapters import verl_tq_guard
+
+            verl_tq_guard.install()
 
     def on_save(self, trainer: Any, global_step: int, checkpoint_dir: str, async_save: bool = False, **kwargs) -> None:
         buffer = getattr(trainer, "replay_buffer", None)
@@ -173,3 +232,14 @@ class RlstreamCheckpointCallback:
                 f" verl's is {type(buffer).__name__}"
             )
         buffer.on_checkpoint(global_step, checkpoint_dir, async_save=async_save)
+
+
+def _sampler_option(config: Any, name: str, default: Any) -> Any:
+    """``trainer.v1.sampler.sampler_kwargs.rlstream.<name>`` of verl's config, `default` where absent."""
+    node = config
+    for key in ("trainer", "v1", "sampler", "sampler_kwargs", "rlstream", name):
+        try:
+            node = node.get(key) if node is not None else None
+        except AttributeError:
+            return default
+    return default if node is None else node

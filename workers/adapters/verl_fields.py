@@ -38,21 +38,24 @@ Group size: verl sizes its actor mini-batches as ``ppo_mini_batch_size * rollout
 group hands verl exactly its n rows. A rollout with a rejection reason (rlstream's one-pad-token
 placeholder) becomes a row that carries nothing: the group's prompt, one response token, every
 mask, score and logprob 0, a uid of its own (so GRPO's group mean and std leave it out, as verl's
-padding rows do) and ``is_padding`` in its tag (so verl's metrics leave it out). A group of another
-size than ``group_size`` (verl's ``rollout.n``) is refused with ``InvalidArgument``: rlstream's
-producers and verl disagree on n, which no row mapping can mend.
+padding rows do) and ``is_padding`` in its tag (so verl's metrics leave it out).
+
+Groups verl cannot take are left out and named with the reason in ``VerlRows.unusable``: one of
+another size than ``group_size`` (verl's ``rollout.n``: rlstream's producers and verl disagree on n,
+which no row mapping can mend) and one with a row whose tokens do not start with its prompt. The
+caller resolves them (the sampler dead-letters them); raising instead would crash verl on the same
+group after every restart.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from tensordict import NonTensorStack, TensorDict
 
-from schemas.errors import InvalidArgument
 from schemas.payload import ROW_SHAPES_SUFFIX
 from workers.trainer.batch import BatchMeta
 
@@ -120,29 +123,46 @@ def rejected_uid(group_id: str, session_id: int) -> str:
 
 @dataclass(frozen=True)
 class VerlRows:
-    """What one TQ put into verl's partition takes, and the rlstream rows left out as rejected."""
+    """What one TQ put into verl's partition takes, the rows standing for rejected rollouts, and the
+    groups left out because verl cannot take them (group id -> why)."""
 
     keys: list[str]
     fields: TensorDict | None  # None only for a batch without rows
     tags: list[dict[str, Any]]
     rejected: int  # rows standing for rejected rollouts (fully masked)
+    unusable: dict[str, str] = field(default_factory=dict)
 
 
-def _rows_of(meta: BatchMeta, group_size: int | None) -> list[tuple[int, int, int, str | None]]:
-    """(batch row, group index, session id, rejection reason) of every row, checking each group's size."""
-    out, row = [], 0
+def _starts_with_prompt(values: dict[str, list[torch.Tensor]], row: int) -> bool:
+    length = int(values["input_lengths"][row])
+    prompt = values["prompt_ids_for_adv"][row]
+    p = int(prompt.shape[0])
+    return p < length and torch.equal(values["input_ids"][row][:p].to(torch.int64), prompt.to(torch.int64))
+
+
+def _rows_of(
+    meta: BatchMeta, values: dict[str, list[torch.Tensor]], group_size: int | None
+) -> tuple[list[tuple[int, int, int, str | None]], dict[str, str]]:
+    """(batch row, group index, session id, rejection reason) of every row verl can take, and why the
+    groups it cannot take are left out."""
+    out, unusable, row = [], {}, 0
     for g_index, group in enumerate(meta.groups):
         size = len(group.sample_ids)
-        if group_size is not None and size != group_size:
-            raise InvalidArgument(
-                f"group {group.group_id!r} has {size} rows, verl's rollout.n is {group_size}: rlstream's"
-                " producers and verl must agree on the group size (verl sizes mini-batches by it)"
-            )
+        rows = range(row, row + size)
+        row += size
         reasons = group.rejection_reasons if len(group.rejection_reasons) == size else (None,) * size
-        for session in range(size):
-            out.append((row, g_index, session, reasons[session]))
-            row += 1
-    return out
+        if group_size is not None and size != group_size:
+            unusable[group.group_id] = (
+                f"{size} rows, verl's rollout.n is {group_size}: rlstream's producers and verl must agree on"
+                " the group size (verl sizes mini-batches by it)"
+            )
+            continue
+        bad = [i for i, r in zip(range(size), rows) if reasons[i] is None and not _starts_with_prompt(values, r)]
+        if bad:
+            unusable[group.group_id] = f"row {group.sample_ids[bad[0]]!r}: input_ids do not start with its prompt"
+            continue
+        out.extend((r, g_index, session, reasons[session]) for session, r in zip(range(size), rows))
+    return out, unusable
 
 
 def _rejected_row(rows: dict[str, list[torch.Tensor]], values: dict[str, torch.Tensor], tag: dict[str, Any]) -> dict:
@@ -177,10 +197,7 @@ def _one_row(rows: dict[str, list[torch.Tensor]], values: dict[str, torch.Tensor
     """The verl fields of one rlstream row (`values`: its jagged rows and scalars) and its sizes."""
     length = int(values["input_lengths"])
     ids = values["input_ids"][:length].to(torch.int64)
-    prompt = values["prompt_ids_for_adv"].to(torch.int64)
-    p = int(prompt.shape[0])
-    if p >= length or not torch.equal(ids[:p], prompt):
-        raise ValueError(f"row {tag.get('group_id')!r}: input_ids do not start with its {p}-token prompt")
+    p = int(values["prompt_ids_for_adv"].shape[0])  # checked by _rows_of: ids start with the prompt
     mask = values["token_mask"][p:length].to(torch.int64)
     if float(values["sample_mask"]) == 0.0:
         mask = torch.zeros_like(mask)  # a masked-out sample must contribute no loss
@@ -219,11 +236,12 @@ def to_verl_rows(
     """rlstream's jagged rows of `meta` (from `materialize(..., layout="jagged")`) in verl's names.
 
     A weight version w is verl step ``w - version_offset``. Every row goes in, a rejected one as a
-    row that weighs nothing (module doc); `group_size` (verl's rollout.n), when given, is checked.
+    row that weighs nothing, except the groups verl cannot take (module doc); `group_size` (verl's
+    rollout.n), when given, is checked.
     """
     names = [n for n in (*RLSTREAM_FIELDS, "routed_experts") if n in set(rows.keys())]
     values = _row_values(rows, names)
-    every = _rows_of(meta, group_size)
+    every, unusable = _rows_of(meta, values, group_size)
     out: dict[str, list[torch.Tensor]] = {}
     keys, tags, uids = [], [], []
     plain: dict[str, list[Any]] = {name: [] for name in VERL_NON_TENSOR_FIELDS}
@@ -252,7 +270,7 @@ def to_verl_rows(
         tags.append(verl_tag)
     rejected = sum(reason is not None for *_, reason in every)
     if not keys:
-        return VerlRows([], None, [], rejected)
+        return VerlRows([], None, [], rejected, unusable)
     fields: dict[str, Any] = {n: torch.nested.as_nested_tensor(v, layout=torch.jagged) for n, v in out.items()}
     fields["sample_mask"] = torch.stack(
         [
@@ -263,4 +281,4 @@ def to_verl_rows(
     fields["uid"] = NonTensorStack(*uids)
     for name, values_ in plain.items():
         fields[name] = NonTensorStack(*values_)
-    return VerlRows(keys, TensorDict(fields, batch_size=[len(keys)]), tags, rejected)
+    return VerlRows(keys, TensorDict(fields, batch_size=[len(keys)]), tags, rejected, unusable)

@@ -57,13 +57,38 @@ def _publisher(options: dict[str, Any]):
     return RolloutPublisher(kafka, TQStore(), TopicNames(options.get("prefix", "")).receipts)
 
 
+def publish_group(publisher: Any, staged: list, failed: list) -> bool:
+    """Publish a prompt's group; True when it will reach the trainer (published, a usable rollout).
+
+    If publishing fails, the group's `failed` receipts (nothing staged) are published instead, so the
+    reassembler closes it rather than wait for it; a group left open would hang a sync-mode trainer.
+    """
+    from workers.adapters.verl_sessions import reaches_trainer
+
+    try:
+        publisher.publish(staged)
+        return reaches_trainer(staged)
+    except Exception:  # noqa: BLE001 - the group must close whatever failed
+        log.exception("the group of %s could not be published; publishing its failed receipts", _group_of(staged))
+    try:
+        publisher.publish(failed)
+    except Exception:  # noqa: BLE001
+        log.exception("the failed receipts of %s could not be published either", _group_of(failed))
+    return False
+
+
+def _group_of(staged: list) -> str:
+    return staged[0].receipt.group_id if staged else "?"
+
+
 @cache
 def _build() -> dict[str, type]:
     import ray
     import transfer_queue as tq
     from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopManagerTQ, AgentLoopWorkerTQ, apply_greedy_sampling_params
 
-    from workers.adapters.verl_sessions import failed_session, session_rollout
+    from workers.adapters.verl_partitions import FAILED_PROMPT_TAG
+    from workers.adapters.verl_sessions import failed_group, group_rollouts
 
     class RlstreamAgentLoopWorker(AgentLoopWorkerTQ.__ray_actor_class__):  # Ray actor classes cannot be subclassed
         """verl's TQ agent-loop worker; training prompts go to rlstream (module doc)."""
@@ -86,46 +111,46 @@ def _build() -> dict[str, type]:
                 return await super()._run_prompt(prompt, sampling_params, trajectory, trace)
             uid = prompt["uid"]
             rollout = self.config.actor_rollout_ref.rollout
-            n = int(prompt.pop("__rollout_n__", rollout.n))
-            params = dict(sampling_params)
-            if not prompt.pop("__do_sample__", True):
-                apply_greedy_sampling_params(params)
-            tasks = [
-                asyncio.create_task(
-                    self._run_agent_loop(params, trajectory=trajectory, trace=trace, session_id=i, **prompt)
-                )
-                for i in range(n)
-            ]
-            outputs = await asyncio.gather(*tasks, return_exceptions=True)
+            n = int(rollout.n)
             where = {
                 "prompt_idx": int(prompt.get("index", 0) or 0),
                 "environment": str(prompt.get("data_source", "verl")),
             }
-            staged = []
-            for i, out in enumerate(outputs):
-                if isinstance(out, BaseException):
-                    log.error("session %d of prompt %s failed", i, uid, exc_info=out)
-                    staged.append(failed_session(uid, i, n, reason=f"{type(out).__name__}: {out}", **where))
-                    continue
-                fields = out.model_dump()
-                staged.append(
-                    session_rollout(
-                        uid,
-                        i,
-                        n,
-                        fields,
-                        version_offset=self._version_offset,
-                        max_response_length=rollout.response_length,
-                        **where,
-                    )
-                )
             try:
-                await asyncio.to_thread(self._publisher.publish, staged)
-            except Exception:
-                # The prompt key stays: verl's async modes re-issue it on resume.
-                log.exception("prompt %s: its group could not be published", uid)
-                return
-            await tq.async_kv_clear(keys=[uid], partition_id="train")
+                # verl lets a prompt ask for its own n; its trainer still sizes mini-batches by rollout.n.
+                asked = int(prompt.pop("__rollout_n__", n))
+                if asked != n:
+                    log.warning("prompt %s asks for %d sessions, rollout.n is %d: a group is n rollouts", uid, asked, n)
+                params = dict(sampling_params)
+                if not prompt.pop("__do_sample__", True):
+                    apply_greedy_sampling_params(params)
+                tasks = [
+                    asyncio.create_task(
+                        self._run_agent_loop(params, trajectory=trajectory, trace=trace, session_id=i, **prompt)
+                    )
+                    for i in range(max(0, min(asked, n)))
+                ]
+                outputs = await asyncio.gather(*tasks, return_exceptions=True)
+                outputs = [o if isinstance(o, BaseException) else o.model_dump() for o in outputs]
+                staged = group_rollouts(
+                    uid,
+                    n,
+                    outputs,
+                    asked=asked,
+                    version_offset=self._version_offset,
+                    max_response_length=rollout.response_length,
+                    **where,
+                )
+            except Exception as exc:  # noqa: BLE001 - whatever failed, the group must still close
+                log.exception("prompt %s failed", uid)
+                staged = failed_group(uid, n, reason=f"{type(exc).__name__}: {exc}", **where)
+            failed = failed_group(uid, n, reason="its rollouts could not be published", **where)
+            if await asyncio.to_thread(publish_group, self._publisher, staged, failed):
+                await tq.async_kv_clear(keys=[uid], partition_id="train")
+            else:
+                # The group never reaches the trainer (verl's own status word): rlstream's replay
+                # buffer has verl dispatch another prompt in its place (refill_fn).
+                await tq.async_kv_put(key=uid, partition_id="train", tag=dict(FAILED_PROMPT_TAG))
 
         async def _agent_loop_postprocess(self, output, validate, **kwargs):
             if validate:

@@ -13,15 +13,24 @@ onto the same names, and the reassembler refuses the receipts of a group it clos
 Versions: the first call is taken at the session's lowest label, later ones at its highest (verl
 keeps no per-call label), each plus ``version_offset``. Logprobs default to 0 when verl did not
 compute them (``rollout.calculate_log_probs=False``).
+
+A group is always ``rollout.n`` rollouts (`group_rollouts`): verl's trainer sizes its mini-batches by
+it, and a group of another size could only be dead-lettered by the sampler. A session that raised,
+or whose output cannot be converted, is a failed receipt; so is each session verl did not ask for
+(``__rollout_n__`` below rollout.n). A group whose receipts cannot be published at all is published
+as failed receipts only (`failed_group`, nothing staged), so the reassembler closes it either way.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from workers.rollout.convert import Turn, failed_rollout, staged_rollout
 from workers.rollout.publisher import StagedRollout
+
+log = logging.getLogger("rlstream.adapters.verl")
 
 
 def rollout_id(uid: str, session_id: int) -> str:
@@ -128,3 +137,60 @@ def failed_session(
         environment=environment,
         failure_reason=reason[:200] or "agent loop failed",
     )
+
+
+def failed_group(uid: str, group_size: int, *, prompt_idx: int, environment: str, reason: str) -> list[StagedRollout]:
+    """Every session of the group as a failed receipt: the reassembler closes it (and dead-letters it)."""
+    return [
+        failed_session(uid, i, group_size, prompt_idx=prompt_idx, environment=environment, reason=reason)
+        for i in range(group_size)
+    ]
+
+
+def group_rollouts(
+    uid: str,
+    group_size: int,
+    outputs: Sequence[Mapping[str, Any] | BaseException],
+    *,
+    prompt_idx: int,
+    environment: str,
+    asked: int | None = None,
+    version_offset: int = 0,
+    max_response_length: int | None = None,
+) -> list[StagedRollout]:
+    """The group's `group_size` rollouts from the outputs of the sessions that ran (an exception: it raised).
+
+    `asked`: how many sessions verl asked for (``__rollout_n__``); those it did not ask for fail.
+    """
+    where = {"prompt_idx": prompt_idx, "environment": environment}
+    staged = []
+    for i in range(group_size):
+        out = outputs[i] if i < len(outputs) else None
+        if out is None:
+            reason = f"verl asked for {asked} sessions of this prompt (__rollout_n__), rollout.n is {group_size}"
+            staged.append(failed_session(uid, i, group_size, reason=reason, **where))
+            continue
+        if not isinstance(out, BaseException):
+            try:
+                staged.append(
+                    session_rollout(
+                        uid,
+                        i,
+                        group_size,
+                        out,
+                        version_offset=version_offset,
+                        max_response_length=max_response_length,
+                        **where,
+                    )
+                )
+                continue
+            except Exception as exc:  # noqa: BLE001 - one bad session must not leave its group open
+                out = exc
+        log.error("session %d of prompt %s failed", i, uid, exc_info=out)
+        staged.append(failed_session(uid, i, group_size, reason=f"{type(out).__name__}: {out}", **where))
+    return staged
+
+
+def reaches_trainer(staged: Sequence[StagedRollout]) -> bool:
+    """Whether the reassembler finalizes the group (a usable rollout) rather than dead-letter it."""
+    return any(r.receipt.failure_reason is None for r in staged)

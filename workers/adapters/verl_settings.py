@@ -34,6 +34,7 @@ class VerlSamplerSettings:
     publish_version: bool = True  # the trainer's version on <prefix>.trainer.version, for admission gates
     trainer_id: str = "verl"
     guard_tq: bool = True  # keep verl's whole-TQ checkpoint and close off rlstream's partitions
+    refill_lost: bool = True  # have verl dispatch a prompt for each group that will never reach it
 
     @classmethod
     def split(cls, options: Mapping[str, Any]) -> tuple[VerlSamplerSettings, dict[str, Any]]:
@@ -66,7 +67,12 @@ def kafka_from_options(options: dict[str, Any]) -> KafkaConfig:
 
 
 def consumer_from_options(options: Mapping[str, Any], store: KVStore, policy: Policy) -> ExperienceConsumer:
-    """An ExperienceConsumer from ``sampler_kwargs.rlstream`` minus the sampler's own settings."""
-    options = dict(options)
+    """An ExperienceConsumer from ``sampler_kwargs.rlstream`` minus the sampler's own settings.
+
+    A group whose rows are gone is dead-lettered unless the user says otherwise: a hand-back goes to
+    ``rollout.regenerate``, which nothing reads in a verl deployment (verl's prompts come from its
+    dataloader), and the replay buffer has verl dispatch a prompt in its place instead.
+    """
+    options = {"hand_back_lost_rows": False, **options}
     kafka = kafka_from_options(options)
     return ExperienceConsumer(kafka, store, ConsumerConfig(**options), policy)

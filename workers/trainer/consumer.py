@@ -2,7 +2,8 @@
 
 Metadata first, as the async-RL frameworks do it: `select(version, min, max)` hands out a
 `BatchMeta` of groups usable at that version (no tensor), `materialize` fetches their rows from TQ
-padded or jagged, `ack` settles them. `next_batch`/`release` are the same in one call each. With
+padded or jagged, `ack` settles them (or `dead_letter` resolves those the trainer cannot use). `next_batch`/`release`
+are the same in one call each. With
 `ConsumerConfig.checkpointed`, `state_dict`/`load_state_dict`/`checkpoint_durable` let a trainer
 resume with its model checkpoint, every group trained once across the restart (`checkpoint.py`).
 The Kafka side (reading, policy decisions, dead letters, commits) is `intake.py`.
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tensordict import TensorDict
@@ -23,7 +24,9 @@ from streams.errors import MissingKeysError
 from workers.trainer.batch import BatchMeta, Layout, TrainBatch, materialize, padded
 from workers.trainer.checkpoint import STATE_VERSION, ConsumerState, PartitionMark, decode_state, encode_state
 from workers.trainer.config import ConsumerConfig
+from workers.trainer.deadletters import UNUSABLE_GROUP, make_letter
 from workers.trainer.intake import ConsumerCounts, FinalizedIntake
+from workers.trainer.outbox import Notice
 from workers.trainer.pending import Pending
 from workers.trainer.policies import Decision
 from workers.trainer.position import encode_ranges
@@ -168,6 +171,14 @@ class ExperienceConsumer(FinalizedIntake):
                 self._decide(p)
         self._apply_backpressure()
 
+    def give_back(self, meta: BatchMeta) -> None:
+        """The trainer returns a handed-out batch untrained: its groups wait to be selected again.
+
+        For a caller that gives up on a batch before training it (it could not complete it, say).
+        Each group is decided again at the current version, as a withdrawn one is.
+        """
+        self._withdraw(meta, set())
+
     def next_batch(self, num_groups: int, timeout_s: float) -> TrainBatch | None:
         """Up to num_groups usable groups with their padded tensors, waiting at most timeout_s for any."""
         if num_groups < 1:
@@ -203,6 +214,52 @@ class ExperienceConsumer(FinalizedIntake):
             self._pending.release(group, part, offset)
             self._clears.clear(list(group.sample_ids), part, offset)
         self._commit_resolved()
+
+    def dead_letter(self, meta: BatchMeta, reasons: Mapping[str, str]) -> None:
+        """Groups of a handed-out batch the trainer cannot train (`reasons`: group id -> why), resolved as lost.
+
+        A group whose rows a framework cannot take (another group size than it samples, rows that
+        contradict their record) would come back after every restart if the trainer just crashed on
+        it. Each goes to the trainer's dead-letter topic with the reason, its rows are cleared (as an
+        ack's are), it counts as lost (admission gates give its capacity back), and its record resolves
+        once the letter is acknowledged. The batch's other groups are untouched: ack them as usual.
+        """
+        topic = self.config.finalized_topic
+        for group, (part, offset) in zip(meta.groups, meta.positions, strict=True):
+            why = reasons.get(group.group_id)
+            if why is None:
+                continue
+            p = self._pending.by_partition.get(part, {}).get(offset)
+            where = f"{topic}[{part}]@{offset}"
+            if p is None or p.state != "yielded":
+                # Revoked since it was handed out: its next reader hands it out again, and meets the fault.
+                log.warning(
+                    "group %s at %s is no longer handed out here; not dead-lettered: %s", group.group_id, where, why
+                )
+                continue
+            message = f"group {group.group_id} at {where} was handed out but the trainer cannot use it: {why}"
+            letter = make_letter(
+                topic,
+                part,
+                offset,
+                group.group_id.encode(),
+                group.to_bytes(),
+                UNUSABLE_GROUP,
+                message,
+                worker_id=self._outbox.worker_id,
+            )
+            notice = Notice(
+                self.config.topics.trainer_deadletter, letter.source_key, letter.to_bytes(), UNUSABLE_GROUP, where
+            )
+            log.error("%s; dropped and sent to %s", message, notice.topic)
+            self.counts.unusable += 1
+            self.counts.lost += 1
+            self._clears.clear(list(group.sample_ids), part, offset)
+            # Unresolved until its letter is acknowledged: the outbox holds the commit back meanwhile.
+            self._pending.set_aside(p)
+            self._outbox.add(part, offset, notice)
+            self._pending.group_resolved(group)
+        self._resolve_letters()
 
     def release(self, batch: TrainBatch) -> None:
         """`ack` of a batch from `next_batch`."""

@@ -1,9 +1,10 @@
 """The trainer's dead letters: finalized records it cannot use, kept on `trainer.deadletter` with the reason.
 
-Two kinds, apart from the reassembler's (`schemas.deadletter.ERROR_KINDS`, which redrive re-publishes
-to the receipts): `undecodable_finalized` (garbage bytes, another major schema version, a tombstone)
-and `missing_rows` (a group never consumed whose rows are gone from TQ, when it is not handed back
-for regeneration instead: `lost_rows.py`). Letters are `DeadLetter`s
+Three kinds, apart from the reassembler's (`schemas.deadletter.ERROR_KINDS`, which redrive re-publishes
+to the receipts): `undecodable_finalized` (garbage bytes, another major schema version, a tombstone),
+`missing_rows` (a group never consumed whose rows are gone from TQ, when it is not handed back
+for regeneration instead: `lost_rows.py`) and `unusable_group` (a group handed out that the trainer
+cannot turn into its framework's rows, `ExperienceConsumer.dead_letter`). Letters are `DeadLetter`s
 bounded the same way: the original whole up to `MAX_ORIGINAL_BYTES`, else a prefix with its size and
 SHA-256; keys and messages cut to their limits.
 
@@ -19,7 +20,8 @@ from schemas.deadletter import DeadLetter, bounded_key, bounded_message, bounded
 
 UNDECODABLE_FINALIZED = "undecodable_finalized"
 MISSING_ROWS = "missing_rows"
-TRAINER_ERROR_KINDS = frozenset({UNDECODABLE_FINALIZED, MISSING_ROWS})
+UNUSABLE_GROUP = "unusable_group"
+TRAINER_ERROR_KINDS = frozenset({UNDECODABLE_FINALIZED, MISSING_ROWS, UNUSABLE_GROUP})
 
 
 def make_letter(

@@ -25,7 +25,7 @@ from workers.telemetry.sensors import TrainerSensor
 from workers.trainer.checkpoint import PartitionMark
 from workers.trainer.clears import RowClears
 from workers.trainer.config import ConsumerConfig
-from workers.trainer.deadletters import MISSING_ROWS, UNDECODABLE_FINALIZED, make_letter
+from workers.trainer.deadletters import MISSING_ROWS, UNDECODABLE_FINALIZED, UNUSABLE_GROUP, make_letter
 from workers.trainer.errors import PollErrors
 from workers.trainer.lost_rows import HANDED_BACK, lost_rows_notice
 from workers.trainer.outbox import Notice, Outbox
@@ -57,10 +57,12 @@ class ConsumerCounts:
     missing_rows: int = 0
     # Of those, the groups handed back (`lost_rows.py`).
     handed_back: int = 0
+    # Groups handed out that the trainer could not use, dead-lettered (`ExperienceConsumer.dead_letter`).
+    unusable: int = 0
     undecodable: int = 0
     # Records read again that were resolved already: after a rebalance, or before a restart (commit metadata).
     reread: int = 0
-    # Groups taken in that will never be trained (evicted as stale, rows missing), each once:
+    # Groups taken in that will never be trained (evicted as stale, rows missing, unusable), each once:
     # what `VersionPublisher` tells admission gates, which give their capacity back.
     lost: int = 0
     waiting: int = 0
@@ -152,8 +154,9 @@ class FinalizedIntake:
             # Its missing-rows groups are read and counted again by whoever reads the partition next;
             # what a gate reads does not go down with this (VersionPublisher keeps the highest count sent).
             dropped = [n.kind for n in self._outbox.drop(tp.partition)]
-            self.counts.lost -= sum(1 for kind in dropped if kind in (MISSING_ROWS, HANDED_BACK))
+            self.counts.lost -= sum(1 for kind in dropped if kind in (MISSING_ROWS, HANDED_BACK, UNUSABLE_GROUP))
             self.counts.handed_back -= dropped.count(HANDED_BACK)
+            self.counts.unusable -= dropped.count(UNUSABLE_GROUP)
             self._clears.drop(tp.partition)
             self._paused.discard(tp.partition)
 

@@ -6,12 +6,15 @@ sampler's own logic against the real broker and TQ.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
+from dataclasses import replace
 
 import pytest
 import torch
 
+from schemas.deadletter import DeadLetter
 from schemas.errors import InvalidArgument
 from schemas.trainer_version import TrainerVersion
 from streams.consumer import read_topic
@@ -24,6 +27,7 @@ from workers.adapters.verl_fields import verl_uid
 from workers.adapters.verl_sampler import RlstreamReplayBuffer
 from workers.trainer.config import ConsumerConfig
 from workers.trainer.consumer import ExperienceConsumer
+from workers.trainer.deadletters import UNUSABLE_GROUP
 from workers.trainer.policies import windowed
 
 # What verl's _build_replay_buffer passes (tests/verl builds it from a real verl config).
@@ -128,7 +132,9 @@ def test_a_batch_is_acked_when_verl_asks_for_the_next_not_when_it_is_handed_out(
     finally:
         first.close()  # the trainer dies before training the batch
 
-    second = _sampler(kafka, tq_store, _consumer(kafka, tq_store, names, finalized, group), wait_timeout_s=1.0)
+    # Long enough for the new consumer to join the consumer group on a loaded machine.
+    second = _sampler(kafka, tq_store, _consumer(kafka, tq_store, names, finalized, group), wait_timeout_s=60.0)
+    again = None
     try:
         again, _ = second.sample(1, verl_partition, 3)
         # The restarted trainer gets all three, the two handed out before the crash among them.
@@ -136,13 +142,15 @@ def test_a_batch_is_acked_when_verl_asks_for_the_next_not_when_it_is_handed_out(
         assert not committed_at_end(kafka, group, names.finalized)
         # Asking for the next batch says the last one was trained: its groups are acked then, even
         # when no next batch comes.
+        second.settings = replace(second.settings, wait_timeout_s=1.0)
         with pytest.raises(SampleTimeout):
             second.sample(2, verl_partition, 1)
         all_rows = [s for g in finalized.values() for s in g.sample_ids]
         assert not tq_store.present(rl_partition, all_rows), "acked groups' rows are cleared after the commit"
         assert committed_at_end(kafka, group, names.finalized)
     finally:
-        tq_store.clear(verl_partition, list(again.keys))
+        if again is not None:
+            tq_store.clear(verl_partition, list(again.keys))
         second.close()
 
 
@@ -216,6 +224,76 @@ def test_an_async_save_is_durable_only_once_verls_tracker_shows_it(kafka, tq_sto
         with pytest.raises(SampleTimeout):
             sampler.sample(2, verl_partition, 1)  # verl's next step: the save is durable now
         assert not tq_store.present(rl_partition, rows) and committed_at_end(kafka, group, names.finalized)
+    finally:
+        tq_store.clear(verl_partition, keys)
+        sampler.close()
+
+
+def test_a_group_verl_cannot_take_is_dead_lettered_not_crashed_on_after_every_restart(kafka, tq_store, unique, caplog):
+    """A group of another size than rollout.n: verl would crash on it, restart, get it again and crash again."""
+    names, finalized = finalize_groups(
+        kafka,
+        tq_store,
+        f"vb-{unique}",
+        versions=range(1),
+        per_version=3,
+        shapes={"v0-g1": replace(SMALL, group_size=4)},
+    )
+    verl_partition = f"verl.{unique}"
+    group = f"vb-{unique}"
+    sampler = _sampler(kafka, tq_store, _consumer(kafka, tq_store, names, finalized, group), wait_timeout_s=1.0)
+    keys: list[str] = []
+    try:
+        with caplog.at_level(logging.ERROR, logger="rlstream.trainer"):
+            batch, metrics = sampler.sample(1, verl_partition, 2)
+        keys += batch.keys
+        assert {t["rlstream_group_id"] for t in batch.tags} == {"v0-g0", "v0-g2"}
+        assert len(batch.keys) == 2 * SMALL.group_size and metrics["rlstream/unusable_groups"] == 1.0
+        assert sampler.consumer.counts.lost == 1
+        errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+        assert any("v0-g1" in e and "rollout.n" in e for e in errors), errors
+        with pytest.raises(SampleTimeout):
+            sampler.sample(2, verl_partition, 1)  # verl trained the batch; nothing else is usable
+        deadline = time.monotonic() + 60
+        while not committed_at_end(kafka, group, names.finalized):
+            assert time.monotonic() < deadline, "the bad group's offset never passed"
+            sampler.consumer.poll(0.2)
+        assert not tq_store.present(next(iter(finalized.values())).partition_id, list(finalized["v0-g1"].sample_ids))
+    finally:
+        tq_store.clear(verl_partition, keys)
+        sampler.close()
+    letters = [DeadLetter.from_bytes(r.value) for r in read_topic(kafka, names.trainer_deadletter)]
+    assert [(d.error_kind, d.source_key) for d in letters] == [(UNUSABLE_GROUP, b"v0-g1")]
+
+
+class RowsVanishAfterSelect(ExperienceConsumer):
+    """Another client clears the first selected group's rows between select and materialize, once."""
+
+    vanish = True
+
+    def select(self, *args, **kwargs):
+        meta = super().select(*args, **kwargs)
+        if meta is not None and self.vanish:
+            type(self).vanish = False
+            self._store.clear(meta.train_partition, list(meta.groups[0].sample_ids))
+        return meta
+
+
+def test_rows_gone_between_select_and_materialize_make_the_sampler_select_again(kafka, tq_store, unique):
+    """The consumer withdraws such a batch and expects its caller to select again, not to hand verl an error."""
+    names, finalized = finalize_groups(kafka, tq_store, f"vm-{unique}", versions=range(1), per_version=3)
+    rl_partition = next(iter(finalized.values())).partition_id
+    config = ConsumerConfig(
+        prefix=names.prefix, consumer_group=f"vm-{unique}", train_partition=rl_partition, hand_back_lost_rows=False
+    )
+    consumer = RowsVanishAfterSelect(kafka, tq_store, config, windowed(1))
+    verl_partition = f"verl.{unique}"
+    sampler = _sampler(kafka, tq_store, consumer, wait_timeout_s=30.0)
+    keys: list[str] = []
+    try:
+        batch, _ = sampler.sample(1, verl_partition, 2)
+        keys += batch.keys
+        assert len({t["rlstream_group_id"] for t in batch.tags}) == 2 and consumer.counts.missing_rows == 1
     finally:
         tq_store.clear(verl_partition, keys)
         sampler.close()

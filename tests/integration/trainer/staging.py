@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Mapping
 
 from schemas.finalized import FinalizedGroup
 from streams.consumer import committed_offsets, read_topic
@@ -10,17 +11,32 @@ from tests.integration.helpers import SMALL, drive, finalized_records, setup_top
 from workers.reassembler.config import ReassemblerConfig
 from workers.reassembler.worker import ReassemblerWorker
 from workers.rollout.publisher import RolloutPublisher
-from workers.rollout.synthetic import make_group
+from workers.rollout.synthetic import SyntheticShape, make_group
 from workers.topics import TopicNames
 
 
 def finalize_groups(
-    kafka, tq_store, prefix: str, *, versions=range(2), per_version: int = 2, partitions: int = 3, seed: int = 5
+    kafka,
+    tq_store,
+    prefix: str,
+    *,
+    versions=range(2),
+    per_version: int = 2,
+    partitions: int = 3,
+    seed: int = 5,
+    shapes: Mapping[str, SyntheticShape] | None = None,
 ) -> tuple[TopicNames, dict[str, FinalizedGroup]]:
-    """Groups `v{v}-g{i}` produced by policies of `versions`, finalized by a real worker; group_id -> record."""
+    """Groups `v{v}-g{i}` produced by policies of `versions`, finalized by a real worker; group_id -> record.
+
+    Every group has the SMALL shape unless `shapes` names another for its id.
+    """
     names = setup_topics(kafka, prefix, partitions=partitions)
+    shapes = shapes or {}
     rollouts = [
-        r for v in versions for i in range(per_version) for r in make_group(f"v{v}-g{i}", 10 * v + i, v, shape=SMALL)
+        r
+        for v in versions
+        for i in range(per_version)
+        for r in make_group(f"v{v}-g{i}", 10 * v + i, v, shape=shapes.get(f"v{v}-g{i}", SMALL))
     ]
     random.Random(seed).shuffle(rollouts)
     pub = RolloutPublisher(kafka, tq_store, names.receipts)

@@ -1,10 +1,16 @@
 """The metadata-first trainer API: select hands out metadata only, materialize fetches rows, ack settles them."""
 
+import logging
+import time
+
 import pytest
 import torch
 
+from schemas.deadletter import DeadLetter
 from schemas.errors import InvalidArgument
+from schemas.finalized import FinalizedGroup
 from schemas.metadata_guard import assert_metadata_only
+from streams.consumer import read_topic
 from streams.errors import MissingKeysError
 from streams.tq import TRAIN
 from tests.integration.trainer.staging import committed_at_end, finalize_groups
@@ -12,6 +18,7 @@ from workers.trainer.batch import BatchMeta
 from workers.trainer.config import ConsumerConfig
 from workers.trainer.consumer import ExperienceConsumer
 from workers.trainer.dataset import ExperienceDataset, stateful_loader
+from workers.trainer.deadletters import UNUSABLE_GROUP
 from workers.trainer.policies import in_order, ready_first
 
 
@@ -135,3 +142,58 @@ def test_a_stateful_dataloader_resumes_from_its_checkpoint_with_nothing_lost_or_
         consumer.close()
     assert sorted(model) == sorted(finalized)
     assert set(lost) <= set(model[len(checkpoint["model"]) :])
+
+
+def test_a_handed_out_group_the_trainer_cannot_use_is_dead_lettered_and_its_offset_passes(
+    kafka, tq_store, unique, caplog
+):
+    """A framework that cannot turn a selected group into its rows (verl: another group size than
+    rollout.n) must not crash on it after every restart: the group is resolved as lost instead."""
+    names, finalized = finalize_groups(kafka, tq_store, f"se-{unique}", versions=range(1), per_version=3)
+    consumer = _consumer(kafka, tq_store, names, unique)
+    try:
+        meta = consumer.select(1, min_groups=3, max_groups=3, timeout_s=30.0)
+        bad = meta.groups[1]
+        with caplog.at_level(logging.ERROR, logger="rlstream.trainer"):
+            consumer.dead_letter(meta, {bad.group_id: "8 rows, the framework wants 4"})
+        consumer.ack(
+            BatchMeta(
+                meta.version,
+                (meta.groups[0], meta.groups[2]),
+                (meta.positions[0], meta.positions[2]),
+                meta.train_partition,
+            )
+        )
+        deadline = time.monotonic() + 60
+        while not committed_at_end(kafka, f"se-{unique}", names.finalized):
+            assert time.monotonic() < deadline, "the dead letter never let the offset pass"
+            consumer.poll(0.2)
+        assert consumer.counts.lost == 1 and consumer.counts.unusable == 1
+        assert not tq_store.present(TRAIN, list(meta.sample_ids))
+        errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+        assert any(bad.group_id in e and "the framework wants 4" in e for e in errors)
+    finally:
+        consumer.close()
+    letters = [DeadLetter.from_bytes(r.value) for r in read_topic(kafka, names.trainer_deadletter)]
+    assert [(d.error_kind, d.source_key) for d in letters] == [(UNUSABLE_GROUP, bad.group_id.encode())]
+    assert FinalizedGroup.from_bytes(letters[0].original) == finalized[bad.group_id]
+    again = _consumer(kafka, tq_store, names, unique)
+    try:
+        assert again.select(1, min_groups=1, timeout_s=3.0) is None, "a restarted trainer never gets it again"
+    finally:
+        again.close()
+
+
+def test_a_batch_given_back_untrained_is_selected_again(kafka, tq_store, unique):
+    names, finalized = finalize_groups(kafka, tq_store, f"se-{unique}", versions=range(1), per_version=2)
+    consumer = _consumer(kafka, tq_store, names, unique)
+    try:
+        meta = consumer.select(1, min_groups=2, max_groups=2, timeout_s=30.0)
+        assert consumer.select(1, min_groups=1, timeout_s=0.5) is None  # both are out
+        consumer.give_back(meta)
+        again = consumer.select(2, min_groups=2, max_groups=2, timeout_s=5.0)
+        assert again is not None and {g.group_id for g in again.groups} == set(finalized)
+        consumer.ack(again)
+        assert consumer.counts.lost == 0 and not tq_store.present(TRAIN, list(again.sample_ids))
+    finally:
+        consumer.close()

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import msgspec
-import pytest
 import torch
 
-from schemas.errors import InvalidArgument
 from schemas.finalized import FinalizedGroup
 from schemas.payload import Completion, PromptGroupRecord, pack_payload, record_to_train_batch
 from workers.adapters.verl_fields import VERL_FIELDS, VERL_TOKEN_FIELDS, rejected_uid, to_verl_rows, verl_key, verl_uid
@@ -120,10 +118,12 @@ def test_a_rejected_rollout_is_a_row_that_weighs_nothing_in_verls_dtypes():
     assert (tag["prompt_len"], tag["response_len"], tag["seq_len"]) == (3, 1, 4)
 
 
-def test_a_group_of_another_size_than_rollout_n_is_refused():
+def test_a_group_of_another_size_than_rollout_n_is_left_out_and_named():
+    """Not raised: verl would crash on the same group after every restart (the sampler dead-letters it)."""
     meta, rows = _batch()
-    with pytest.raises(InvalidArgument, match=r"group 'gA' has 3 rows, verl's rollout.n is 4"):
-        to_verl_rows(meta, rows, group_size=4)
+    verl = to_verl_rows(meta, rows, group_size=4)
+    assert verl.keys == [] and verl.fields is None
+    assert list(verl.unusable) == ["gA"] and "3 rows, verl's rollout.n is 4" in verl.unusable["gA"]
 
 
 def test_routed_experts_get_their_row_shape_back_as_int16():
@@ -148,11 +148,14 @@ def test_a_group_of_rejected_rows_only_still_hands_over_n_masked_rows():
     assert all(m.sum().item() == 0 for m in verl.fields["loss_mask"].unbind(0))
 
 
-def test_a_row_that_does_not_start_with_its_prompt_is_refused():
+def test_a_group_with_a_row_that_does_not_start_with_its_prompt_is_left_out_and_named():
     meta, rows = _batch()
     rows["input_ids"].values()[0] = 99  # the first prompt token of row 0
-    with pytest.raises(ValueError, match="prompt"):
-        to_verl_rows(meta, rows)
+    verl = to_verl_rows(meta, rows, group_size=3)
+    assert verl.keys == [] and verl.unusable == {
+        "gA": f"row {meta.sample_ids[0]!r}: input_ids do not start with its prompt"
+    }
+    assert to_verl_rows(*_batch(), group_size=3).unusable == {}
 
 
 def test_uids_never_contain_verls_key_separator_and_stay_distinct():

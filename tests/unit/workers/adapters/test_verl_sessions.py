@@ -5,7 +5,15 @@ from __future__ import annotations
 import pytest
 
 from schemas.linearize import linearize
-from workers.adapters.verl_sessions import failed_session, rollout_id, session_rollout, session_turns
+from workers.adapters.verl_sessions import (
+    failed_group,
+    failed_session,
+    group_rollouts,
+    reaches_trainer,
+    rollout_id,
+    session_rollout,
+    session_turns,
+)
 
 
 def _calls(turns):
@@ -67,3 +75,38 @@ def test_a_failed_session_still_closes_its_group():
         "RuntimeError: boom",
         (),
     )
+
+
+OUTPUT = {
+    "prompt_ids": [1, 2],
+    "response_ids": [5, 6],
+    "response_mask": [1, 1],
+    "response_logprobs": [-1.0, -1.0],
+    "reward_score": 1.0,
+    "extra_fields": {"min_global_steps": 3, "max_global_steps": 3},
+}
+WHERE = {"prompt_idx": 2, "environment": "gsm8k"}
+
+
+def test_a_group_is_always_rollout_n_rollouts_whatever_verl_asked_for():
+    """verl lets a prompt ask for its own n (__rollout_n__); verl's trainer sizes mini-batches by rollout.n."""
+    staged = group_rollouts("u1", 3, [OUTPUT], asked=1, **WHERE)
+    receipts = [s.receipt for s in staged]
+    assert [r.rollout_index for r in receipts] == [0, 1, 2] and {r.group_size for r in receipts} == {3}
+    assert receipts[0].failure_reason is None
+    assert all("__rollout_n__" in r.failure_reason and "rollout.n is 3" in r.failure_reason for r in receipts[1:])
+    assert reaches_trainer(staged)
+
+
+def test_a_session_that_cannot_be_converted_fails_alone_instead_of_leaving_its_group_open():
+    broken = {**OUTPUT, "response_mask": [1]}  # misaligned: session_turns raises
+    staged = group_rollouts("u1", 3, [OUTPUT, RuntimeError("server died"), broken], **WHERE)
+    reasons = [s.receipt.failure_reason for s in staged]
+    assert reasons[0] is None and reasons[1] == "RuntimeError: server died"
+    assert reasons[2].startswith("ValueError: response_mask has 1 entries")
+
+
+def test_a_group_without_a_usable_rollout_never_reaches_the_trainer():
+    staged = failed_group("u1", 2, reason="publish failed", **WHERE)
+    assert [s.receipt.rollout_id for s in staged] == ["u1-s0", "u1-s1"]
+    assert not reaches_trainer(staged) and not reaches_trainer(group_rollouts("u1", 2, [], asked=0, **WHERE))
