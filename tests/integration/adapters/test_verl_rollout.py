@@ -9,18 +9,12 @@ from schemas.receipt import Receipt
 from streams.consumer import read_topic
 from streams.tq import STAGING
 from tests.integration.helpers import setup_topics
+from tests.unit.workers.adapters.verl_outputs import agent_output
 from workers.adapters.verl_rollout import publish_group
 from workers.adapters.verl_sessions import failed_group, group_rollouts
 from workers.rollout.publisher import RolloutPublisher
 
-OUTPUT = {
-    "prompt_ids": [1, 2],
-    "response_ids": [5, 6],
-    "response_mask": [1, 1],
-    "response_logprobs": [-1.0, -1.0],
-    "reward_score": 1.0,
-    "extra_fields": {"min_global_steps": 0, "max_global_steps": 0},
-}
+OUTPUT = agent_output(step=0)
 WHERE = {"prompt_idx": 0, "environment": "verl"}
 
 

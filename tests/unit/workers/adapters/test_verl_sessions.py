@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from schemas.linearize import linearize
+from tests.unit.workers.adapters.verl_outputs import agent_output
 from workers.adapters.verl_sessions import (
     failed_group,
     failed_session,
@@ -77,14 +78,7 @@ def test_a_failed_session_still_closes_its_group():
     )
 
 
-OUTPUT = {
-    "prompt_ids": [1, 2],
-    "response_ids": [5, 6],
-    "response_mask": [1, 1],
-    "response_logprobs": [-1.0, -1.0],
-    "reward_score": 1.0,
-    "extra_fields": {"min_global_steps": 3, "max_global_steps": 3},
-}
+OUTPUT = agent_output(step=3)
 WHERE = {"prompt_idx": 2, "environment": "gsm8k"}
 
 
