@@ -8,6 +8,7 @@ import stat
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -19,7 +20,14 @@ from streams.pids import PID_DIR_ENV, pid_alive, reap, record_pid
 
 
 def _sleeper(*args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", *args])
+    """A process whose command line carries `args`, once it does: between fork and exec it still shows
+    the parent's, and a loaded machine widens that window enough for a check to read it."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", *args])
+    deadline = time.monotonic() + 30
+    while b"time.sleep(120)" not in Path(f"/proc/{proc.pid}/cmdline").read_bytes():
+        assert time.monotonic() < deadline, "the sleeper never exec'd"
+        time.sleep(0.01)
+    return proc
 
 
 def _recorded(data_dir, proc) -> None:
