@@ -20,9 +20,11 @@ $(STAMP): pyproject.toml setup.py schemas/_rowcopy.c
 jars: $(STAMP) ## the environment .venv and the locked Kafka jars (make test and make demo do it)
 	$(BIN)/rlstream broker fetch
 
-# Two processes, whole files each (so a file's module fixtures start once); `TEST_ARGS=-n0` runs serially.
+# Three processes on 2 cores, whole files each (so a file's module fixtures start once): the suite
+# mostly waits on brokers, timeouts and child processes (a third of the CPU busy with two), and
+# a third process took it from 15:58 to 13:44. `TEST_ARGS=-n0` runs serially.
 test: jars ## the whole suite against a real Kafka broker and real Ray/TQ
-	$(BIN)/python -m pytest -q -rs -n 2 --dist loadfile $(TEST_ARGS)
+	$(BIN)/python -m pytest -q -rs -n 3 --dist loadfile $(TEST_ARGS)
 
 # Pure code only: no broker, no Ray.
 test-unit: $(STAMP) ## pure code only, no broker or Ray (under a minute)
