@@ -19,7 +19,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from schemas.errors import InvalidArgument
 from streams.tq import KVStore
 from workers.trainer.intake import ConsumerCounts
 
@@ -27,8 +26,8 @@ log = logging.getLogger("rlstream.adapters.verl")
 
 TRAIN, VAL = "train", "val"
 FAILURE = "failure"
-# The tag of a prompt whose group will never reach the trainer. Whole, not just the status: in sync
-# mode verl registers no prompt key, so this put creates one, and it must still read as a prompt.
+# The tag of a prompt whose group will never reach the trainer, whole rather than just the status:
+# the put creates the key if verl's has gone meanwhile, and it must still read as a prompt.
 FAILED_PROMPT_TAG = {"is_prompt": True, "status": FAILURE}
 
 
@@ -79,27 +78,34 @@ class Refills:
     def settle(self) -> int:
         """Have verl dispatch a prompt for each group owed since the last call; returns how many."""
         failed = _prompt_keys(self._store, status=FAILURE)
-        if failed:
-            self._store.clear(TRAIN, failed)  # nothing else reads them; verl's async resume skips them
         lost = self._lost()
         owed = len(failed) + max(0, lost - self._seen)
+        if owed and self._refill_fn is not None:
+            try:
+                self._refill_fn(owed)
+            except ValueError as exc:
+                # verl's _next_train_batch fetches whole gen_batch_size chunks; sync mode needs chunks
+                # of 1. Raising would crash verl on the same losses after every restart: said, dropped.
+                log.error(
+                    "%d group(s) will never reach verl's trainer and verl cannot dispatch that many prompts in"
+                    " their place (%s); in sync mode set trainer.v1.sampler.sync_refill_failed_groups=true, which"
+                    " makes verl fetch prompts one at a time (data.gen_batch_size=1)",
+                    owed,
+                    exc,
+                )
+                owed = 0
+            else:
+                self.dispatched += owed
+                log.warning(
+                    "%d group(s) will never reach verl's trainer (%d of them failed in rollout); verl dispatched"
+                    " as many prompts in their place",
+                    owed,
+                    len(failed),
+                )
+        elif self._refill_fn is None:
+            owed = 0
+        # Only now: a refill that raised otherwise (Ray, TQ) leaves them owed for the next call.
+        if failed:
+            self._store.clear(TRAIN, failed)  # nothing else reads them; verl's async resume skips them
         self._seen = max(self._seen, lost)
-        if not owed or self._refill_fn is None:
-            return 0
-        try:
-            self._refill_fn(owed)
-        except ValueError as exc:
-            # verl's _next_train_batch fetches whole gen_batch_size chunks; sync mode needs chunks of 1.
-            raise InvalidArgument(
-                f"{owed} group(s) will never reach verl's trainer and verl cannot dispatch that many prompts"
-                f" in their place ({exc}); in sync mode set trainer.v1.sampler.sync_refill_failed_groups=true,"
-                " which makes verl fetch prompts one at a time (data.gen_batch_size=1)"
-            ) from exc
-        self.dispatched += owed
-        log.warning(
-            "%d group(s) will never reach verl's trainer (%d of them failed in rollout); verl dispatched as"
-            " many prompts in their place",
-            owed,
-            len(failed),
-        )
         return owed

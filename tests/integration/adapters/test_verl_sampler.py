@@ -209,11 +209,13 @@ def test_an_async_save_is_durable_only_once_verls_tracker_shows_it(kafka, tq_sto
     verl_partition = f"verl.{unique}"
     group, root = f"vd-{unique}", str(tmp_path)
     consumer = _consumer(kafka, tq_store, names, finalized, group, checkpointed=True)
-    sampler = _sampler(kafka, tq_store, consumer, checkpoint_dir=root, wait_timeout_s=1.0)
+    # Long enough for the consumer to join its consumer group on a loaded machine.
+    sampler = _sampler(kafka, tq_store, consumer, checkpoint_dir=root, wait_timeout_s=60.0)
     keys: list[str] = []
     try:
         batch, _ = sampler.sample(1, verl_partition, 2)
         keys += batch.keys
+        sampler.settings = replace(sampler.settings, wait_timeout_s=1.0)
         sampler.on_checkpoint(1, step_dir(root, 1), async_save=True)
         assert os.path.exists(os.path.join(step_dir(root, 1), STATE_FILE))
         rows = [s for g in finalized.values() for s in g.sample_ids]
@@ -241,19 +243,22 @@ def test_a_group_verl_cannot_take_is_dead_lettered_not_crashed_on_after_every_re
     )
     verl_partition = f"verl.{unique}"
     group = f"vb-{unique}"
-    sampler = _sampler(kafka, tq_store, _consumer(kafka, tq_store, names, finalized, group), wait_timeout_s=1.0)
+    # Long enough for the consumer to join its consumer group on a loaded machine.
+    sampler = _sampler(kafka, tq_store, _consumer(kafka, tq_store, names, finalized, group), wait_timeout_s=60.0)
     keys: list[str] = []
     try:
         with caplog.at_level(logging.ERROR, logger="rlstream.trainer"):
-            batch, metrics = sampler.sample(1, verl_partition, 2)
-        keys += batch.keys
-        assert {t["rlstream_group_id"] for t in batch.tags} == {"v0-g0", "v0-g2"}
-        assert len(batch.keys) == 2 * SMALL.group_size and metrics["rlstream/unusable_groups"] == 1.0
-        assert sampler.consumer.counts.lost == 1
+            batch, _ = sampler.sample(1, verl_partition, 2)
+            keys += batch.keys
+            # The bad group is never handed to verl; it is met in this sample or the next, by arrival order.
+            assert {t["rlstream_group_id"] for t in batch.tags} == {"v0-g0", "v0-g2"}
+            assert len(batch.keys) == 2 * SMALL.group_size
+            sampler.settings = replace(sampler.settings, wait_timeout_s=1.0)
+            with pytest.raises(SampleTimeout):
+                sampler.sample(2, verl_partition, 1)  # verl trained the batch; nothing else is usable
+        assert sampler.consumer.counts.unusable == 1 and sampler.consumer.counts.lost == 1
         errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
         assert any("v0-g1" in e and "rollout.n" in e for e in errors), errors
-        with pytest.raises(SampleTimeout):
-            sampler.sample(2, verl_partition, 1)  # verl trained the batch; nothing else is usable
         deadline = time.monotonic() + 60
         while not committed_at_end(kafka, group, names.finalized):
             assert time.monotonic() < deadline, "the bad group's offset never passed"
