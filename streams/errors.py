@@ -44,6 +44,11 @@ class TQTimeout(TQError, TimeoutError):
     names the call. Whatever the call had already sent may still be applied by TQ later."""
 
 
+class ClearRefused(TQError):
+    """A clear given up before its next request because its guard refused (a reassembler's lease: the
+    process may have been frozen and its partitions taken over); whatever it had not deleted yet stays."""
+
+
 class MissingKeysError(RlstreamError, KeyError):
     """Some requested keys are not in the partition; `missing` lists them."""
 

@@ -21,6 +21,7 @@ from tensordict import TensorDict
 from schemas.jagged import is_nested
 from schemas.rowpack import PACKED_FIELD, pack_rows, unpack_rows
 from streams.errors import MissingKeysError, TQError, TQTimeout
+from streams.tq_clear import ClearGuard, clear_unmoved
 from streams.tq_setup import (
     CLUSTER,
     SINGLE_NODE,
@@ -49,6 +50,7 @@ __all__ = [
     "nodes_offering",
     "ray_address",
     "with_call_deadline",
+    "with_clear_guard",
 ]
 
 # Prefixed, so rlstream's rows never share a partition with a framework's own "train" (verl's, ...).
@@ -93,6 +95,22 @@ def with_call_deadline(store: KVStore, deadline_s: float) -> KVStore:
     return bounded
 
 
+def with_clear_guard(store: KVStore, guard: ClearGuard) -> KVStore:
+    """`store` with every clear asking `guard` right before each of its requests that changes TQ (the
+    clearing mark, the storage clear, the release), and given up (`ClearRefused`) when it names a
+    reason; `store` itself when it does not call TQ (an in-memory store of tests).
+
+    A reassembler passes its lease's refusal: a worker frozen after a clear's lookup, whose
+    partitions moved meanwhile, gives the clear up on waking instead of deleting by indexes that
+    may belong to other keys by then (see `TQStore.clear`).
+    """
+    if not isinstance(store, TQStore):
+        return store
+    guarded = copy.copy(store)
+    guarded._clear_guard = guard
+    return guarded
+
+
 # Row lookups `TQStore.tags` keeps for a `get` of the same keys; a trainer has a batch or two in flight.
 _LOCATED_BATCHES = 32
 # Reads of one get before giving up on rows that keep moving under their keys (cleared and put again).
@@ -128,6 +146,12 @@ class TQStore:
     data is in. Never before or alongside: a row cleared and replaced between that check and the
     read would be returned as the key's.
 
+    A row TQ still maps under its key whose storage is gone, or holds another key's packed row, reads
+    as missing (`MissingKeysError`), as a row cleared does: a clear or put whose lookup went stale
+    can leave that (TQ's storage knows indexes, not keys), and it is the key's owner who clears it
+    by its normal path, never a reader. A clear never deletes by an index that changed hands since
+    its lookup (`clear`).
+
     Every call runs as one coroutine on TQ's client loop; with a deadline (`with_call_deadline`)
     it is cancelled there when the deadline passes, at whatever request it waits on (the
     controller's, a storage unit's), and `TQTimeout` is raised. Cancelling withdraws nothing already
@@ -146,6 +170,7 @@ class TQStore:
         self._located: OrderedDict[tuple[str, tuple[str, ...]], Any] = OrderedDict()
         self._lock = threading.Lock()
         self._deadline_s: float | None = None
+        self._clear_guard: ClearGuard | None = None
 
     def _call(self, what: str, coro) -> Any:
         """Run `coro` on TQ's client loop, within the deadline if there is one."""
@@ -176,19 +201,25 @@ class TQStore:
         client = self._tq.get_client()
         with self._lock:
             located = self._located.get((partition, tuple(keys)))
+        what = f"get of {len(keys)} key(s) from {partition!r}"
         for _ in range(_READS):
             # The lookup (if any), the read and its check in one coroutine on TQ's loop: one thread hop.
-            read = self._read(client, partition, keys, select, located)
-            data = self._call(f"get of {len(keys)} key(s) from {partition!r}", read)
+            data = self._call(what, self._read(client, partition, keys, select, located))
             if isinstance(data, TensorDict):
                 return data
             if isinstance(data, list):
                 raise MissingKeysError(partition, data)
+            if data is None:
+                raise MissingKeysError(partition, self._missing(partition, keys))
             if located is not None:
                 self._forget(partition, keys)
                 located = None
-            if data is None:
-                raise MissingKeysError(partition, self._missing(partition, keys))
+                continue
+            # Read by a lookup of its own and still not the keys' rows: some moved since (read again),
+            # or TQ maps a key to an index whose storage is gone or holds another key's row (missing).
+            unreadable = self._call(what, self._unreadable(client, partition, keys, select))
+            if unreadable:
+                raise MissingKeysError(partition, unreadable)
         raise TQError(
             f"rows of {len(keys)} key(s) of TQ partition {partition!r} (first {keys[0]!r}) kept moving "
             f"while read {_READS} times: cleared and put again by another client"
@@ -247,6 +278,34 @@ class TQStore:
                 parts.append(dict((await self._read_fields(client, partition, [key], one, select)).items()))
         return TensorDict(join_rows(parts), batch_size=[len(keys)])
 
+    async def _unreadable(self, client, partition: str, keys: list[str], select) -> list[str]:
+        """The keys of a failed read that cannot be read as theirs now: absent, being cleared, or gone or
+        foreign at the index TQ still maps them to. Found by halving the read, so one such row among
+        many costs a few reads, not one per key; [] when the rows only moved (read them again)."""
+        if len(keys) == 1:
+            return await self._unreadable_one(client, partition, keys[0], select)
+        out: list[str] = []
+        for part in (keys[: len(keys) // 2], keys[len(keys) // 2 :]):
+            if not isinstance(await self._read(client, partition, part, select, None), TensorDict):
+                out += await self._unreadable(client, partition, part, select)
+        return out
+
+    async def _unreadable_one(self, client, partition: str, key: str, select) -> list[str]:
+        meta = await client.async_kv_retrieve_meta(keys=[key], partition_id=partition, create=False)
+        if meta.size != 1:
+            return [key]
+        got = await self._read(client, partition, [key], select, meta)
+        if isinstance(got, TensorDict):
+            return []
+        if got is not False:
+            return [key]  # absent or being cleared by now
+        # Gone or foreign where it was read: broken if TQ still maps the key there, else it moved.
+        try:
+            held = await client.async_kv_retrieve_keys(global_indexes=list(meta.global_indexes), partition_id=partition)
+        except RuntimeError:  # TQ's answer when the partition is gone: so is the key
+            return [key]
+        return [key] if list(held) == [key] else []
+
     def _missing(self, partition: str, keys: list[str]) -> list[str]:
         present = self.present(partition, keys)
         return [k for k in keys if k not in present]
@@ -286,11 +345,28 @@ class TQStore:
         listed = self.list(partition)
         return {k: dict(listed[k]) for k in keys if k in listed}
 
-    def clear(self, partition: str, keys: Sequence[str]) -> None:
-        if keys:
-            self._forget(partition, keys)
-            clear = self._tq.async_kv_clear(keys=list(keys), partition_id=partition)
-            self._call(f"clear of {len(keys)} key(s) from {partition!r}", clear)
+    def clear(self, partition: str, keys: Sequence[str], *, guard: ClearGuard | None = None) -> None:
+        """Clear `keys`' rows (absent ones are skipped), never by an index that changed hands since the lookup.
+
+        TQ 0.1.11's own clear looks the keys up, then marks, deletes from storage and releases by the
+        indexes found; storage deletes an index whatever partition or key holds it now, and the index
+        pool is shared by every partition. A clear whose lookup went stale (its process frozen after
+        it while another owner cleared the keys and a put was given the index) would delete that
+        put's row, which its controller keeps ready. So the clear runs TQ's steps itself: lookup,
+        mark, then a check of which keys the marked indexes hold now, and only the indexes still
+        holding keys of this clear are deleted and released. `guard` (default: the one given by
+        `with_clear_guard`) is asked right before the mark, the storage clear and the release; a
+        reason raises `ClearRefused`. What no check closes: a freeze after the last check and before
+        the request leaves the process, or a request sent and served late by a stalled storage unit
+        (docs/DESIGN.md, "Zombies"; docs/TQ-UPSTREAM.md, 8).
+        """
+        if not keys:
+            return
+        keys = list(dict.fromkeys(keys))
+        self._forget(partition, keys)
+        guard = guard if guard is not None else self._clear_guard
+        clear = clear_unmoved(self._tq.get_client(), partition, keys, guard)
+        self._call(f"clear of {len(keys)} key(s) from {partition!r}", clear)
 
 
 async def _within(coro, deadline_s: float, what: str) -> Any:

@@ -28,7 +28,7 @@ from streams.config import KafkaConfig
 from streams.consumer import Record, partitions_of
 from streams.errors import ReadTimeout, TQError, TQTimeout
 from streams.producer import TransactionalProducer, is_fatal, is_fenced
-from streams.tq import KVStore, with_call_deadline
+from streams.tq import KVStore, with_call_deadline, with_clear_guard
 from workers.reassembler.clearing import StagingClearer
 from workers.reassembler.clients import KafkaClients, WorkerClients
 from workers.reassembler.commit import PartitionCommit, commit_transaction, confirm_membership, dead_letter_counts
@@ -81,14 +81,16 @@ class ReassemblerWorker:
             # It names the transactional id: two workers sharing one would fence each other.
             raise InvalidArgument("ReassemblerConfig.worker_id is empty: every worker needs a stable id of its own")
         self.kafka = kafka
-        self.store = with_call_deadline(store, call_budget_s(config.max_poll_interval_ms / 1000))
+        self._lease = Lease(config.session_timeout_ms / 1000, config.max_poll_interval_ms / 1000, clock=clock)
+        # Every clear asks the lease before each request that deletes (`streams.tq.with_clear_guard`).
+        bounded = with_call_deadline(store, call_budget_s(config.max_poll_interval_ms / 1000))
+        self.store = with_clear_guard(bounded, self._lease.refusal)
         self.config = config
         self.sensor = sensor if sensor is not None else ReassemblerSensor()
         self.faults = faults
         self._clients = clients if clients is not None else KafkaClients(kafka)
         self._clock = clock
         self._tasks: dict[int, PartitionTask] = {}
-        self._lease = Lease(config.session_timeout_ms / 1000, config.max_poll_interval_ms / 1000, clock=clock)
         self._paused = False
         self._clearer = StagingClearer(self.store, config.actor.staging_partition)
         self._sweeper = StagingSweeper(self.store, config, clock=clock)

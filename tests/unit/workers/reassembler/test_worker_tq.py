@@ -138,3 +138,24 @@ def test_a_tq_timeout_after_the_commit_rebuilds_instead_of_ending_the_worker():
     steps(w, 3)
     letters = [DeadLetter.from_bytes(m.value()) for m in broker.records(NAMES.deadletter)]
     assert [d.source_key for d in letters] == [b"g1"] and finalized(broker) == ["g1"]
+
+
+def test_a_staged_row_a_stale_clear_deleted_is_a_missing_row_cleared_after_the_commit_and_the_partition_flows():
+    # A row TQ still maps (its tags name the group) whose storage a stale clear deleted, an index of a
+    # train row cleared by a trainer frozen after its lookup: the fetch reads it as missing, never a
+    # crash loop; the group finalizes without it, its owner's clear releases the key, the next group flows.
+    tq = FakeTQ()
+    tq_store = TQStore()
+    tq_store._tq = tq
+    broker = make_broker()
+    rollouts = publish(broker, tq_store, "g1")
+    broken = rollouts[1].receipt.manifest[0].staging_key
+    tq.stale_clear(STAGING, broken, looked_up_in=TRAIN)
+    w = worker(broker, tq_store)
+    steps(w, 2)
+    (record,) = [FinalizedGroup.from_bytes(m.value()) for m in broker.records(NAMES.finalized)]
+    assert record.valid_row_count == 1 and record.rejection_reasons[1] == "missing_staging_row"
+    assert (STAGING, broken) not in tq.where  # released by the group's staging clear after its commit
+    publish(broker, tq_store, "g2", seed=1)
+    steps(w, 2)
+    assert finalized(broker) == ["g1", "g2"]
