@@ -17,6 +17,7 @@ from schemas.regenerate import MAX_REGENERATIONS, regeneration_of
 from schemas.request import RolloutReassemblerActorConfig
 from streams.errors import MissingKeysError
 from streams.tq import KVStore
+from workers.reassembler.abandoned import clear_abandoned_rows
 from workers.reassembler.errors import LeaseRefused, StagingUnstable
 from workers.reassembler.groups import OpenGroup
 from workers.rollout.publisher import ROUTED_EXPERTS, SEGMENT_FIELDS
@@ -206,6 +207,9 @@ def finalize_groups(
 ) -> list[GroupOutcome]:
     """Finalize ready groups; rows go to TQ train now, staging is cleared by the caller after commit.
 
+    Train rows an earlier, uncommitted attempt put for a group decided now without rows are cleared
+    here, before the commit (`abandoned.py`).
+
     The rows of every group built go to TQ in one put per field layout, not one per group: TQ's cost
     is mostly per call (bench/dataplane). `lease_refusal(i, sample_ids)` is asked before put i and names why
     the caller may no longer own its partitions (None while it does): a zombie's put could overwrite
@@ -244,6 +248,8 @@ def finalize_groups(
         outcomes.append(
             GroupOutcome(group, _finalized_record(group, build, config, receipts_topic, metrics), None, None, staging)
         )
+    # Rows an uncommitted earlier attempt put for a group decided now without rows: no record will name them.
+    clear_abandoned_rows(store, config.partition_id, [o.group for o in outcomes if o.finalized is None])
     return outcomes
 
 
