@@ -3,7 +3,9 @@
 An actor owns a connect-only TQ client. It finalizes one metadata-only request at a time over RPC,
 runs TQ checkpoint commands owner-locally, and can run the Kafka worker loop, so a Ray pool of
 actors is a consumer group. Ray restarts an actor whose process dies and retries the calls that were
-in flight on it (see `RolloutReassemblerActor` for why each method may run again).
+in flight on it (see `RolloutReassemblerActor` for why each method may run again). No Kafka secret
+travels through Ray: `start_worker` hands an actor its settings without them, and the actor reads
+them on its node (`workers.actors.kafka_secrets`).
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ from schemas.finalized import FinalizedGroup
 from schemas.metadata_guard import assert_metadata_only
 from schemas.receipt import Receipt
 from schemas.request import ReassemblyRequest, RolloutReassemblerActorConfig
+from streams.config import KafkaConfig
 from streams.tq import TQConfig, nodes_offering
+from workers.actors.kafka_secrets import NO_FILES, KafkaFiles, NodeKafka, for_actors
 
 # How often Ray restarts a dead actor (its process killed or its node lost) before it stays dead, and
 # how often a call in flight on it is retried on the restarted actor (-1: as long as it restarts).
@@ -119,13 +123,24 @@ class RolloutReassemblerActor:
         assert_metadata_only(result, path="result")
         return result
 
-    def run_worker(self, kafka, worker_config) -> dict[str, Any]:
-        """Run the Kafka reassembler loop (a `ReassemblerConfig`) in this actor until `stop_worker`."""
+    def check_kafka(self, kafka: NodeKafka) -> list[str]:
+        """The names of the Kafka client settings this actor has on its node (secrets read here), never values;
+        ConfigError if a secret named is not found on the node."""
+        return sorted(kafka.resolve().client_settings)
+
+    def run_worker(self, kafka: NodeKafka | KafkaConfig, worker_config) -> dict[str, Any]:
+        """Run the Kafka reassembler loop (a `ReassemblerConfig`) in this actor until `stop_worker`.
+
+        `kafka` comes without secrets (`start_worker`, `kafka_secrets.for_actors`): they are read on this
+        node, since Ray records a call's arguments. A `KafkaConfig` holding one is refused.
+        """
         from workers.reassembler.worker import ReassemblerWorker
         from workers.telemetry.sensors import ReassemblerStats
 
+        if isinstance(kafka, KafkaConfig):
+            kafka = NodeKafka(kafka)  # refuses secrets: the caller must not hand them over Ray
         stats = ReassemblerStats()
-        worker = ReassemblerWorker(kafka, self._tq(), worker_config, sensor=stats)
+        worker = ReassemblerWorker(kafka.resolve(), self._tq(), worker_config, sensor=stats)
         try:
             worker.run(self._stop)
         finally:
@@ -151,6 +166,15 @@ def _receipt(value: dict | None, path: str) -> Receipt | None:
         return msgspec.convert(value, Receipt)
     except (msgspec.ValidationError, SchemaError) as exc:
         raise SchemaError(path, str(exc)) from None
+
+
+def start_worker(actor, kafka: KafkaConfig, worker_config, files: KafkaFiles = NO_FILES):
+    """Start `actor`'s Kafka worker loop (`run_worker`); returns its ObjectRef.
+
+    `kafka`'s secrets are not sent: the actor reads them on its node, from `files` (the same paths on
+    every node) or the node's environment (`kafka_secrets`), since Ray records a call's arguments.
+    """
+    return actor.run_worker.remote(for_actors(kafka, files), worker_config)
 
 
 def create_rollout_reassembler_actors(

@@ -114,3 +114,57 @@ def test_a_reassembler_finalizes_groups_as_a_user_bound_by_prefixed_acls(user, t
         worker.close()
     assert sorted(r.group_id for r in finalized_records(user, names)) == sorted(groups)
     tq_store.clear(TRAIN, [f"{gid}_g{i}" for gid in groups for i in range(8)])
+
+
+class _Pickled:
+    """Every pickle Ray makes in this process while installed: `ray._private.serialization` pickles each
+    argument of a task or actor creation (in band) with its module's `pickle.dumps`."""
+
+    def __init__(self, real):
+        self._real, self.made = real, []
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+    def dumps(self, *args, **kwargs):
+        data = self._real.dumps(*args, **kwargs)
+        self.made.append(bytes(data))
+        return data
+
+
+def test_a_reassembler_ray_actor_reads_its_password_on_its_node_and_ray_never_carries_it(
+    user, user_file, tq_store, monkeypatch
+):
+    import ray
+    from ray._private import serialization
+
+    from workers.actors.kafka_secrets import for_actors, kafka_files
+    from workers.actors.reassembler import DataPlaneConfig, create_rollout_reassembler_actors, start_worker
+    from workers.reassembler.config import default_actor_config
+
+    password = user.client_settings["sasl.password"]
+    prefix = f"{PREFIX}a"
+    names = setup_topics(user, prefix, partitions=1)
+    groups = publish_groups(user, tq_store, names, 3, prefix=f"{prefix}-g")
+    pickled = _Pickled(serialization.pickle)
+    monkeypatch.setattr(serialization, "pickle", pickled)
+    (actor,) = create_rollout_reassembler_actors(DataPlaneConfig(), default_actor_config(), num_workers=1)
+    try:
+        files = kafka_files(user_file)  # the same path on every node: here, one node
+        assert "sasl.password" in ray.get(actor.check_kafka.remote(for_actors(user, files)), timeout=60)
+        config = ReassemblerConfig(prefix=prefix, worker_id="a0", consumer_group=f"{prefix}.reassemblers")
+        run = start_worker(actor, user, config, files)
+        wait = time.monotonic() + 120
+        while len(finalized_records(user, names)) < len(groups):
+            assert time.monotonic() < wait, "the actor finalized nothing as the user"
+            time.sleep(0.5)
+        actor.stop_worker.remote()
+        assert ray.get(run, timeout=60)["finalized"] == len(groups)
+    finally:
+        ray.kill(actor)
+    # What Ray pickled for the actor's creation and its calls: the user's name and address, never the password.
+    made = b"".join(pickled.made)
+    assert user.bootstrap_servers.encode() in made and b"sasl.username" in made
+    assert password.encode() not in made
+    assert sorted(r.group_id for r in finalized_records(user, names)) == sorted(groups)
+    tq_store.clear(TRAIN, [f"{gid}_g{i}" for gid in groups for i in range(8)])

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from streams.config import KafkaConfig
+from workers.actors.kafka_secrets import NodeKafka
 from workers.examples.grpo.policy import PolicyShape, TinyPolicy
 from workers.examples.grpo.task import CopyTask
 from workers.rollout.convert import Turn, staged_rollout
@@ -56,7 +56,7 @@ class WeightBoard:
 class RolloutSpec:
     """What a rollout worker needs: where to publish, the task, the policy's shape and the gate's bounds."""
 
-    kafka: KafkaConfig
+    kafka: NodeKafka  # no secret: Ray records an actor's arguments; each actor reads them on its node
     prefix: str
     trainer_id: str
     task: CopyTask
@@ -121,15 +121,16 @@ class RolloutWorker:
         self._version = -1
         self._gen = torch.Generator().manual_seed(spec.seed * 1000 + index)
         self._next_prompt = index
-        self._publisher = RolloutPublisher(spec.kafka, TQStore(), names.receipts)
+        kafka = spec.kafka.resolve()
+        self._publisher = RolloutPublisher(kafka, TQStore(), names.receipts)
         self._gate = AdmissionGate(
-            spec.kafka,
+            kafka,
             names,
             max_staleness=spec.max_staleness,
             trainer_id=spec.trainer_id,
             batch_share=1.0 / spec.workers,
         )
-        self._feed = RegenerateFeed(spec.kafka, names, f"rollouts.{spec.prefix}", generated=spec.generated)
+        self._feed = RegenerateFeed(kafka, names, f"rollouts.{spec.prefix}", generated=spec.generated)
         self._stop = threading.Event()
 
     def _refresh(self) -> bool:
