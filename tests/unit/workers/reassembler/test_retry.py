@@ -5,8 +5,8 @@ from types import SimpleNamespace
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from workers.reassembler import worker as worker_module
-from workers.reassembler.worker import ReassemblerWorker, retry_delay
+from workers.reassembler import retry as retry_module
+from workers.reassembler.retry import retry_delay, retrying
 from workers.telemetry.sensors import ReassemblerStats
 
 
@@ -19,9 +19,13 @@ def _owner():
     return SimpleNamespace(sensor=ReassemblerStats(), config=SimpleNamespace(worker_id="w0"))
 
 
+def _retrying(owner, what, call):
+    return retrying(what, call, worker_id=owner.config.worker_id, sensor=owner.sensor)
+
+
 def test_a_call_failing_while_the_broker_is_down_is_retried_until_it_succeeds(monkeypatch, caplog):
     slept = []
-    monkeypatch.setattr(worker_module.time, "sleep", slept.append)
+    monkeypatch.setattr(retry_module.time, "sleep", slept.append)
     failures = iter([KafkaError._TIMED_OUT, KafkaError._TRANSPORT, KafkaError.NOT_COORDINATOR])
 
     def call():
@@ -31,7 +35,7 @@ def test_a_call_failing_while_the_broker_is_down_is_retried_until_it_succeeds(mo
         return "restored"
 
     owner = _owner()
-    assert ReassemblerWorker._retrying(owner, "restore of partition 3", call) == "restored"
+    assert _retrying(owner, "restore of partition 3", call) == "restored"
     assert slept == [1, 2, 4] and owner.sensor.retries == 3
     assert "w0: restore of partition 3 failed (broker down); retrying in 1s" in caplog.text
 
@@ -41,17 +45,17 @@ def test_a_call_failing_while_the_broker_is_down_is_retried_until_it_succeeds(mo
     [KafkaError(KafkaError._FATAL, "fatal", fatal=True), KafkaError(KafkaError._FENCED, "fenced")],
 )
 def test_a_fatal_or_fenced_failure_is_not_retried(monkeypatch, error):
-    monkeypatch.setattr(worker_module.time, "sleep", lambda s: pytest.fail("slept"))
+    monkeypatch.setattr(retry_module.time, "sleep", lambda s: pytest.fail("slept"))
 
     def call():
         raise KafkaException(error)
 
     with pytest.raises(KafkaException):
-        ReassemblerWorker._retrying(_owner(), "producer", call)
+        _retrying(_owner(), "producer", call)
 
 
 def test_a_kafka_exception_carrying_only_a_message_is_retried_too(monkeypatch):
-    monkeypatch.setattr(worker_module.time, "sleep", lambda s: None)
+    monkeypatch.setattr(retry_module.time, "sleep", lambda s: None)
     calls = iter([KafkaException("topic t not found"), None])
 
     def call():
@@ -60,4 +64,4 @@ def test_a_kafka_exception_carrying_only_a_message_is_retried_too(monkeypatch):
             raise exc
         return "ok"
 
-    assert ReassemblerWorker._retrying(_owner(), "restore", call) == "ok"
+    assert _retrying(_owner(), "restore", call) == "ok"
