@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import time
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -17,6 +16,7 @@ from confluent_kafka import KafkaError, KafkaException
 
 from streams.errors import ReadTimeout
 from streams.producer import is_fenced
+from workers.runtime import Runtime
 from workers.telemetry.sensors import ReassemblerSensor
 
 log = logging.getLogger("rlstream.reassembler")
@@ -30,8 +30,8 @@ def retry_delay(attempt: int) -> float:
     return min(MAX_RETRY_DELAY_S, 2.0 ** min(attempt, 16))
 
 
-def retrying(what: str, call: Callable[[], T], *, worker_id: str, sensor: ReassemblerSensor) -> T:
-    """`call()`, retried with backoff while Kafka fails it for a reason that can pass (a broker down)."""
+def retrying(what: str, call: Callable[[], T], *, worker_id: str, sensor: ReassemblerSensor, runtime: Runtime) -> T:
+    """`call()`, retried with backoff (`runtime.sleep`) while Kafka fails it for a reason that can pass."""
     for attempt in itertools.count():
         try:
             return call()
@@ -43,5 +43,5 @@ def retrying(what: str, call: Callable[[], T], *, worker_id: str, sensor: Reasse
             sensor.on_retry(what)
             reason = error.str() if isinstance(error, KafkaError) else exc
             log.warning("%s: %s failed (%s); retrying in %.0fs", worker_id, what, reason, delay)
-            time.sleep(delay)
+            runtime.sleep(delay)
     raise AssertionError("unreachable")

@@ -27,6 +27,7 @@ from workers.reassembler.groups import OpenGroup
 from workers.reassembler.restore import restore_partition
 from workers.reassembler.retry import retrying
 from workers.reassembler.task import PartitionTask
+from workers.runtime import Runtime
 from workers.telemetry.sensors import ReassemblerSensor
 
 log = logging.getLogger("rlstream.reassembler")
@@ -37,7 +38,8 @@ class TaskManager(Mapping[int, PartitionTask]):
 
     `consumer` is the worker's current consumer (set by the worker with each one it makes); the
     rebalance callbacks are subscribed with it. `clearer` is the worker's background staging clear,
-    which every change of tasks waits for (`settle_clear`).
+    which every change of tasks waits for (`settle_clear`). `runtime` is the worker's: the backoff
+    of a restore retried and the wall clock a restored task starts from.
     """
 
     def __init__(
@@ -48,10 +50,12 @@ class TaskManager(Mapping[int, PartitionTask]):
         clearer: StagingClearer,
         *,
         sensor: ReassemblerSensor,
+        runtime: Runtime,
     ):
         self.config = config
         self.store = store
         self.sensor = sensor
+        self.runtime = runtime
         self._clients = clients
         self._clearer = clearer
         self._tasks: dict[int, PartitionTask] = {}
@@ -116,7 +120,7 @@ class TaskManager(Mapping[int, PartitionTask]):
         return self._retrying(f"restore of partition {partition}", lambda: self._read_task(partition))
 
     def _retrying(self, what, call):
-        return retrying(what, call, worker_id=self.config.worker_id, sensor=self.sensor)
+        return retrying(what, call, worker_id=self.config.worker_id, sensor=self.sensor, runtime=self.runtime)
 
     def _read_task(self, partition: int) -> PartitionTask:
         # A fetch of committed offsets waits until a predecessor's open transaction (holding offsets
@@ -137,7 +141,12 @@ class TaskManager(Mapping[int, PartitionTask]):
         )
         committed = tp.offset if tp.offset >= 0 else None
         return PartitionTask.resume(
-            restored, self.store, self.config, committed_offset=committed, state_end=changelog.end_offset
+            restored,
+            self.store,
+            self.config,
+            committed_offset=committed,
+            state_end=changelog.end_offset,
+            now_ms=self.runtime.wall_ms(),
         )
 
     def rebuild(self) -> None:

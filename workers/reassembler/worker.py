@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable
 
 from confluent_kafka import KafkaError, KafkaException
@@ -44,6 +43,7 @@ from workers.reassembler.stepsize import StepSize
 from workers.reassembler.sweeper import StagingSweeper
 from workers.reassembler.task import PartitionTask
 from workers.reassembler.task_manager import TaskManager
+from workers.runtime import REAL_RUNTIME, Runtime
 from workers.telemetry.sensors import ReassemblerSensor
 
 log = logging.getLogger("rlstream.reassembler")
@@ -53,9 +53,10 @@ class ReassemblerWorker:
     """One consumer-group member; `run` loops `step` until stopped.
 
     `faults` (tests and drills only) is called at fixed points of every step; `clients` makes the
-    Kafka clients (real ones by default); `clock` is the monotonic clock of the lease and of the
-    transaction timing. Every TQ call through `store` is given up at `lease.call_budget_s` (a TQ
-    store gets that deadline here, wherever the worker runs: a pool child, a Ray actor, a thread).
+    Kafka clients (real ones by default); `runtime` gives it every clock, sleep and background thread
+    it uses (`workers.runtime`: the process's own by default, a simulator's virtual ones). Every TQ
+    call through `store` is given up at `lease.call_budget_s` (a TQ store gets that deadline here,
+    wherever the worker runs: a pool child, a Ray actor, a thread).
     """
 
     def __init__(
@@ -67,7 +68,7 @@ class ReassemblerWorker:
         sensor: ReassemblerSensor | None = None,
         faults: Faults = NO_FAULTS,
         clients: WorkerClients | None = None,
-        clock: Callable[[], float] = time.monotonic,
+        runtime: Runtime = REAL_RUNTIME,
     ):
         if not config.worker_id:
             # It names the transactional id: two workers sharing one would fence each other.
@@ -78,12 +79,13 @@ class ReassemblerWorker:
         self.sensor = sensor if sensor is not None else ReassemblerSensor()
         self.faults = faults
         self._clients = clients if clients is not None else KafkaClients(kafka)
-        self._clock = clock
-        self._lease = Lease(config.session_timeout_ms / 1000, config.max_poll_interval_ms / 1000, clock=clock)
-        self._clearer = StagingClearer(self.store, config.actor.staging_partition)
+        self.runtime = runtime
+        self._clock = runtime.monotonic
+        self._lease = Lease(config.session_timeout_ms / 1000, config.max_poll_interval_ms / 1000, runtime=runtime)
+        self._clearer = StagingClearer(self.store, config.actor.staging_partition, runtime=runtime)
         # The partition tasks, by partition (a mapping), and their assignment, restore and rebuild.
-        self._tasks = TaskManager(config, self.store, self._clients, self._clearer, sensor=self.sensor)
-        self._sweeper = StagingSweeper(self.store, config, clock=clock)
+        self._tasks = TaskManager(config, self.store, self._clients, self._clearer, sensor=self.sensor, runtime=runtime)
+        self._sweeper = StagingSweeper(self.store, config, runtime=runtime)
         self._warned: dict[int, float] = {}
         self._step = StepSize(config.worker_id, config.max_poll_records, config.max_poll_interval_ms)
         # When the open transaction began (None: none open): a fence after its timeout is the
@@ -94,7 +96,7 @@ class ReassemblerWorker:
             config.transactional_id,
             session_timeout_s=config.session_timeout_ms / 1000,
             transaction_timeout_s=config.transaction_timeout_ms / 1000,
-            clock=clock,
+            clock=runtime.monotonic,
         )
         self._producer = self._new_producer()
         self._consumer = self._new_consumer()
@@ -135,6 +137,7 @@ class ReassemblerWorker:
             lambda: self._clients.producer(self.config.transactional_id, self.config.transaction_timeout_ms),
             worker_id=self.config.worker_id,
             sensor=self.sensor,
+            runtime=self.runtime,
         )
 
     # ----- the step --------------------------------------------------------------------------
@@ -147,7 +150,7 @@ class ReassemblerWorker:
         if msgs and self.config.max_poll_records > 1:
             msgs += self._consumer.consume(self.config.max_poll_records - 1, 0)
         self._lease.polled()
-        now_ms = int(time.time() * 1000)
+        now_ms = self.runtime.wall_ms()
         consumed = 0
         for m in msgs:
             if m.error() is not None:
@@ -181,7 +184,7 @@ class ReassemblerWorker:
 
     def _warn_once(self, error: KafkaError) -> None:
         # A missing topic or a broker down repeats on every poll: one line per error kind a minute.
-        now = time.monotonic()
+        now = self._clock()
         if now - self._warned.get(error.code(), -1e9) >= 60:
             self._warned[error.code()] = now
             log.warning("%s: consumer error, retried by the client: %s", self.config.worker_id, error.str())
@@ -201,6 +204,7 @@ class ReassemblerWorker:
                     receipts_topic=self.config.receipts_topic,
                     now_ms=now_ms,
                     lease_refusal=self._lease_refusal,
+                    runtime=self.runtime,
                 )
                 if ready
                 else []
@@ -369,13 +373,13 @@ class ReassemblerWorker:
     ) -> None:
         """Step until `should_stop`, calling `on_tick` about every `tick_s` seconds; closes the worker."""
         stop = should_stop.is_set if isinstance(should_stop, threading.Event) else should_stop
-        last = time.monotonic()
+        last = self._clock()
         try:
             while not stop():
                 self.step()
-                if on_tick is not None and time.monotonic() - last >= tick_s:
+                if on_tick is not None and self._clock() - last >= tick_s:
                     on_tick()
-                    last = time.monotonic()
+                    last = self._clock()
         finally:
             self.close()
 

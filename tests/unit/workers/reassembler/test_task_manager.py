@@ -10,7 +10,7 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from schemas.state import PROGRESS_KEY, PartitionProgress
-from workers.reassembler import retry as retry_module
+from tests.unit.manual_runtime import ManualRuntime
 from workers.reassembler.clearing import StagingClearer
 from workers.reassembler.config import ReassemblerConfig
 from workers.reassembler.task_manager import TaskManager
@@ -37,10 +37,11 @@ class AssignLog(FakeConsumer):
         super().assign(partitions)
 
 
-def _manager(broker, store, *, clients=None, **settings) -> tuple[TaskManager, AssignLog, StagingClearer]:
+def _manager(broker, store, *, clients=None, runtime=None, **settings) -> tuple[TaskManager, AssignLog, StagingClearer]:
     config = ReassemblerConfig(prefix="t", worker_id="w0", consumer_group=GROUP, **settings)
-    clearer = StagingClearer(store, config.actor.staging_partition)
-    tasks = TaskManager(config, store, clients or broker.clients(), clearer, sensor=ReassemblerStats())
+    runtime = runtime or ManualRuntime()
+    clearer = StagingClearer(store, config.actor.staging_partition, runtime=runtime)
+    tasks = TaskManager(config, store, clients or broker.clients(), clearer, sensor=ReassemblerStats(), runtime=runtime)
     consumer = tasks.consumer = AssignLog(broker, GROUP)
     consumer.subscribe([NAMES.receipts], on_assign=tasks.on_assign, on_revoke=tasks.on_revoke, on_lost=tasks.on_lost)
     consumer.generation = broker.generations.get(GROUP, 0)  # joined: each test hands out the assignment itself
@@ -148,24 +149,21 @@ class FlakyChangelog(FakeClients):
         return super().changelog(topic, partition)
 
 
-def test_a_restore_that_fails_while_the_brokers_are_down_is_retried_with_backoff(monkeypatch):
-    slept: list[float] = []
-    monkeypatch.setattr(retry_module.time, "sleep", slept.append)
-    broker, store = make_broker(), RecordingStore()
+def test_a_restore_that_fails_while_the_brokers_are_down_is_retried_with_backoff():
+    broker, store, runtime = make_broker(), RecordingStore(), ManualRuntime()
     down = [KafkaException(KafkaError(KafkaError._TRANSPORT, "broker down")) for _ in range(2)]
-    tasks, consumer, _ = _manager(broker, store, clients=FlakyChangelog(broker, down))
+    tasks, consumer, _ = _manager(broker, store, clients=FlakyChangelog(broker, down), runtime=runtime)
     tasks.on_assign(consumer, _tps(0))
-    assert sorted(tasks) == [0] and slept == [1, 2] and tasks.sensor.retries == 2
+    assert sorted(tasks) == [0] and runtime.slept == [1, 2] and tasks.sensor.retries == 2
 
 
-def test_a_restore_failing_fatally_is_not_retried(monkeypatch):
-    monkeypatch.setattr(retry_module.time, "sleep", lambda s: pytest.fail("slept"))
-    broker, store = make_broker(), RecordingStore()
+def test_a_restore_failing_fatally_is_not_retried():
+    broker, store, runtime = make_broker(), RecordingStore(), ManualRuntime()
     fatal = [KafkaException(KafkaError(KafkaError._FATAL, "fatal", fatal=True))]
-    tasks, consumer, _ = _manager(broker, store, clients=FlakyChangelog(broker, fatal))
+    tasks, consumer, _ = _manager(broker, store, clients=FlakyChangelog(broker, fatal), runtime=runtime)
     with pytest.raises(KafkaException):
         tasks.on_assign(consumer, _tps(0))
-    assert len(tasks) == 0
+    assert len(tasks) == 0 and runtime.slept == []
 
 
 def test_a_reset_drops_every_task_once_the_clear_settled_and_resumes_fetching():
