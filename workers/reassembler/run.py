@@ -13,7 +13,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable, Sequence
 from typing import BinaryIO
 
@@ -27,6 +26,7 @@ from workers.reassembler.config import ReassemblerConfig
 from workers.reassembler.faults import NO_FAULTS, Faults
 from workers.reassembler.lease import call_budget_s
 from workers.reassembler.pool import STOP_GRACE_S, Pool, RestartPolicy, SpareSupply
+from workers.runtime import REAL_RUNTIME, Runtime
 from workers.telemetry.sensors import ReassemblerSensor, ReassemblerStats, fan_out
 
 # How a child is started; everything else it needs arrives on its stdin.
@@ -160,10 +160,9 @@ def await_promotion(spec: WorkerSpec, stdin: BinaryIO, log: Callable[[str], None
 
 
 def rate_line(
-    worker_id: str, stats: ReassemblerStats, prev: tuple[int, int, float]
+    worker_id: str, stats: ReassemblerStats, prev: tuple[int, int, float], *, now: float
 ) -> tuple[str, tuple[int, int, float]]:
-    """One-line summary of a worker's progress since the previous line."""
-    now = time.monotonic()
+    """One-line summary of a worker's progress since the previous line (`now`: its runtime's monotonic clock)."""
     dt = max(now - prev[2], 1e-9)
     dead = sum(stats.dead_letters.values())
     line = (
@@ -185,11 +184,13 @@ def run_worker(
     tick_s: float = 5.0,
     sensor: ReassemblerSensor | None = None,
     faults: Faults = NO_FAULTS,
+    runtime: Runtime = REAL_RUNTIME,
 ) -> ReassemblerStats:
     """Attach to TQ and run one worker in this process until `stop` is set or SIGINT/SIGTERM arrives.
 
     `sensor` (e.g. a Prometheus one) gets every reading as well as the totals behind the rate line;
-    `faults` is for drills only (`tests/tools/drill_worker.py`).
+    `faults` is for drills only (`tests/tools/drill_worker.py`); `runtime` is the worker's clocks and
+    threads (`workers.runtime`), the process's own by default.
     """
     from workers.reassembler.worker import ReassemblerWorker
 
@@ -201,20 +202,25 @@ def run_worker(
             signal.signal(sig, lambda *_: stop.set())
     stats = ReassemblerStats()
     worker = ReassemblerWorker(
-        kafka, TQStore(), config, sensor=stats if sensor is None else fan_out(stats, sensor), faults=faults
+        kafka,
+        TQStore(),
+        config,
+        sensor=stats if sensor is None else fan_out(stats, sensor),
+        faults=faults,
+        runtime=runtime,
     )
     log(
         f"[{config.worker_id}] consuming {config.receipts_topic} on {kafka.bootstrap_servers} "
         f"as consumer group {config.consumer_group!r}"
     )
-    prev = [(0, 0, time.monotonic())]
+    prev = [(0, 0, runtime.monotonic())]
 
     def tick() -> None:
-        line, prev[0] = rate_line(config.worker_id, stats, prev[0])
+        line, prev[0] = rate_line(config.worker_id, stats, prev[0], now=runtime.monotonic())
         log(line)
 
     worker.run(stop, on_tick=tick, tick_s=tick_s)
-    log(rate_line(config.worker_id, stats, prev[0])[0] + " (stopped)")
+    log(rate_line(config.worker_id, stats, prev[0], now=runtime.monotonic())[0] + " (stopped)")
     return stats
 
 
