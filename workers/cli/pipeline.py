@@ -46,7 +46,7 @@ def smoke(target: KafkaTarget) -> int:
     type=click.IntRange(0, 65535),
     default=None,
     help="serve Prometheus /metrics on this port (0: a free one, logged); with --workers N, worker i uses "
-    "PORT+i (or a free one each for 0)",
+    "PORT+i and the pool's supervision (restarts, exits, spare) PORT+N (or a free one each for 0)",
 )
 @click.option(
     "--spare/--no-spare",

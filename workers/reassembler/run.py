@@ -226,7 +226,7 @@ def serve_worker(
     if metrics_port is not None:
         from workers.telemetry.prometheus import PrometheusReassemblerSensor, start_metrics_server
 
-        sensor = PrometheusReassemblerSensor()
+        sensor = PrometheusReassemblerSensor(prefix=config.prefix)
         log(f"metrics: http://0.0.0.0:{start_metrics_server(metrics_port)}/metrics")
     run_worker(kafka, config, tq, log=log, sensor=sensor)
     return 0
@@ -272,7 +272,8 @@ def run_pool(
 ) -> int:
     """Run num_workers child processes (ids `<worker_id>-<i>`) until interrupted; returns the worst exit code.
 
-    With `metrics_port`, child i serves on `metrics_port + i` (or a free port each, for 0). SIGINT and
+    With `metrics_port`, child i serves on `metrics_port + i` (or a free port each, for 0) and this process
+    its supervision (restarts, exits, the spare) on `metrics_port + num_workers` (or a free one). SIGINT and
     SIGTERM are forwarded to the children (the handlers are in place before the first one starts);
     each child's exit is logged when it happens; a child that crashes (a non-zero exit or a signal
     the pool did not forward) is started again with the same worker id after the `restart` policy's
@@ -301,7 +302,16 @@ def run_pool(
 
     warn = warn or logging.getLogger("rlstream.reassemble").warning
     restart = restart or RestartPolicy()
-    pool = Pool(log=log, warn=warn, stop_grace_s=stop_grace_s, spawn=spawn, restart=restart, spares=spares)
+    sensor = None
+    if metrics_port is not None:
+        from workers.telemetry.prometheus import PrometheusPoolSensor, start_metrics_server
+
+        sensor = PrometheusPoolSensor(prefix=config.prefix)
+        served = start_metrics_server(metrics_port + num_workers if metrics_port else 0)
+        log(f"metrics: http://0.0.0.0:{served}/metrics (the pool: restarts, exits, spare)")
+    pool = Pool(
+        log=log, warn=warn, stop_grace_s=stop_grace_s, spawn=spawn, restart=restart, spares=spares, sensor=sensor
+    )
     with pool.forwarding_signals():
         pool.keep_spare()  # before the workers: one that dies at once already finds it
         for worker_id in workers:
