@@ -31,6 +31,9 @@ _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.
 _STALENESS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 32, 64)
 # What a worker's fence can hit (`workers/reassembler/fencing.py`).
 FENCES = ("producer", "member")
+# What a worker retries (`ReassemblerWorker._retrying`): a restore names its partition, which the
+# label leaves to the log line, so the series are these three from the start.
+RETRIES = ("producer", "committed offsets", "restore")
 PREFIX = "prefix"
 
 T = TypeVar("T")
@@ -118,7 +121,7 @@ class _ReassemblerFamilies:
         )
         self.retries = _counter(
             "rlstream_reassembler_retries_total",
-            "Kafka calls a worker needs (restoring a partition, a new producer) that failed and were retried",
+            "Kafka calls a worker needs (restore, producer, committed offsets) that failed and were retried",
             "what",
         )
         self.staging_swept = _counter(
@@ -207,6 +210,8 @@ class PrometheusReassemblerSensor(ReassemblerSensor):
         self._aborts = m.transaction_aborts.labels(prefix)
         self._swept = m.staging_swept.labels(prefix)
         self._fenced = {what: m.fenced.labels(prefix, what) for what in FENCES}
+        for what in RETRIES:
+            m.retries.labels(prefix, what)
         # Partitions whose lag series this sensor set, per topic: what on_lag must remove when they go.
         self._lag_partitions: dict[str, set[int]] = {}
 
@@ -225,7 +230,7 @@ class PrometheusReassemblerSensor(ReassemblerSensor):
         self._aborts.inc()
 
     def on_retry(self, what: str) -> None:
-        self._m.retries.labels(self.prefix, what).inc()
+        self._m.retries.labels(self.prefix, what.partition(" of partition ")[0]).inc()
 
     def on_open_groups(self, n: int, *, paused: bool) -> None:
         self._open.set(n)

@@ -149,6 +149,21 @@ def test_series_exist_at_zero_before_their_first_event():
         assert get(name, {"prefix": "p"}) == 0, name
     for what in ("producer", "member"):
         assert get("rlstream_reassembler_fenced_total", {"prefix": "p", "what": what}) == 0
+    for what in ("producer", "committed offsets", "restore"):
+        assert get("rlstream_reassembler_retries_total", {"prefix": "p", "what": what}) == 0
+
+
+def test_retries_are_counted_by_what_without_the_partition_a_restore_names():
+    r = CollectorRegistry()
+    s = PrometheusReassemblerSensor(r, prefix="p")
+    for what in ("restore of partition 3", "restore of partition 11", "producer", "committed offsets"):
+        s.on_retry(what)
+    get = r.get_sample_value
+    assert get("rlstream_reassembler_retries_total", {"prefix": "p", "what": "restore"}) == 2
+    assert get("rlstream_reassembler_retries_total", {"prefix": "p", "what": "producer"}) == 1
+    assert get("rlstream_reassembler_retries_total", {"prefix": "p", "what": "committed offsets"}) == 1
+    whats = {s.labels["what"] for fam in r.collect() if fam.name == "rlstream_reassembler_retries" for s in fam.samples}
+    assert whats == {"restore", "producer", "committed offsets"}, "one series per kind, whatever the partition"
 
 
 def test_fences_and_the_trainer_version_are_reported():
