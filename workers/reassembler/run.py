@@ -27,7 +27,7 @@ from workers.reassembler.config import ReassemblerConfig
 from workers.reassembler.faults import NO_FAULTS, Faults
 from workers.reassembler.lease import call_budget_s
 from workers.reassembler.pool import STOP_GRACE_S, Pool, RestartPolicy, SpareSupply
-from workers.telemetry.sensors import ReassemblerSensor, ReassemblerStats, fan_out
+from workers.telemetry.sensors import PoolSensor, ReassemblerSensor, ReassemblerStats, fan_out
 
 # How a child is started; everything else it needs arrives on its stdin.
 CHILD_ARGS = ("-m", "workers.cli.main", "reassemble", "--config-stdin")
@@ -269,11 +269,12 @@ def run_pool(
     stop_grace_s: float = STOP_GRACE_S,
     restart: RestartPolicy | None = None,
     keep_spare: bool = False,
+    sensor: PoolSensor | None = None,
 ) -> int:
     """Run num_workers child processes (ids `<worker_id>-<i>`) until interrupted; returns the worst exit code.
 
-    With `metrics_port`, child i serves on `metrics_port + i` (or a free port each, for 0) and this process
-    its supervision (restarts, exits, the spare) on `metrics_port + num_workers` (or a free one). SIGINT and
+    With `metrics_port`, child i serves on `metrics_port + i` (or a free port each, for 0); `sensor` gets
+    the pool's supervision (exits, restarts, the spare; `serve_pool_metrics`). SIGINT and
     SIGTERM are forwarded to the children (the handlers are in place before the first one starts);
     each child's exit is logged when it happens; a child that crashes (a non-zero exit or a signal
     the pool did not forward) is started again with the same worker id after the `restart` policy's
@@ -302,13 +303,6 @@ def run_pool(
 
     warn = warn or logging.getLogger("rlstream.reassemble").warning
     restart = restart or RestartPolicy()
-    sensor = None
-    if metrics_port is not None:
-        from workers.telemetry.prometheus import PrometheusPoolSensor, start_metrics_server
-
-        sensor = PrometheusPoolSensor(prefix=config.prefix)
-        served = start_metrics_server(metrics_port + num_workers if metrics_port else 0)
-        log(f"metrics: http://0.0.0.0:{served}/metrics (the pool: restarts, exits, spare)")
     pool = Pool(
         log=log, warn=warn, stop_grace_s=stop_grace_s, spawn=spawn, restart=restart, spares=spares, sensor=sensor
     )
@@ -325,6 +319,19 @@ def run_pool(
         counts = ", ".join(f"{w} {n}" for w, n in sorted(pool.restarts.items()))
         log(f"worker processes restarted {pool.restarts.total()} time(s): {counts}")
     return code
+
+
+def serve_pool_metrics(
+    config: ReassemblerConfig, metrics_port: int, num_workers: int, log: Callable[[str], None]
+) -> PoolSensor:
+    """A pool's Prometheus sensor, served from this process on the port after its workers' (`metrics_port`
+    + `num_workers`; a free one for 0)."""
+    from workers.telemetry.prometheus import PrometheusPoolSensor, start_metrics_server
+
+    sensor = PrometheusPoolSensor(prefix=config.prefix)
+    served = start_metrics_server(metrics_port + num_workers if metrics_port else 0)
+    log(f"metrics: http://0.0.0.0:{served}/metrics (the pool: restarts, exits, spare)")
+    return sensor
 
 
 def _spare(
