@@ -246,9 +246,13 @@ def top(
 ) -> int:
     """A live view of a run: throughput, lag per partition, staleness, evictions, dead letters, trainer version,
     TQ rows held; from Kafka and the metrics endpoints, redrawn until Ctrl-C."""
+    import logging
+    import os
     import sys
 
+    from workers.cli.failures import keep_log_file
     from workers.ops.top import TopSource, run_top
+    from workers.telemetry.logs import configure_logging
 
     names = _names(target)
     if not once:
@@ -256,6 +260,10 @@ def top(
             f"top: {names.receipts} ({consumer_group!r}), {names.finalized} and {names.trainer_version} on "
             f"{target.servers}, {len(endpoints)} metrics endpoint(s) (Ctrl-C to quit)"
         )
+        # The screen says what Kafka does; librdkafka's lines (a broker away) would write over it: they go
+        # to the log file only while the view runs.
+        configure_logging(level=logging.WARNING, stream=open(os.devnull, "w"))  # noqa: SIM115 - for the process
+        keep_log_file()
     source = TopSource(
         target.kafka,
         names,

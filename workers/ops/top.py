@@ -211,10 +211,15 @@ def run_top(
     stop: threading.Event | None = None,
 ) -> int:
     """Redraw `source`'s figures on `out` every `interval_s` until Ctrl-C, SIGTERM or `stop`; with `once`,
-    print one screen as plain lines and return. Returns 0: quitting is how it ends."""
+    print one screen as plain lines and return. Returns 0: quitting is how it ends.
+
+    Ctrl-C sets `stop` rather than raising: a KeyboardInterrupt raised inside a librdkafka callback (its
+    log lines reach Python from within a blocking call) would be swallowed there, and the view with it.
+    """
     stop = stop or threading.Event()
+    handled = {}
     if not once and threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        handled = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
     prev = None
     try:
         if not once:
@@ -234,6 +239,8 @@ def run_top(
     except KeyboardInterrupt:
         pass
     finally:
+        for sig, previous in handled.items():
+            signal.signal(sig, previous)
         if not once:
             out.write(SHOW_CURSOR + "\n")
             out.flush()

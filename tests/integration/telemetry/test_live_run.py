@@ -36,7 +36,7 @@ from tests.tools import dashboard as d
 
 PROMETHEUS = shutil.which("prometheus")
 TMUX = shutil.which("tmux")
-GROUPS = 64  # at 2 groups/s: about half a minute of streaming after the start
+GROUPS = 60  # at 3 groups/s: 20 s of streaming after the start, the trainer at version 2 by the end
 _URL = re.compile(r"http://[\d.]+:\d+/metrics")
 
 
@@ -142,7 +142,7 @@ def live_run(kafka, tq_session, tmp_path_factory):
         procs.append(pool)
         with open(demo_log, "wb") as out:
             demo = subprocess.Popen(
-                [*cli, "demo", *common, "--groups", str(GROUPS), "--produce-rate-groups-s", "2", "--reassemblers", "1",
+                [*cli, "demo", *common, "--groups", str(GROUPS), "--produce-rate-groups-s", "3", "--reassemblers", "1",
                  "--metrics-port", "0", "--timeout", "240", "--json", str(run_dir / "demo.json")],
                 stdout=out, stderr=subprocess.STDOUT, env=env,
             )  # fmt: skip
@@ -241,7 +241,7 @@ def _shows_the_run(screen: str, run: LiveRun) -> bool:
 
 
 @pytest.mark.skipif(TMUX is None, reason="needs tmux (Debian's tmux package; .ci/run installs it)")
-def test_top_shows_the_live_run_in_a_terminal_and_quits_on_ctrl_c(live_run, tmp_path):
+def test_top_shows_the_live_run_then_its_endpoints_down_and_quits_on_ctrl_c(live_run, tmp_path):
     urls = [u for role in ("reassemblers", "pool", "trainer", "tq") for u in live_run.endpoints[role]]
     command = [sys.executable, "-m", "workers.cli.main", "top", "--bootstrap-servers", live_run.bootstrap_servers,
                "--prefix", live_run.prefix, "--consumer-group", live_run.consumer_group]  # fmt: skip
@@ -257,17 +257,31 @@ def test_top_shows_the_live_run_in_a_terminal_and_quits_on_ctrl_c(live_run, tmp_
         screen = _wait_for("the live run on rlstream top's screen", 120, shown)
         assert live_run.demo.poll() is None, "the demo was still running: a live view, not a leftover"
         (tmp_path / "screen.txt").write_text(screen)
-        # It redraws: the clock in the first line moves on.
+        # The demo ends by itself: its trainer's and its actor's endpoints go, top shows them down and goes on.
+        live_run.demo_report()
+        trainer = live_run.endpoints["trainer"][0]
+
+        def down() -> str | None:
+            screen = term.screen()
+            return screen if f"{trainer}  DOWN: " in screen and "metrics endpoints: 4 of 6 up" in screen else None
+
+        screen = _wait_for("the demo's endpoints shown down", 30, down)
+        assert re.search(r"^throughput +receipts in [\d.]+/s", screen, re.M), "Kafka's figures still shown"
         clock = re.search(r"· (\d\d:\d\d:\d\d) ·", screen).group(1)
         _wait_for("a redraw", 10, lambda: re.search(r"· (\d\d:\d\d:\d\d) ·", term.screen()).group(1) != clock)
         term.keys("C-c")
         # The pane's process is top itself (exec'd by tmux's shell): its own exit status, not a shell's.
         # tmux marks the pane dead when its terminal closes, and knows the status once it reaped the process.
-        status = _wait_for(
-            "top to exit on Ctrl-C",
-            20,
-            lambda: (st := term.pane("exit #{pane_dead_status}, signal #{pane_dead_signal}")) != "exit , signal" and st,
-        )
+        try:
+            status = _wait_for(
+                "top to exit on Ctrl-C",
+                20,
+                lambda: (
+                    (st := term.pane("exit #{pane_dead_status}, signal #{pane_dead_signal}")) != "exit , signal" and st
+                ),
+            )
+        except TimeoutError as exc:
+            raise AssertionError(f"{exc}; its screen:\n{term.screen()}") from None
         assert status == "exit 0, signal", status + "\n" + term.screen()
         assert "Traceback" not in term.screen()
     finally:
@@ -291,12 +305,12 @@ def _has_data(result: list[dict]) -> bool:
 @pytest.mark.skipif(PROMETHEUS is None, reason="needs Prometheus (Debian's prometheus package; .ci/run installs it)")
 def test_prometheus_scrapes_the_run_and_every_dashboard_query_and_alert_rule_evaluates_with_data(live_run):
     run = live_run
-    targets = lambda: _get(f"{run.prometheus}/api/v1/targets").get("data", {}).get("activeTargets", [])  # noqa: E731
-    _wait_for(
-        "every target scraped and up", 60, lambda: len(targets()) == 6 and all(t["health"] == "up" for t in targets())
-    )
     report = run.demo_report()  # the run ends by itself; everything it did is in Prometheus by then
     end = time.time()
+    # Every endpoint of the run was scraped while it ran (the demo's are gone now).
+    (up,) = _query_range(run, f"min(max_over_time(up[{int(end - run.started_at) + 5}s]))", end, end)
+    assert float(up["values"][-1][1]) == 1
+    assert len(_query_range(run, "up", run.started_at, end)) == 6
     range_ = f"{int(end - run.started_at) + 60}s"
     empty = {}
     for q in d.queries():
