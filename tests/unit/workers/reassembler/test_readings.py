@@ -11,21 +11,18 @@ from collections.abc import Callable
 import pytest
 from prometheus_client import CollectorRegistry
 
-from workers.reassembler.config import ReassemblerConfig
 from workers.reassembler.errors import WorkerFenced
-from workers.reassembler.faults import Faults
 from workers.reassembler.pool import FENCED_EXIT, Pool, RestartPolicy, SpareSupply
 from workers.reassembler.worker import ReassemblerWorker
 from workers.telemetry.prometheus import PrometheusPoolSensor, PrometheusReassemblerSensor
 
-from .steps import GROUP, Clock, CommitFault, RecordingStore, make_broker, publish, steps
+from .steps import GROUP, Clock, CommitFault, RecordingStore, make_broker, publish, steps, worker
 
 
 def _worker(broker, store, sensor, *, clock, faults=None, **settings) -> ReassemblerWorker:
-    config = ReassemblerConfig(prefix="t", worker_id="w0", consumer_group=GROUP, **settings)
-    return ReassemblerWorker(
-        None, store, config, sensor=sensor, clients=broker.clients(), clock=clock, faults=faults or Faults()
-    )
+    w = worker(broker, store, clock=clock, faults=faults, **settings)
+    w.sensor = sensor  # fences are read by the worker itself, at the moment it meets one
+    return w
 
 
 def test_a_fenced_producer_is_reported_each_time_also_the_fence_that_stops_the_worker():
