@@ -51,6 +51,7 @@ class ExperienceConsumer(FinalizedIntake):
         if version == self.version:
             return
         self.version = version
+        self.sensor.on_version(version)
         for p in self._pending.all_pending():
             if p.state in ("held", "ready"):
                 self._decide(p)
@@ -346,3 +347,4 @@ class ExperienceConsumer(FinalizedIntake):
             raise InvalidArgument("load_state_dict must come before the first select, next_batch or poll")
         self._restored = dict(st.partitions)
         self.version = max(self.version, st.version)
+        self.sensor.on_version(self.version)

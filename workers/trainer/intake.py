@@ -100,6 +100,7 @@ class FinalizedIntake:
         self._on_yield = on_yield
         self._on_evict = on_evict
         self.sensor = sensor if sensor is not None else TrainerSensor()
+        self.sensor.on_version(version)
         # Rows of resolved groups stay until a commit names their records: a durable checkpoint's with
         # checkpoints, else the next commit of the offsets (`clears.py`).
         self._clears = RowClears(store, config.train_partition, deferred=config.checkpointed)
