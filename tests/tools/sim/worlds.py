@@ -7,6 +7,7 @@ real time against the environment's clock, real topics against the model's.
 
 from __future__ import annotations
 
+import itertools
 import time
 import uuid
 from collections.abc import Callable
@@ -135,12 +136,41 @@ class TQWorld:
 
 
 class RealTQ(TQWorld):
+    """The session's TQ. `drain` empties its pool of released indexes, so allocations come from its
+    counter, as a fresh model's do from `base`."""
+
     real = True
+    DRAIN_BATCH = 1024
 
     def __init__(self):
         import transfer_queue
 
         self.tq = transfer_queue
+        self._scratch: list[tuple[str, list[str]]] = []
+
+    def drain(self) -> int:
+        """Take every released index (tags-only puts to a scratch partition) until a batch comes from
+        the counter alone: consecutive, above all taken. Sets and returns `base`, the counter then."""
+        partition = f"sim.drain.{uuid.uuid4().hex[:8]}"
+        highest = -1
+        for n in itertools.count():
+            keys = [f"d{n}.{i}" for i in range(self.DRAIN_BATCH)]
+            self.run(self.tq.async_kv_batch_put(keys=keys, partition_id=partition, tags=[{} for _ in keys]))
+            self._scratch.append((partition, keys))
+            got = self.run(
+                self.tq.get_client().async_kv_retrieve_meta(keys=keys, partition_id=partition)
+            ).global_indexes
+            if got == list(range(got[0], got[0] + len(got))) and got[0] > highest:
+                self.base = got[-1] + 1
+                return self.base
+            highest = max(highest, *got)
+        raise AssertionError("unreachable")
+
+    def cleanup(self) -> None:
+        """Give the scratch keys' indexes back."""
+        for partition, keys in self._scratch:
+            self.run(self.tq.async_kv_clear(keys=keys, partition_id=partition))
+        self._scratch = []
 
 
 class ModelTQ(TQWorld):

@@ -24,7 +24,9 @@ codes and flags are compared, messages are librdkafka-like but not claimed):
   not abortable); a record it produces is reported `INVALID_PRODUCER_EPOCH` and its next `poll`
   or `flush` raises `_FENCED` once.
 - K5 Transactional calls out of turn raise `_STATE` (begin before init, commit or abort with no
-  transaction, init twice); a produce outside a transaction raises `_STATE`.
+  transaction, init twice); a produce outside a transaction raises `_STATE`. A transaction that
+  registered nothing (no record, no offsets) ends without asking the coordinator, so it commits
+  even after its producer was fenced.
 - K6 Transaction timeout: a transaction with a partition added and open past
   `transaction.timeout.ms` is aborted by the coordinator at its next cleanup pass; the producer's
   next call raises `_FENCED` (fatal). A `begin_transaction` with nothing added never times out.

@@ -74,6 +74,8 @@ class Producer:
         self._fatal_unraised = False
         self._abortable: KafkaError | None = None
         self._txn_partitions: set[tuple[str, int]] = set()
+        # Whether this transaction sent offsets: with no partition and no offsets, its end sends nothing.
+        self._txn_offsets = False
         self._txn_failed = 0
         self._op: tuple[str, Request] | None = None
         cluster.process(process).clients.append(self)
@@ -290,7 +292,7 @@ class Producer:
     def begin_transaction(self) -> None:
         self._env.point("kafka.producer.begin_transaction.begin", client=self.name)
         self._check((READY,))
-        self._state, self._txn_partitions, self._txn_failed = IN_TXN, set(), 0
+        self._state, self._txn_partitions, self._txn_offsets, self._txn_failed = IN_TXN, set(), False, 0
         self._env.point("kafka.producer.begin_transaction.end", client=self.name)
 
     def send_offsets_to_transaction(self, positions: list[TopicPartition], group_metadata: GroupMetadata,
@@ -308,6 +310,7 @@ class Producer:
                     self._cluster.groups.txn_commit(md.group_id, pid, md, offsets)
 
             request = self._request("kafka.broker.txn_offset_commit", apply, group=md.group_id)
+            self._txn_offsets = True
             self._cluster.send(request)
         self._await("send_offsets", request, timeout)
         if isinstance(request.error, Fenced):
@@ -356,6 +359,10 @@ class Producer:
                     self._queue.remove(rec)
                     self._report(rec, errors.purged())
                 self._env.wait_until(lambda: not self._in_flight, deadline)
+            if not self._txn_partitions and not self._txn_offsets:
+                # Nothing registered with the coordinator: the transaction ends here, no request sent.
+                self._state, self._abortable = READY, None
+                return
             tid, pid, epoch = self._tid, self._pid, self._epoch
             request = self._request("kafka.broker.end_txn", lambda: self._cluster.txn.end(tid, pid, epoch, commit))
             self._cluster.send(request)
