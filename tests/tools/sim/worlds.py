@@ -59,6 +59,10 @@ class KafkaWorld:
     def now(self) -> float:
         raise NotImplementedError
 
+    def wall(self) -> float:
+        """Seconds since the epoch, as record timestamps count them."""
+        raise NotImplementedError
+
     def sleep(self, seconds: float) -> None:
         raise NotImplementedError
 
@@ -66,13 +70,35 @@ class KafkaWorld:
         """Until `predicate()` holds; AssertionError naming `what` after `timeout_s`."""
         raise NotImplementedError
 
+    def clean(self, topic: str) -> None:
+        """The broker's log cleaner and retention have their turn at `topic` (the real one's run by themselves)."""
+
+    def down(self) -> None:
+        raise NotImplementedError("this world cannot stop its broker")
+
+    def up(self) -> None:
+        raise NotImplementedError("this world cannot start its broker")
+
 
 class RealKafka(KafkaWorld):
+    """The real broker; `down`/`up` stop and start it when the world was given a way to."""
+
     real = True
 
-    def __init__(self, kafka: KafkaConfig):
+    def __init__(self, kafka: KafkaConfig, *, stop: Callable[[], None] | None = None, start=None):
         self.kafka = kafka
         self.ck = confluent_kafka
+        self._stop, self._start = stop, start
+
+    def down(self) -> None:
+        if self._stop is None:
+            super().down()
+        self._stop()
+
+    def up(self) -> None:
+        if self._start is None:
+            super().up()
+        self._start()
 
     def _conf(self, conf: dict[str, Any]) -> dict[str, Any]:
         return {"bootstrap.servers": self.kafka.bootstrap_servers, **self.kafka.client_settings, **conf}
@@ -84,6 +110,9 @@ class RealKafka(KafkaWorld):
 
     def now(self) -> float:
         return time.monotonic()
+
+    def wall(self) -> float:
+        return time.time()
 
     def sleep(self, seconds: float) -> None:
         time.sleep(seconds)
@@ -112,6 +141,9 @@ class ModelKafka(KafkaWorld):
     def now(self) -> float:
         return self.env.now()
 
+    def wall(self) -> float:
+        return self.env.now()
+
     def sleep(self, seconds: float) -> None:
         self.env.advance(seconds)
 
@@ -121,6 +153,18 @@ class ModelKafka(KafkaWorld):
             if self.env.now() >= deadline:
                 raise AssertionError(f"timed out after {timeout_s:g}s (model time) waiting for {what}")
             self.env.advance(0.05)
+
+    def clean(self, topic: str) -> None:
+        if self.cluster.topics[topic].compacted:
+            self.cluster.compact(topic)
+        else:
+            self.cluster.expire(topic)
+
+    def down(self) -> None:
+        self.cluster.down()
+
+    def up(self) -> None:
+        self.cluster.up()
 
 
 class TQWorld:

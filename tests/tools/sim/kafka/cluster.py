@@ -149,6 +149,9 @@ class KafkaCluster:
                 self.env.deliver(request)
         for fn in after:
             fn()
+        for proc in list(self.processes.values()):
+            for client in list(proc.clients):
+                getattr(client, "_sim_broker_up", lambda: None)()
 
     def after_up(self, fn: Callable[[], None]) -> None:
         self._after_up.append(fn)

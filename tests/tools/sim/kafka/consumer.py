@@ -1,6 +1,8 @@
 """confluent-kafka's `Consumer`: subscribe or assign, consume, positions, offsets, watermarks, metadata.
 
-Fetching reads the partition logs directly: a read_committed consumer up to the last stable offset,
+Fetching reads the partition logs directly (prefetched, as it were: while the broker is down a
+consumer still returns what the log held; librdkafka's prefetch is bounded, the model's is not):
+a read_committed consumer up to the last stable offset,
 a read_uncommitted one up to the high watermark, its position moving past markers and aborted
 records (so `position()` passes them though no record is returned). A partition assigned without
 an offset starts from the group's committed offset (waiting, read_committed, while a transaction
@@ -242,8 +244,6 @@ class Consumer:
     def _has_work(self) -> bool:
         if self._membership is not None and self._membership.events:
             return True
-        if not self._cluster.broker_up:
-            return False
         with self._cluster.lock:
             for tp in self._fetchable():
                 start = self._start(tp)
@@ -260,6 +260,8 @@ class Consumer:
         log = self._cluster.log(*tp)
         offset = f.offset
         if offset in (OFFSET_INVALID, OFFSET_STORED):
+            if not self._cluster.broker_up:
+                return None  # the committed offset cannot be fetched
             try:
                 offset = self._cluster.groups.fetch(self.group_id, [tp], self._read_committed)[tp][0]
             except Unstable:
@@ -281,7 +283,8 @@ class Consumer:
         return log.high(self._read_committed)
 
     def _fetch(self, n: int) -> list[Message]:
-        if n <= 0 or not self._cluster.broker_up:
+        # While the broker is down the log cannot change: what is read is what was prefetched.
+        if n <= 0:
             return []
         out: list[Message] = []
         with self._cluster.lock:

@@ -117,8 +117,8 @@ class Producer:
 
     def _send(self) -> None:
         """Send what is queued, one request per partition (after adding new partitions to the transaction)."""
-        if self._frozen or not self._queue or self._state == FATAL:
-            return
+        if self._frozen or not self._queue or self._state == FATAL or not self._cluster.broker_up:
+            return  # no connection: records stay queued (and time out there) until the broker is back
         batches: dict[tuple[str, int], list[_Record]] = {}
         for rec in self._queue:
             if self._cluster.has_partition(rec.topic, rec.partition):
@@ -381,4 +381,7 @@ class Producer:
 
     def _sim_thawed(self) -> None:
         self._frozen = False
+        self._send()
+
+    def _sim_broker_up(self) -> None:
         self._send()
