@@ -11,7 +11,7 @@ import pytest
 
 from streams.broker import BrokerConfig, LocalBroker
 from streams.config import KafkaConfig
-from tests.tools.sim.scenarios import kafka_broker
+from tests.tools.sim.scenarios import facts
 from tests.tools.sim.worlds import ModelKafka, RealKafka
 
 FAST_CLEANING = (
@@ -42,21 +42,7 @@ def both(real, scenario):
     return seen
 
 
-def test_compaction_keeps_the_last_record_of_each_key_below_the_active_segment(real):
-    """K16."""
-    seen = both(real, kafka_broker.compaction)
-    assert seen["records"] == seen["expected"] and (10, b"k2", None) in seen["records"]
-
-
-def test_retention_deletes_old_records_and_moves_the_log_start(real):
-    """K17."""
-    seen = both(real, kafka_broker.retention)
-    assert seen["low"] == 3 and seen["from_zero"] == [3, 4]
-
-
-def test_what_each_call_sees_while_the_broker_is_down(real):
-    """K18 (the broker stopped and started again on its data)."""
-    seen = both(real, kafka_broker.broker_down)
-    assert seen["committed"] == ("_TIMED_OUT", False, False, False)
-    assert seen["commit_txn"] == ("_TIMED_OUT", False, True, False) and seen["commit_txn_after"] == ("ok", None)
-    assert seen["visible"] == [b"a", b"t"]
+# The broker-down scenario last: it stops and restarts the broker the others use.
+@pytest.mark.parametrize("scenario", list(facts.KAFKA_OWN_BROKER), ids=lambda fn: fn.__name__)
+def test_the_model_sees_what_a_broker_of_its_own_shows(real, scenario):
+    facts.KAFKA_OWN_BROKER[scenario](both(real, scenario))

@@ -12,6 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.tools.sim.scenarios import facts
 from tests.tools.sim.scenarios import tq as scenarios
 from tests.tools.sim.worlds import ModelTQ, RealTQ
 
@@ -28,35 +29,11 @@ def both(real: RealTQ, scenario, *args):
     return scenario(real, *args), scenario(ModelTQ(first_index=real.base), *args)
 
 
-def test_indexes_one_pool_for_all_partitions_reused_first_in_first_out(real):
-    """T1, T3, T6: a partition's first key takes its pre-allocated index; released indexes are reused in
-    release order by any partition; a key put again keeps its index and merges its tags."""
-    seen, model = both(real, scenarios.index_pool)
+@pytest.mark.parametrize("scenario", list(facts.TQ), ids=lambda fn: fn.__name__)
+def test_the_model_sees_what_tq_shows(real, scenario):
+    seen, model = both(real, scenario)
     assert seen == model
-    assert seen["reused"]["b"]["indexes"] == seen["first"]["a"]["indexes"][:1] + seen["first"]["b"]["indexes"]
-
-
-def test_a_stale_clear_deletes_the_new_owners_data_and_leaves_its_entry_ready(real):
-    """T4, T5: the index a clear looked up went to another partition's key before the clear ran."""
-    seen, model = both(real, scenarios.stale_clear)
-    assert seen == model
-    assert seen["same_index"] and seen["after_clear_meta"]["ready"]
-    assert seen["get_after_storage_clear"] == ("error", "StorageKeyNotFoundError")
-
-
-def test_gets_by_meta_rows_fields_marked_and_missing(real):
-    """T5: rows in the order asked, absent keys left out, rows without a common field, a row being cleared."""
-    seen, model = both(real, scenarios.gets)
-    assert seen == model
-    assert not seen["marked"]["ready"] and seen["marked"]["fields"] == []
-
-
-def test_a_put_stopped_between_its_requests_and_finished_later(real):
-    """T2, T7: after the allocation the key is listed with no tags and no data; the rest applied later
-    leaves what a whole put leaves."""
-    seen, model = both(real, scenarios.put_steps)
-    assert seen == model
-    assert seen["listed_after_alloc"]["S"]["s1"] == {} and seen["listed"]["S"]["s1"] == {"key": "s1"}
+    facts.TQ[scenario](seen)
 
 
 _part = st.integers(0, 1)

@@ -132,6 +132,10 @@ class ModelKafka(KafkaWorld):
         self.env = ManualEnv(seed=seed)
         self.cluster = KafkaCluster(self.env, config or ClusterConfig())
         self.ck = SimKafka(self.cluster, process)
+        self._names = itertools.count()
+
+    def name(self, prefix: str) -> str:
+        return f"{prefix}-{next(self._names):04d}"  # the same in every replay
 
     def topic(self, partitions: int = 1, **config: str) -> str:
         name = self.name("sim")

@@ -64,6 +64,7 @@ class KafkaCluster:
         self._waiting: list[Request] = []
         self._after_up: list[Callable[[], None]] = []
         self._pids = itertools.count(1000)
+        self._client_ids = itertools.count()
         self.processes: dict[str, Process] = {}
         self.txn = TxnCoordinator(self)
         self.groups = GroupCoordinator(self)
@@ -73,6 +74,10 @@ class KafkaCluster:
 
     def next_producer_id(self) -> int:
         return next(self._pids)
+
+    def client_name(self, kind: str) -> str:
+        """A name for a client that gave none (`client.id`), the same in every replay."""
+        return f"{kind}-{next(self._client_ids)}"
 
     # ----- topics ----------------------------------------------------------------------------------
 

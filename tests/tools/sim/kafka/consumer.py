@@ -60,7 +60,7 @@ class Consumer:
         self._cluster, self._env, self._process = cluster, cluster.env, process
         self._conf = dict(conf)
         self.group_id: str = conf.get("group.id", "")
-        self.name = conf.get("client.id") or f"consumer-{id(self):x}"
+        self.name = conf.get("client.id") or cluster.client_name("consumer")
         self._read_committed = conf.get("isolation.level", "read_committed") == "read_committed"
         self._reset = str(conf.get("auto.offset.reset", "latest"))
         self._assignment: dict[TP, _Fetch] = {}

@@ -12,7 +12,6 @@ and goes on in the background; calling it again resumes it.
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,7 +29,6 @@ if TYPE_CHECKING:
     from tests.tools.sim.kafka.cluster import KafkaCluster
 
 INIT, READY, IN_TXN, ABORTABLE, FATAL = "Init", "Ready", "InTransaction", "AbortableError", "FatalError"
-_ids = itertools.count()
 
 
 @dataclass
@@ -54,7 +52,7 @@ class Producer:
     def __init__(self, conf: dict[str, Any], *, cluster: KafkaCluster, process: str):
         self._cluster, self._env = cluster, cluster.env
         self._process = process
-        self.name = conf.get("client.id") or f"producer-{next(_ids)}"
+        self.name = conf.get("client.id") or cluster.client_name("producer")
         self._tid: str | None = conf.get("transactional.id")
         self._txn_timeout_ms = int(conf.get("transaction.timeout.ms", 60000))
         self._linger_s = float(conf.get("linger.ms", 5)) / 1000

@@ -41,6 +41,7 @@ again at 0), every client of the job dead (its calls and its requests in flight 
 from __future__ import annotations
 
 import itertools
+import threading
 from typing import Any
 
 from tensordict import TensorDict
@@ -65,6 +66,7 @@ class SimTQ:
         if units < 1:
             raise ValueError(f"TQ needs at least one storage unit, got {units}")
         self.env = env
+        self.lock = threading.RLock()
         self.unit_timeout_s = UNIT_TIMEOUT_S
         self.unit_attempts = UNIT_ATTEMPTS
         self.epoch = 0

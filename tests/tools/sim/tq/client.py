@@ -48,9 +48,10 @@ class TQClient:
         tq.env.point(f"{name}.send", client=self.client_id, **details)
 
         def apply_if_alive() -> Any:
-            if tq.epoch != epoch:
-                raise JobLost(f"[{self.client_id}]: {name} landed after the job was lost; nothing applied")
-            return apply()
+            with tq.lock:  # a server serves one request at a time
+                if tq.epoch != epoch:
+                    raise JobLost(f"[{self.client_id}]: {name} landed after the job was lost; nothing applied")
+                return apply()
 
         return Request(name, apply_if_alive, client=self.client_id, **details)
 
