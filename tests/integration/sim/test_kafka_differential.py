@@ -66,3 +66,16 @@ _step = st.one_of(
 def test_generated_transaction_sequences(real, steps):
     """K1, K2, K4, K5 over generated interleavings of two transactional producers and a plain one."""
     both(real, kafka_seq.transactions, steps)
+
+
+# The long run, for `make drills` (about 2 s an example against the broker).
+@pytest.mark.drill
+@settings(
+    max_examples=150,
+    deadline=None,
+    phases=[Phase.explicit, Phase.reuse, Phase.generate],
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(steps=st.lists(_step, min_size=1, max_size=25))
+def test_generated_transaction_sequences_long(real, steps):
+    both(real, kafka_seq.transactions, steps)

@@ -56,3 +56,12 @@ def test_sequences_of_puts_clears_gets_lists_and_stale_clears(real, ops):
     """T1-T6 over generated sequences: the model's client sees what TQ's does after every step."""
     seen, model = both(real, scenarios.sequence, ops)
     assert seen == model
+
+
+# The long run, for `make drills`.
+@pytest.mark.drill
+@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=st.lists(_op, min_size=1, max_size=30))
+def test_sequences_long(real, ops):
+    seen, model = both(real, scenarios.sequence, ops)
+    assert seen == model

@@ -53,6 +53,8 @@ class Membership:
         self._last_poll = self.env.now()
         self._poll_timer = False
         self._joining = False
+        # Removed by the coordinator and not told yet (its next heartbeat will be).
+        self._removed = False
 
     @property
     def cooperative(self) -> bool:
@@ -130,12 +132,14 @@ class Membership:
 
     def removed(self) -> None:
         self.member = None
+        self._removed = True
         if self.alive():
             # Its next heartbeat is refused: the assignment is lost and it joins again.
             self.env.call_at(self.env.now() + self.heartbeat_s, self._learn_removed)
 
     def _learn_removed(self) -> None:
-        if self.member is None and not self.dead and self.alive() and self._exceeded_at is None:
+        if self._removed and self.member is None and not self.dead and self.alive() and self._exceeded_at is None:
+            self._removed = False
             self.events.append(("lost",))
             self.join()
 
@@ -188,6 +192,8 @@ class Membership:
                 self.cluster.groups.silent(self.group_id, member_id)
 
     def thawed(self) -> None:
+        if self._removed:
+            self.env.call_at(self.env.now() + self.heartbeat_s, self._learn_removed)
         due = self._last_poll + self.max_poll_ms / 1000
         if self.env.now() >= due and self.member is not None:
             self._exceed(due)
@@ -202,7 +208,7 @@ class Membership:
                 ):
                     self.cluster.groups.rejoin(self.group_id, self.member.member_id, self.member.owned)
             if not still:
-                self.member = None
+                self.member, self._removed = None, True
                 self.env.call_at(self.env.now() + self.heartbeat_s, self._learn_removed)
         if not self._poll_timer:
             self._poll_timer = True
