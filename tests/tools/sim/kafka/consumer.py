@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, KafkaError, TopicPartition
 
 from tests.tools.sim.kafka import errors
 from tests.tools.sim.kafka.assignors import TP
@@ -27,8 +27,7 @@ from tests.tools.sim.kafka.messages import (
     ClusterMetadata,
     GroupMetadata,
     Message,
-    PartitionMetadata,
-    TopicMetadata,
+    cluster_metadata,
     error_event,
     topic_partition,
 )
@@ -393,22 +392,3 @@ class Consumer:
         self._frozen = False
         if self._membership is not None and not self._closed:
             self._membership.thawed()
-
-
-def cluster_metadata(cluster: KafkaCluster, topic: str | None, timeout: float | None) -> ClusterMetadata:
-    env = cluster.env
-    if not cluster.broker_up:
-        env.wait_until(lambda: cluster.broker_up, _deadline(env, timeout))
-        if not cluster.broker_up:
-            raise KafkaException(errors.transport("Failed to get metadata"))
-    with cluster.lock:
-        names = [topic] if topic is not None else sorted(cluster.topics)
-        out: dict[str, TopicMetadata] = {}
-        for name in names:
-            t = cluster.topics.get(name)
-            if t is None:
-                out[name] = TopicMetadata(name, {}, errors.error(KafkaError.UNKNOWN_TOPIC_OR_PART,
-                                                                 "Broker: Unknown topic or partition"))  # fmt: skip
-            else:
-                out[name] = TopicMetadata(name, {p: PartitionMetadata(p) for p in range(len(t.logs))})
-        return ClusterMetadata(out)

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import math
 import zlib
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from confluent_kafka import KafkaError, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from streams.partitioner import partition_of
+from tests.tools.sim.kafka import errors
+
+if TYPE_CHECKING:
+    from tests.tools.sim.kafka.cluster import KafkaCluster
 
 TIMESTAMP_CREATE_TIME = 1
 
@@ -129,3 +134,22 @@ def choose_partition(partitioner: str, key: bytes | None, partitions: int, rng) 
     if partitioner in ("consistent", "consistent_random"):
         return zlib.crc32(key) % partitions
     raise NotImplementedError(f"partitioner {partitioner!r} is not modelled")
+
+
+def cluster_metadata(cluster: KafkaCluster, topic: str | None, timeout: float | None) -> ClusterMetadata:
+    env = cluster.env
+    if not cluster.broker_up:
+        env.wait_until(lambda: cluster.broker_up, math.inf if timeout is None or timeout < 0 else env.now() + timeout)
+        if not cluster.broker_up:
+            raise KafkaException(errors.transport("Failed to get metadata"))
+    with cluster.lock:
+        names = [topic] if topic is not None else sorted(cluster.topics)
+        out: dict[str, TopicMetadata] = {}
+        for name in names:
+            t = cluster.topics.get(name)
+            if t is None:
+                out[name] = TopicMetadata(name, {}, errors.error(KafkaError.UNKNOWN_TOPIC_OR_PART,
+                                                                 "Broker: Unknown topic or partition"))  # fmt: skip
+            else:
+                out[name] = TopicMetadata(name, {p: PartitionMetadata(p) for p in range(len(t.logs))})
+        return ClusterMetadata(out)

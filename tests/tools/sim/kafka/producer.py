@@ -22,7 +22,7 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from tests.tools.sim.env import Request
 from tests.tools.sim.kafka import errors
 from tests.tools.sim.kafka.group import GroupRefused
-from tests.tools.sim.kafka.messages import GroupMetadata, Message, choose_partition
+from tests.tools.sim.kafka.messages import GroupMetadata, Message, choose_partition, cluster_metadata
 from tests.tools.sim.kafka.txn import Fenced
 
 if TYPE_CHECKING:
@@ -243,8 +243,6 @@ class Producer:
         return self._outstanding() + len(self._reports)
 
     def list_topics(self, topic: str | None = None, timeout: float = -1):
-        from tests.tools.sim.kafka.consumer import cluster_metadata
-
         return cluster_metadata(self._cluster, topic, timeout)
 
     # ----- transactions ------------------------------------------------------------------------------
