@@ -73,6 +73,12 @@ codes and flags are compared, messages are librdkafka-like but not claimed):
   claimed.)
 - K19 A record to an unknown topic is reported `_MSG_TIMED_OUT` after message.timeout.ms.
 
+For an explorer, beyond the claims (its faults, not the broker's behaviour, so not held to the
+broker): every request to the broker (produce, transactional calls, group membership, offset
+commits) lands when the environment lands it, so a call can time out while its request still
+applies later (a synchronous `commit` gives up after socket.timeout.ms, 60 s); `freeze`, `thaw`
+and `kill` a process; any point may raise (a `committed()` failing in a coordinator failover).
+
 Not modelled: replication, several brokers, quotas, ACLs, auto-commit, partition EOF events,
 incremental fetch sessions, idempotent sequence checks, the KIP-848 consumer protocol, the exact
 choices of librdkafka's sticky assignor, exact error texts.

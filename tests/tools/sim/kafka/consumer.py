@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, KafkaError, TopicPartition
 
+from tests.tools.sim.env import Request
 from tests.tools.sim.kafka import errors
 from tests.tools.sim.kafka.assignors import TP
 from tests.tools.sim.kafka.group import GroupRefused, Unstable
@@ -36,6 +37,8 @@ if TYPE_CHECKING:
     from tests.tools.sim.kafka.cluster import KafkaCluster
 
 OFFSET_INVALID, OFFSET_STORED = -1001, -1000
+# librdkafka's socket.timeout.ms: how long a request waits for its answer before it is given up.
+SOCKET_TIMEOUT_S = 60.0
 # Settings whose behaviour is not modelled, with librdkafka's default: the model refuses them on.
 _UNMODELLED = {"enable.auto.commit": True, "enable.partition.eof": False}
 
@@ -335,21 +338,30 @@ class Consumer:
                        if f.app_offset >= 0]  # fmt: skip
         m = self._membership
         md = self.consumer_group_metadata()
-        if not self._env.wait_until(lambda: self._cluster.broker_up, self._env.now() + (
-                m.session_timeout_ms / 1000 if m is not None else 6.0)):  # fmt: skip
+        coordinator_wait = m.session_timeout_ms / 1000 if m is not None else 6.0
+        if not self._env.wait_until(lambda: self._cluster.broker_up, self._env.now() + coordinator_wait):
             if asynchronous:
                 return None
             errors.raise_(errors.wait_coordinator())
         entries = [((tp.topic, tp.partition), tp.offset, tp.metadata) for tp in offsets]
-        try:
+
+        def apply() -> None:
             with self._cluster.lock:
                 self._cluster.groups.commit(self.group_id, md.member_id, md.generation, md.instance_id, entries)
-        except GroupRefused as exc:
-            if asynchronous:
-                return None
-            errors.raise_(errors.commit_refused(exc.code))
+
+        request = Request("kafka.broker.offset_commit", apply, client=self.name, process=self._process,
+                          group=self.group_id)  # fmt: skip
+        self._cluster.send(request)
+        if asynchronous:
+            return None  # it lands when it lands; its errors go to an on_commit callback, not modelled
+        if not self._env.wait_until(lambda: request.landed, self._env.now() + SOCKET_TIMEOUT_S):
+            # librdkafka gives up on the request; the broker may still apply it.
+            errors.raise_(errors.error(KafkaError._TIMED_OUT, "Commit failed: Local: Timed out"))
+        if isinstance(request.error, GroupRefused):
+            errors.raise_(errors.commit_refused(request.error.code))
+        request.reply()
         self._env.point("kafka.consumer.commit.end", client=self.name)
-        return None if asynchronous else [TopicPartition(tp.topic, tp.partition, tp.offset) for tp in offsets]
+        return [TopicPartition(tp.topic, tp.partition, tp.offset) for tp in offsets]
 
     def get_watermark_offsets(self, partition: TopicPartition, timeout: float | None = None,
                               cached: bool = False) -> tuple[int, int]:  # fmt: skip

@@ -187,3 +187,17 @@ def test_keyless_records_take_a_partition_from_the_seed():
         return got
 
     assert partitions(1) == partitions(1) and len(set(partitions(1))) > 1
+
+
+def test_a_synchronous_commit_that_gets_no_answer_times_out_and_may_land_later(cluster):
+    env = cluster.env
+    c = SimKafka(cluster, "c").Consumer({"group.id": "lone", "enable.auto.commit": False})
+    stop = env.hold(lambda r: r.name == "kafka.broker.offset_commit")
+    with pytest.raises(KafkaException) as timed_out:
+        c.commit(offsets=[TopicPartition("t", 0, 5, metadata="m")], asynchronous=False)
+    assert timed_out.value.args[0].code() == KafkaError._TIMED_OUT
+    assert c.committed([TopicPartition("t", 0)])[0].offset == -1001
+    stop()
+    env.release()  # the coordinator applies it after the caller gave up
+    (tp,) = c.committed([TopicPartition("t", 0)])
+    assert (tp.offset, tp.metadata) == (5, "m")
