@@ -25,10 +25,22 @@ from workers.reassembler.config import ReassemblerConfig
 from workers.reassembler.worker import ReassemblerWorker
 from workers.rollout.publisher import stage_rollouts
 from workers.rollout.synthetic import SyntheticShape, make_group
+from workers.runtime import RealRuntime
 from workers.topics import TopicNames, pipeline_topics
 from workers.trainer.config import ConsumerConfig
 from workers.trainer.consumer import ExperienceConsumer
 from workers.trainer.policies import windowed
+
+
+class _EnvClock(RealRuntime):
+    """The process's runtime with the model environment's clock as its monotonic clock."""
+
+    def __init__(self, env: ManualEnv):
+        self._env = env
+
+    def monotonic(self) -> float:
+        return self._env.now()
+
 
 TINY = SyntheticShape(group_size=2, calls=(1, 2), prompt_len=(2, 4), answer_len=(1, 3), observation_len=(1, 2))
 KAFKA = KafkaConfig("sim:9092")
@@ -51,7 +63,7 @@ def test_a_group_goes_through_the_reassembler_and_the_trainer_on_the_models():
 
     config = ReassemblerConfig(prefix="m", worker_id="w0", consumer_group="reassemblers.m", poll_timeout_s=0.2)
     clients = SimWorkerClients(SimKafka(cluster, "w0"), KAFKA)
-    worker = ReassemblerWorker(KAFKA, tq_store(tq.module("w0")), config, clients=clients, clock=env.now)
+    worker = ReassemblerWorker(KAFKA, tq_store(tq.module("w0")), config, clients=clients, runtime=_EnvClock(env))
     try:
         for _ in range(20):
             worker.step()
