@@ -14,16 +14,17 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from schemas.errors import SchemaError
 from schemas.finalized import FinalizedGroup
 from streams.config import KafkaConfig
-from streams.producer import AckedProducer, Outgoing
+from streams.producer import Outgoing
 from streams.tq import KVStore
 from workers.telemetry.sensors import TrainerSensor
 from workers.trainer.checkpoint import PartitionMark
 from workers.trainer.clears import RowClears
+from workers.trainer.clients import KafkaTrainerClients, TrainerClients
 from workers.trainer.config import ConsumerConfig
 from workers.trainer.deadletters import MISSING_ROWS, UNDECODABLE_FINALIZED, UNUSABLE_GROUP, make_letter
 from workers.trainer.errors import PollErrors
@@ -76,7 +77,7 @@ class FinalizedIntake:
     `ExperienceConsumer` (consumer.py) adds what the trainer calls on top of it.
     `sensor` gets every yield (with its staleness), eviction, duplicate, undecodable record and group
     with missing rows, e.g. a `PrometheusTrainerSensor`; `on_yield` / `on_evict` get the group itself.
-    `make_consumer` builds the Kafka consumer from its settings (a test passes one with faults).
+    `clients` makes every Kafka client it uses (`clients.py`; a test passes fakes or clients with faults).
     """
 
     def __init__(
@@ -90,7 +91,7 @@ class FinalizedIntake:
         on_yield: Callable[[FinalizedGroup, int], None] | None = None,
         on_evict: Callable[[FinalizedGroup, int], None] | None = None,
         sensor: TrainerSensor | None = None,
-        make_consumer: Callable[[dict[str, object]], Consumer] = Consumer,
+        clients: TrainerClients | None = None,
     ):
         self.config = config
         self.policy = policy
@@ -114,14 +115,15 @@ class FinalizedIntake:
         self._durable: list[tuple[int, int, str]] = []
         self._paused: set[int] = set()
         self._errors = PollErrors(config.finalized_topic, config.consumer_group, config.max_poll_interval_ms)
-        self._replay = AckedProducer(kafka) if config.stale_replay else None
-        self._outbox = Outbox(kafka, f"trainer:{config.consumer_group}")
+        self._clients = clients if clients is not None else KafkaTrainerClients(kafka)
+        self._replay = self._clients.acked_producer() if config.stale_replay else None
+        self._outbox = Outbox(self._clients, f"trainer:{config.consumer_group}")
         settings = {
             "session.timeout.ms": config.session_timeout_ms,
             "heartbeat.interval.ms": max(100, config.session_timeout_ms // 3),
             "max.poll.interval.ms": config.max_poll_interval_ms,
         }
-        self._consumer = make_consumer(kafka.consumer(config.consumer_group, **settings))
+        self._consumer = self._clients.consumer(config.consumer_group, settings)
         self._consumer.subscribe(
             [config.finalized_topic], on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_revoke
         )
