@@ -27,7 +27,7 @@ from workers.trainer.config import ConsumerConfig
 from workers.trainer.deadletters import UNUSABLE_GROUP, make_letter
 from workers.trainer.intake import ConsumerCounts, FinalizedIntake
 from workers.trainer.outbox import Notice
-from workers.trainer.pending import Pending
+from workers.trainer.pending import READY, YIELDED, Pending
 from workers.trainer.policies import Decision
 from workers.trainer.position import encode_ranges
 
@@ -52,12 +52,12 @@ class ExperienceConsumer(FinalizedIntake):
             return
         self.version = version
         for p in self._pending.all_pending():
-            if p.state in ("held", "ready"):
+            if p.state.waiting:
                 self._decide(p)
         self._apply_backpressure()
 
     def _ready(self) -> list[Pending]:
-        ready = sorted((p for p in self._pending.all_pending() if p.state == "ready"), key=lambda p: p.arrival)
+        ready = sorted((p for p in self._pending.all_pending() if p.state is READY), key=lambda p: p.arrival)
         by_id = {p.group.group_id: p for p in ready}
         return [by_id[g.group_id] for g in self.policy.order([p.group for p in ready])]
 
@@ -74,7 +74,7 @@ class ExperienceConsumer(FinalizedIntake):
         return sum(
             1
             for p in self._pending.all_pending()
-            if p.state in ("held", "ready") and self.policy.decide(p.group, version) is Decision.YIELD
+            if p.state.waiting and self.policy.decide(p.group, version) is Decision.YIELD
         )
 
     def _wait_ready(self, want: int, at_deadline: int, deadline: float) -> list[Pending] | None:
@@ -130,7 +130,7 @@ class ExperienceConsumer(FinalizedIntake):
 
     def _hand_out(self, chosen: list[Pending]) -> BatchMeta:
         for p in chosen:
-            p.state = "yielded"
+            p.move(YIELDED)
             self.sensor.on_yield(self.version, p.group.group_min_wv)
             if self._on_yield is not None:
                 self._on_yield(p.group, self.version)
@@ -162,7 +162,7 @@ class ExperienceConsumer(FinalizedIntake):
 
     def _withdraw(self, meta: BatchMeta, missing: set[str]) -> None:
         handed = [self._pending.by_partition.get(part, {}).get(offset) for part, offset in meta.positions]
-        handed = [p for p in handed if p is not None and p.state == "yielded"]
+        handed = [p for p in handed if p is not None and p.state is YIELDED]
         self._missing_rows(handed, missing)
         # Decided again, not just marked ready: the version may have moved since `select` (set_version
         # leaves yielded groups alone), and the bound holds at the version a group is handed out at.
@@ -231,7 +231,7 @@ class ExperienceConsumer(FinalizedIntake):
                 continue
             p = self._pending.by_partition.get(part, {}).get(offset)
             where = f"{topic}[{part}]@{offset}"
-            if p is None or p.state != "yielded":
+            if p is None or p.state is not YIELDED:
                 # Revoked since it was handed out: its next reader hands it out again, and meets the fault.
                 log.warning(
                     "group %s at %s is no longer handed out here; not dead-lettered: %s", group.group_id, where, why

@@ -30,7 +30,7 @@ from workers.trainer.deadletters import MISSING_ROWS, UNDECODABLE_FINALIZED, UNU
 from workers.trainer.errors import PollErrors
 from workers.trainer.lost_rows import HANDED_BACK, lost_rows_notice
 from workers.trainer.outbox import Notice, Outbox
-from workers.trainer.pending import DUPLICATE, NEW, REREAD, Pending, PendingGroups
+from workers.trainer.pending import DUPLICATE, HELD, NEW, READY, REREAD, Pending, PendingGroups
 from workers.trainer.policies import Decision, Policy
 
 log = logging.getLogger("rlstream.trainer")
@@ -246,9 +246,9 @@ class FinalizedIntake:
     def _decide(self, p: Pending) -> None:
         decision = self.policy.decide(p.group, self.version)
         if decision is Decision.YIELD:
-            p.state = "ready"
+            p.move(READY)
         elif decision is Decision.HOLD:
-            p.state = "held"
+            p.move(HELD)
         else:
             self._evict(p)
 
@@ -367,10 +367,10 @@ class FinalizedIntake:
             self._commit(self._pending.commit_points(topic, self._outbox.offsets, held), f"{topic} offsets")
 
     def _update_waiting(self) -> None:
-        waiting = [p for p in self._pending.all_pending() if p.state in ("held", "ready")]
+        waiting = [p for p in self._pending.all_pending() if p.state.waiting]
         self.counts.waiting = len(waiting)
         self.counts.ahead = sum(
-            1 for p in waiting if p.state == "held" and self.policy.too_far_ahead(p.group, self.version)
+            1 for p in waiting if p.state is HELD and self.policy.too_far_ahead(p.group, self.version)
         )
 
     def close(self) -> None:
