@@ -10,6 +10,7 @@ groups stay until one covers them.
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ from streams.tq import KVStore
 from workers.telemetry.sensors import TrainerSensor
 from workers.trainer.checkpoint import PartitionMark
 from workers.trainer.clears import RowClears
-from workers.trainer.clients import KafkaTrainerClients, TrainerClients
+from workers.trainer.clients import KafkaTrainerClients, TrainerClients, cooperative
 from workers.trainer.config import ConsumerConfig
 from workers.trainer.deadletters import MISSING_ROWS, UNDECODABLE_FINALIZED, UNUSABLE_GROUP, make_letter
 from workers.trainer.errors import PollErrors
@@ -32,6 +33,7 @@ from workers.trainer.lost_rows import HANDED_BACK, lost_rows_notice
 from workers.trainer.outbox import Notice, Outbox
 from workers.trainer.pending import DUPLICATE, HELD, NEW, READY, REREAD, Pending, PendingGroups
 from workers.trainer.policies import Decision, Policy
+from workers.trainer.starts import COMMITTED_TIMEOUT_S, PartitionStarts
 
 log = logging.getLogger("rlstream.trainer")
 
@@ -77,7 +79,8 @@ class FinalizedIntake:
     `ExperienceConsumer` (consumer.py) adds what the trainer calls on top of it.
     `sensor` gets every yield (with its staleness), eviction, duplicate, undecodable record and group
     with missing rows, e.g. a `PrometheusTrainerSensor`; `on_yield` / `on_evict` get the group itself.
-    `clients` makes every Kafka client it uses (`clients.py`; a test passes fakes or clients with faults).
+    `clients` makes every Kafka client it uses (`clients.py`; a test passes fakes or clients with faults);
+    `clock` times the retries of committed offsets that could not be read (a test's moves when it says).
     """
 
     def __init__(
@@ -92,6 +95,7 @@ class FinalizedIntake:
         on_evict: Callable[[FinalizedGroup, int], None] | None = None,
         sensor: TrainerSensor | None = None,
         clients: TrainerClients | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ):
         self.config = config
         self.policy = policy
@@ -124,31 +128,70 @@ class FinalizedIntake:
             "max.poll.interval.ms": config.max_poll_interval_ms,
         }
         self._consumer = self._clients.consumer(config.consumer_group, settings)
+        self._cooperative = cooperative(self._clients.consumer_settings(config.consumer_group, settings))
+        # Partitions assigned whose commit is not read yet: paused until it is.
+        self._starts = PartitionStarts(config.finalized_topic, clock)
         self._consumer.subscribe(
             [config.finalized_topic], on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_revoke
         )
 
     def _on_assign(self, consumer, partitions) -> None:
-        # librdkafka keeps a partition's paused state across revoke and re-assign.
-        consumer.resume(partitions)
-        topic = self.config.finalized_topic
-        if self._restored:
-            partitions = self._start_from_state(consumer, partitions)
-            if not partitions:
-                return
-        try:
-            committed = consumer.committed(partitions, timeout=30)
-        except KafkaException as exc:
-            log.warning("%s: committed offsets unreadable (%s); consumed groups may be reported missing", topic, exc)
+        """Assign the partitions paused: each is read once its commit is known (`starts.py`), never before.
+
+        Nothing here waits on the broker: librdkafka runs this inside poll, and a fetch of committed
+        offsets that blocks (the coordinator moving) would hold up the rebalance and the heartbeats.
+        """
+        if self._cooperative:
+            consumer.incremental_assign(partitions)
+        else:
+            consumer.assign(partitions)
+        # After the assignment: librdkafka starts a partition assigned unpaused, whatever it was before.
+        consumer.pause(partitions)
+        for tp in partitions:
+            self._starts.add(tp.partition, self._restored.pop(tp.partition, None))
+
+    def _settle_starts(self) -> None:
+        """Read the commits of partitions assigned since, and start each from its own; retried while they fail."""
+        if not self._starts.due():
             return
+        waiting = self._starts.waiting()
+        topic = self.config.finalized_topic
+        try:
+            tps = [TopicPartition(topic, p) for p in waiting]
+            committed = self._consumer.committed(tps, timeout=COMMITTED_TIMEOUT_S)
+        except KafkaException as exc:
+            if exc.args[0].fatal():
+                raise
+            self._starts.failed(waiting, exc.args[0].str())
+            return
+        unread = [tp.partition for tp in committed if tp.error is not None]
+        if unread:
+            self._starts.failed(unread, "; ".join(tp.error.str() for tp in committed if tp.error is not None))
+        started = []
         for tp in committed:
-            try:
-                self._pending.assign(tp.partition, tp.offset, tp.metadata)
-            except ValueError as exc:
-                log.warning("%s[%d]: %s; consumed groups may be reported missing", topic, tp.partition, exc)
+            if tp.error is not None or tp.partition not in self._starts:
+                continue
+            start = self._starts.known(tp.partition, tp.offset, tp.metadata)
+            if start.restored is not None:
+                self._pending.restore(tp.partition, start.offset, start.resolved)
+            else:
+                try:
+                    self._pending.assign(tp.partition, tp.offset, tp.metadata)
+                except ValueError as exc:
+                    log.warning("%s[%d]: %s; consumed groups may be handed back", topic, tp.partition, exc)
+            if start.offset is not None:
+                self._consumer.seek(TopicPartition(topic, tp.partition, start.offset))
+            started.append(TopicPartition(topic, tp.partition))
+        if self._paused:  # backpressure holds the whole assignment: they resume with it
+            self._paused |= {tp.partition for tp in started}
+        elif started:
+            self._consumer.resume(started)
 
     def _on_revoke(self, consumer, partitions) -> None:
         for tp in partitions:
+            mark = self._starts.revoke(tp.partition)
+            if mark is not None:  # never started: the mark applies at the partition's next assignment
+                self._restored[tp.partition] = mark
             self._pending.revoke(tp.partition)
             # A letter dropped unsent is written again when its record is read again: that record
             # must not then pass as one already consumed.
@@ -171,6 +214,7 @@ class FinalizedIntake:
                 continue
             read += 1
             self._take(m)
+        self._settle_starts()
         self._resolve_letters()
         self._apply_backpressure()
         return read
@@ -240,7 +284,8 @@ class FinalizedIntake:
             self._consumer.pause(assignment)
             self._paused = {tp.partition for tp in assignment}
         elif self._paused and waiting < limit:
-            self._consumer.resume(assignment)
+            # Not those whose start is still unknown: they resume once it is (`_settle_starts`).
+            self._consumer.resume([tp for tp in assignment if tp.partition not in self._starts])
             self._paused = set()
 
     def _decide(self, p: Pending) -> None:
@@ -327,31 +372,6 @@ class FinalizedIntake:
         for part, offset, metadata in points:
             self._pending.committed(part, offset, metadata)
         return True
-
-    def _start_from_state(self, consumer, partitions: list[TopicPartition]) -> list[TopicPartition]:
-        """Seek the partitions a restored state names to where it says; the rest start from their commits.
-
-        A mark applies at its partition's first assignment only: later ones (a rebalance, a rejoin
-        after a long step) resume from the commits, and what this consumer trained since is known to
-        it as seen. Records between the last commit and the mark were resolved before the state was
-        cut, but a crash between saving the checkpoint and `checkpoint_durable` would leave their rows:
-        they are read again as resolved, and their rows cleared with the next durable checkpoint.
-        """
-        named = [tp for tp in partitions if tp.partition in self._restored]
-        try:
-            committed = {tp.partition: tp.offset for tp in consumer.committed(named, timeout=30)}
-        except KafkaException as exc:
-            log.warning("committed offsets unreadable (%s): rows of groups trained before the checkpoint may stay", exc)
-            committed = {}
-        for tp in named:
-            mark = self._restored.pop(tp.partition)
-            start = min(mark.offset, max(0, committed.get(tp.partition, mark.offset)))
-            before = [(start, mark.offset - 1)] if start < mark.offset else []
-            self._pending.restore(tp.partition, start, before + list(mark.trained))
-            tp.offset = start
-        consumer.assign(partitions)
-        restored = {tp.partition for tp in named}
-        return [tp for tp in partitions if tp.partition not in restored]
 
     def _commit_resolved(self) -> None:
         """Commit what is resolved; rows waiting for a commit naming their records go after it, and the

@@ -66,11 +66,24 @@ class Faults:
     """Calls that fail, counted down as they do (a test's; nothing fails by default)."""
 
     committed: int = 0  # committed() calls that raise, the first ones
+    unreadable: set[int] = field(default_factory=set)  # partitions whose committed() entry carries an error
     commits: int = 0  # commit() calls that raise, the first ones
     sends: int = 0  # acknowledged sends that raise, the first ones
     # Topics whose acknowledged sends always fail (the broker does not know them, say).
     unknown_topics: set[str] = field(default_factory=set)
     committed_calls: int = 0  # how many committed() calls were made
+    committed_in_callback: int = 0  # of those, how many from inside a rebalance callback (librdkafka: a stall)
+
+
+@dataclass
+class _Unread:
+    """A committed() entry with an error (confluent-kafka's TopicPartition takes none in its constructor)."""
+
+    topic: str
+    partition: int
+    offset: int
+    metadata: str | None
+    error: KafkaError
 
 
 def _error(code: int, reason: str) -> KafkaException:
@@ -153,6 +166,7 @@ class FakeConsumer:
         self.paused: set[int] = set()
         self.closed = False
         self._assigned_in_callback = False
+        self._in_callback = False
 
     def subscribe(self, topics, on_assign=None, on_revoke=None, on_lost=None) -> None:
         (self.topic,) = topics
@@ -168,7 +182,11 @@ class FakeConsumer:
         self.generation = current
         offered = [TopicPartition(self.topic, p) for p in range(self.broker.partitions[self.topic])]
         self._assigned_in_callback = False
-        self.callbacks["assign"](self, offered)
+        self._in_callback = True
+        try:
+            self.callbacks["assign"](self, offered)
+        finally:
+            self._in_callback = False
         if not self._assigned_in_callback:  # as confluent-kafka does after a callback that did not assign
             self.assign(offered)
 
@@ -215,13 +233,17 @@ class FakeConsumer:
     def committed(self, partitions, timeout: float = -1) -> list[TopicPartition]:
         faults = self.broker.faults
         faults.committed_calls += 1
+        faults.committed_in_callback += self._in_callback
         if faults.committed > 0:
             faults.committed -= 1
             raise _error(KafkaError._TIMED_OUT, "committed offsets not fetched: the coordinator does not answer")
         out = []
         for tp in partitions:
             commit = self.broker.committed(self.group, tp.topic, tp.partition)
-            if commit is None:
+            if tp.partition in faults.unreadable:
+                error = KafkaError(KafkaError.COORDINATOR_NOT_AVAILABLE, "the test")
+                out.append(_Unread(tp.topic, tp.partition, -1001, None, error))
+            elif commit is None:
                 out.append(TopicPartition(tp.topic, tp.partition, -1001))
             else:
                 out.append(TopicPartition(tp.topic, tp.partition, commit[0], metadata=commit[1]))

@@ -40,6 +40,16 @@ def group(group_id: str, weight_version: int = 0, rows: int = 2) -> FinalizedGro
     )
 
 
+class Clock:
+    """Time as the test moves it."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 class Pipeline:
     """A broker with the pipeline's topics, a store with its train rows, and consumers of one consumer group."""
 
@@ -49,6 +59,7 @@ class Pipeline:
             self.broker.create(spec.name, spec.partitions)
         self.rows = InMemoryStore()
         self.store = NotingStore(self.rows, self.broker.events)
+        self.clock = Clock()
 
     def finalize(self, groups: list[FinalizedGroup], partition: int = 0) -> list[int]:
         """Append the groups' records to the finalized topic and put their rows; their offsets."""
@@ -69,6 +80,7 @@ class Pipeline:
             policy or ready_first(),
             version=version,
             clients=self.broker.clients(),
+            clock=self.clock,
         )
 
     def commits(self) -> list[tuple]:
