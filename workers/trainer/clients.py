@@ -2,8 +2,9 @@
 
 `KafkaTrainerClients` builds real confluent-kafka clients from a `KafkaConfig`. The trainer's side
 asks its factory for the finalized topic's reader (a consumer of its consumer group), acknowledged
-producers (the stale-group replay, the version publisher), the outbox's producer (dead letters and
-hand-backs, served by delivery reports) and a read of a whole topic, and nothing else. So a unit
+producers (the stale-group replay, the version publisher, the progress entries), the outbox's
+producer (dead letters and hand-backs, served by delivery reports) and a read of a whole topic (the
+progress topic on assignment), and nothing else. So a unit
 test can hand it a factory of in-memory fakes (tests/unit/workers/trainer/fake_kafka.py) and run
 the consumer's commits, assignments and clears with no broker, and a test or the explorer can hand
 it clients that fail on purpose. No setting reaches a factory: a caller passes one in code, or gets

@@ -29,7 +29,6 @@ from workers.trainer.intake import ConsumerCounts, FinalizedIntake
 from workers.trainer.outbox import Notice
 from workers.trainer.pending import READY, YIELDED, Pending
 from workers.trainer.policies import Decision
-from workers.trainer.position import encode_ranges
 
 log = logging.getLogger("rlstream.trainer")
 
@@ -301,30 +300,16 @@ class ExperienceConsumer(FinalizedIntake):
                 return
             release = st.cut
             self._durable_cut = st.cut
-        topic = self.config.finalized_topic
-        self._durable, self._naming = [], []
+        marks, naming = [], []
         for part, mark in st.partitions.items():
-            metadata, truncated = encode_ranges(mark.offset, mark.trained)
-            if truncated:
-                log.warning(
-                    "%s[%d]: too many trained records past offset %d for the commit metadata; a trainer"
-                    " restarted without its checkpoint would report some as missing rows",
-                    topic,
-                    part,
-                    mark.offset,
-                )
-            self._durable.append((part, mark.offset, metadata))
+            marks.append((part, mark.offset, list(mark.trained)))
             committed = self._pending.committed_offset(part)
             if release is not None and committed is not None and committed < mark.offset:
                 # Named first, from where the commit stands: a trainer started without this checkpoint
                 # after a crash between the clear and the marks' commit reads them again as trained.
-                before = [(committed, mark.offset - 1), *mark.trained]
-                self._naming.append((part, committed, encode_ranges(committed, before)[0]))
-        if release is not None and self._clears.due_through(release):
-            self._release_cut = release
-        else:
-            self._naming = []
-        self._commit_durable()
+                naming.append((part, committed, [(committed, mark.offset - 1), *mark.trained]))
+        due = release is not None and self._clears.due_through(release)
+        self._commits.durable(marks, naming, release if due else None)
 
     def remember_resolved(self, records: Sequence[tuple[str, int, int]]) -> None:
         """Groups resolved before the restored checkpoint, as (group id, partition, offset) of their records.

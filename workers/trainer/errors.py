@@ -64,5 +64,9 @@ class IllegalTransition(RuntimeError):
     never an expected failure, so no `RlstreamError`."""
 
 
+class CommitUnreadable(RlstreamError):
+    """A trainer's commit names resolved records that cannot be read back (its progress entry is missing)."""
+
+
 class SpillError(RlstreamError):
     """A checkpoint's spill of TQ rows that cannot be used: missing, cut short, undecodable, or another checkpoint's."""

@@ -15,7 +15,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from confluent_kafka import KafkaException, TopicPartition
 
 from schemas.errors import SchemaError
 from schemas.finalized import FinalizedGroup
@@ -26,6 +26,7 @@ from workers.telemetry.sensors import TrainerSensor
 from workers.trainer.checkpoint import PartitionMark
 from workers.trainer.clears import RowClears
 from workers.trainer.clients import KafkaTrainerClients, TrainerClients, cooperative
+from workers.trainer.commits import Commits
 from workers.trainer.config import ConsumerConfig
 from workers.trainer.deadletters import MISSING_ROWS, UNDECODABLE_FINALIZED, UNUSABLE_GROUP, make_letter
 from workers.trainer.errors import PollErrors
@@ -33,19 +34,10 @@ from workers.trainer.lost_rows import HANDED_BACK, lost_rows_notice
 from workers.trainer.outbox import Notice, Outbox
 from workers.trainer.pending import DUPLICATE, HELD, NEW, READY, REREAD, Pending, PendingGroups
 from workers.trainer.policies import Decision, Policy
+from workers.trainer.progress import ProgressCarrier
 from workers.trainer.starts import COMMITTED_TIMEOUT_S, PartitionStarts
 
 log = logging.getLogger("rlstream.trainer")
-
-# Commit failures that lose a race with a rebalance (or follow a max.poll.interval.ms leave).
-_RETRY_COMMIT = (
-    KafkaError._NO_OFFSET,
-    KafkaError.REBALANCE_IN_PROGRESS,
-    KafkaError.ILLEGAL_GENERATION,
-    KafkaError.UNKNOWN_MEMBER_ID,
-    KafkaError._ASSIGNMENT_LOST,
-    KafkaError._STATE,
-)
 
 
 @dataclass
@@ -113,10 +105,6 @@ class FinalizedIntake:
         # A restored checkpoint's marks, per partition, until that partition is first assigned.
         self._restored: dict[int, PartitionMark] = {}
         self._durable_cut = -1  # the last durable cut of this run: an older one never moves commits back
-        # A durable checkpoint's commits, until done: one naming its records, its rows, then its marks.
-        self._naming: list[tuple[int, int, str]] = []
-        self._release_cut: int | None = None
-        self._durable: list[tuple[int, int, str]] = []
         self._paused: set[int] = set()
         self._errors = PollErrors(config.finalized_topic, config.consumer_group, config.max_poll_interval_ms)
         self._clients = clients if clients is not None else KafkaTrainerClients(kafka)
@@ -131,6 +119,12 @@ class FinalizedIntake:
         self._cooperative = cooperative(self._clients.consumer_settings(config.consumer_group, settings))
         # Partitions assigned whose commit is not read yet: paused until it is.
         self._starts = PartitionStarts(config.finalized_topic, clock)
+        # Where each commit's resolved ranges go when its metadata cannot hold them, and the commits.
+        topic, group = config.finalized_topic, config.consumer_group
+        self._progress = ProgressCarrier(self._clients, config.topics.trainer_progress, group, topic, self._run, clock)
+        self._commits = Commits(
+            self._consumer, config.finalized_topic, self._pending, self._clears, self._outbox, self._progress
+        )
         self._consumer.subscribe(
             [config.finalized_topic], on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_revoke
         )
@@ -164,21 +158,26 @@ class FinalizedIntake:
                 raise
             self._starts.failed(waiting, exc.args[0].str())
             return
-        unread = [tp.partition for tp in committed if tp.error is not None]
+        unread = {tp.partition: tp.error.str() for tp in committed if tp.error is not None}
+        read = [tp for tp in committed if tp.error is None and tp.partition in self._starts]
+        # The resolved ranges each commit names: inline, or on the progress topic (`progress.py`).
+        named = self._progress.read(read)
+        for part, reason in named.unreadable.items():
+            if self._starts.restored(part):  # a checkpoint's mark says what is resolved: the commit's ranges are moot
+                named.ranges[part] = []
+            else:
+                unread[part] = reason
         if unread:
-            self._starts.failed(unread, "; ".join(tp.error.str() for tp in committed if tp.error is not None))
+            self._starts.failed(sorted(unread), "; ".join(sorted(set(unread.values()))))
         started = []
-        for tp in committed:
-            if tp.error is not None or tp.partition not in self._starts:
+        for tp in read:
+            if tp.partition in unread:
                 continue
-            start = self._starts.known(tp.partition, tp.offset, tp.metadata)
+            start = self._starts.known(tp.partition, tp.offset)
             if start.restored is not None:
                 self._pending.restore(tp.partition, start.offset, start.resolved)
             else:
-                try:
-                    self._pending.assign(tp.partition, tp.offset, tp.metadata)
-                except ValueError as exc:
-                    log.warning("%s[%d]: %s; consumed groups may be handed back", topic, tp.partition, exc)
+                self._pending.assign(tp.partition, tp.offset, named.ranges[tp.partition])
             if start.offset is not None:
                 self._consumer.seek(TopicPartition(topic, tp.partition, start.offset))
             started.append(TopicPartition(topic, tp.partition))
@@ -193,6 +192,7 @@ class FinalizedIntake:
             if mark is not None:  # never started: the mark applies at the partition's next assignment
                 self._restored[tp.partition] = mark
             self._pending.revoke(tp.partition)
+            self._progress.drop(tp.partition)
             # A letter dropped unsent is written again when its record is read again: that record
             # must not then pass as one already consumed.
             self._pending.forget_seen(tp.partition, self._outbox.offsets(tp.partition))
@@ -340,51 +340,8 @@ class FinalizedIntake:
             self._pending.group_resolved(p.group)
         self._resolve_letters()
 
-    def _commit_durable(self) -> None:
-        """A durable checkpoint's commits: first one naming its records without passing them, then (their
-        rows cleared) its marks; each step retried by the next call until it is done."""
-        what = f"{self.config.finalized_topic} offsets of a durable checkpoint"
-        if self._naming and not self._commit(self._naming, what):
-            return
-        self._naming = []
-        if self._release_cut is not None:
-            self._clears.release_through(self._release_cut)
-            self._release_cut = None
-        if self._durable and self._commit(self._durable, what):
-            self._durable = []
-
-    def _commit(self, points: list[tuple[int, int, str]], what: str) -> bool:
-        """Commit (partition, offset, metadata) points; False, logged, when the broker refuses them for now."""
-        if not points:
-            return True
-        topic = self.config.finalized_topic
-        offsets = [TopicPartition(topic, part, offset, metadata=metadata) for part, offset, metadata in points]
-        try:
-            self._consumer.commit(offsets=offsets, asynchronous=False)
-        except KafkaException as exc:
-            err = exc.args[0]
-            if err.fatal():
-                raise
-            # Retried by the next call; a record read again meanwhile is known to be resolved.
-            level = logging.DEBUG if err.code() in _RETRY_COMMIT else logging.WARNING
-            log.log(level, "commit of %s failed, retrying later: %s", what, err.str())
-            return False
-        for part, offset, metadata in points:
-            self._pending.committed(part, offset, metadata)
-        return True
-
     def _commit_resolved(self) -> None:
-        """Commit what is resolved; rows waiting for a commit naming their records go after it, and the
-        offset passes those records with the next commit (`clears.py`)."""
-        if self._clears.deferred:  # offsets move with durable checkpoints only
-            self._commit_durable()
-            return
-        topic = self.config.finalized_topic
-        held = self._clears.held
-        if not self._commit(self._pending.commit_points(topic, self._outbox.offsets, held), f"{topic} offsets"):
-            return
-        if self._clears.release_named(self._pending.named):
-            self._commit(self._pending.commit_points(topic, self._outbox.offsets, held), f"{topic} offsets")
+        self._commits.round()
 
     def _update_waiting(self) -> None:
         waiting = [p for p in self._pending.all_pending() if p.state.waiting]
@@ -410,5 +367,6 @@ class FinalizedIntake:
         finally:
             self._consumer.close()
             self._outbox.close()
+            self._progress.close()
             if self._replay is not None:
                 self._replay.close()

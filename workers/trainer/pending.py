@@ -107,13 +107,9 @@ class PendingGroups:
 
     # ----- partitions ---------------------------------------------------------------------------
 
-    def assign(self, partition: int, offset: int, metadata: str | None) -> None:
-        """From the partition's committed offset and metadata; ValueError (and a plain position) if malformed."""
-        try:
-            self.positions[partition] = PartitionPosition.from_commit(offset, metadata)
-        except ValueError:
-            self.positions[partition] = PartitionPosition.from_commit(offset, None)
-            raise
+    def assign(self, partition: int, offset: int, ranges: Iterable[tuple[int, int]]) -> None:
+        """From the partition's committed offset (< 0: none) and the resolved ranges its commit names."""
+        self.positions[partition] = PartitionPosition.from_commit(offset, ranges)
 
     def restore(self, partition: int, offset: int, trained: list[tuple[int, int]]) -> None:
         """From a checkpoint: reading starts at `offset`, and records in `trained` were resolved before."""
@@ -232,29 +228,16 @@ class PendingGroups:
 
     def commit_points(
         self,
-        topic: str,
         held_back: Callable[[int], list[int]],
         held: Callable[[int], list[int]] = lambda _p: [],
-    ) -> list[tuple[int, int, str]]:
-        """(partition, offset, metadata) to commit where it changed; `held_back(p)`: offsets unresolved elsewhere;
-        `held(p)`: resolved offsets to name in the metadata without passing them (rows still to clear)."""
+    ) -> list[tuple[int, int, list[tuple[int, int]]]]:
+        """(partition, offset, resolved ranges past it) to commit where it changed; `held_back(p)`: offsets
+        unresolved elsewhere; `held(p)`: resolved offsets to name without passing them (rows still to clear)."""
         out = []
         for part, position in self.positions.items():
             point = position.commit_point([*self.by_partition.get(part, ()), *held_back(part)], held(part))
-            if point is None:
-                continue
-            offset, metadata, truncated = point
-            if truncated and not position.warned_truncated:
-                position.warned_truncated = True
-                log.warning(
-                    "%s[%d]: too many resolved records past offset %d to name in the commit metadata; "
-                    "after a restart some will be reported as missing rows",
-                    topic,
-                    part,
-                    offset,
-                )
-            if position.committed != (offset, metadata):
-                out.append((part, offset, metadata))
+            if point is not None and position.committed != (point[0], tuple(point[1])):
+                out.append((part, *point))
         return out
 
     def snapshot(self, held_back: Callable[[int], list[int]]) -> dict[int, tuple[int, list[tuple[int, int]]]]:
@@ -266,9 +249,9 @@ class PendingGroups:
                 out[part] = cut
         return out
 
-    def committed(self, partition: int, offset: int, metadata: str) -> None:
+    def committed(self, partition: int, offset: int, ranges: Iterable[tuple[int, int]]) -> None:
         if partition in self.positions:
-            self.positions[partition].committed = (offset, metadata)
+            self.positions[partition].committed = (offset, tuple(ranges))
 
     def committed_offset(self, partition: int) -> int | None:
         """Where the partition's commit stands (as read at assignment or last committed; 0 when there was

@@ -33,12 +33,11 @@ Range = tuple[int, int]
 @dataclass(frozen=True)
 class Start:
     """Where a partition starts: its commit (`committed` < 0: none, where the consumer's offset reset puts
-    it) and that commit's `metadata`; or, when a restored checkpoint names it, at `offset` with the
-    `resolved` ranges past it the checkpoint names."""
+    it); or, when a restored checkpoint names it, at `offset` with the `resolved` ranges past it the
+    checkpoint names."""
 
     partition: int
     committed: int
-    metadata: str | None = None
     restored: PartitionMark | None = None
 
     @property
@@ -88,10 +87,14 @@ class PartitionStarts:
     def due(self) -> bool:
         return bool(self._waiting) and self._clock() >= self._next_try
 
-    def known(self, partition: int, committed: int, metadata: str | None) -> Start:
+    def restored(self, partition: int) -> bool:
+        """Whether a restored checkpoint's mark decides where the partition starts."""
+        return self._waiting.get(partition) is not None
+
+    def known(self, partition: int, committed: int) -> Start:
         """The partition's commit was read: its start, and it waits no longer."""
         self._failures = 0
-        return Start(partition, committed, metadata, self._waiting.pop(partition))
+        return Start(partition, committed, self._waiting.pop(partition))
 
     def failed(self, partitions: list[int], reason: str) -> None:
         """Their commits could not be read: they stay paused, and are asked about again after a delay."""

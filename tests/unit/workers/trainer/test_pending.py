@@ -56,13 +56,13 @@ def test_a_duplicate_of_a_waiting_group_keeps_the_shared_rows_and_waits_for_it()
     assert _take(groups, bigger, 0, 1) == (DUPLICATE, None)
     assert store.present(TRAIN, list(bigger.sample_ids)) == set(bigger.sample_ids)
     # Neither record is resolved: the commit stays at the original.
-    assert groups.commit_points("t", lambda p: [])[0][:2] == (0, 0)
+    assert groups.commit_points(lambda p: [])[0][:2] == (0, 0)
     pending.move(PendingState.READY)
     pending.move(PendingState.YIELDED)
     store.clear(TRAIN, list(original.sample_ids))  # what release does
     groups.release(original, 0, 0)
     assert store.present(TRAIN, list(bigger.sample_ids)) == set()  # the duplicate's extra row too
-    assert groups.commit_points("t", lambda p: [])[0][:2] == (0, 2)
+    assert groups.commit_points(lambda p: [])[0][:2] == (0, 2)
 
 
 def test_a_duplicate_of_a_released_group_has_its_rows_cleared_at_once():
@@ -73,7 +73,7 @@ def test_a_duplicate_of_a_released_group_has_its_rows_cleared_at_once():
     _put(store, group)  # put again by whoever published the duplicate
     assert _take(groups, group, 1, 9) == (DUPLICATE, None)
     assert store.present(TRAIN, list(group.sample_ids)) == set()
-    assert groups.commit_points("t", lambda p: [])[0][:2] == (1, 10)
+    assert groups.commit_points(lambda p: [])[0][:2] == (1, 10)
 
 
 def test_a_yielded_group_read_again_after_a_rebalance_waits_for_its_release():
@@ -84,12 +84,12 @@ def test_a_yielded_group_read_again_after_a_rebalance_waits_for_its_release():
     pending.move(PendingState.READY)
     pending.move(PendingState.YIELDED)
     groups.revoke(2)
-    groups.assign(2, 3, None)
+    groups.assign(2, 3, [])
     assert _take(groups, group, 2, 3) == (REREAD, None)
-    assert groups.commit_points("t", lambda p: []) == []  # still at 3: the trainer holds the group
+    assert groups.commit_points(lambda p: []) == []  # still at 3: the trainer holds the group
     assert store.present(TRAIN, list(group.sample_ids)) == set(group.sample_ids)
     groups.release(group, 2, 3)
-    assert groups.commit_points("t", lambda p: [])[0][:2] == (2, 4)
+    assert groups.commit_points(lambda p: [])[0][:2] == (2, 4)
 
 
 def test_a_held_group_of_a_revoked_partition_is_taken_in_again_as_new():
@@ -102,13 +102,14 @@ def test_a_held_group_of_a_revoked_partition_is_taken_in_again_as_new():
 
 def test_records_resolved_before_a_restart_are_rereads_and_their_rows_are_not_needed():
     _, groups = _groups()
-    groups.assign(0, 4, None)
+    groups.assign(0, 4, [])
     groups.read(0, 4)
     groups.positions[0].resolve(4)
     groups.read(0, 5)
-    ((part, offset, metadata),) = groups.commit_points("t", lambda p: [5])
+    ((part, offset, ranges),) = groups.commit_points(lambda p: [5])
+    assert (offset, ranges) == (5, [])
     successor = PendingGroups(InMemoryStore(), TRAIN, max_seen_groups=100)
-    successor.assign(part, offset, metadata)
+    successor.assign(part, offset, ranges)
     assert _take(successor, _group("e"), 0, 5)[0] == NEW
     assert successor.read(0, 6) is False
 
