@@ -18,6 +18,7 @@ from workers.trainer.clears import RowClears
 from workers.trainer.outbox import Outbox
 from workers.trainer.pending import PendingGroups
 from workers.trainer.progress import ProgressCarrier, ProgressUnavailable
+from workers.trainer.starts import COMMITTED_TIMEOUT_S
 
 log = logging.getLogger("rlstream.trainer")
 
@@ -93,11 +94,14 @@ class Commits:
         if not points:
             return True
         try:
-            # Each point as it will be committed: its ranges inline, or an entry naming them written first.
-            carried = [(part, *self._carrier.metadata(part, offset, ranges)) for part, offset, ranges in points]
+            for part in {p for p, _, _ in points if self._carrier.attempts_full(p)}:
+                self._reconcile(part)
+            # Each point's ranges inline, or an entry naming them written (and acknowledged) first.
+            metadata = [self._carrier.metadata(part, offset, ranges) for part, offset, ranges in points]
         except ProgressUnavailable as exc:
             log.warning("commit of %s waits: %s", what, exc)
             return False
+        carried = [(part, offset, ranges, m) for (part, offset, ranges), m in zip(points, metadata, strict=True)]
         offsets = [TopicPartition(self._topic, part, offset, metadata=m) for part, offset, _, m in carried]
         try:
             self._consumer.commit(offsets=offsets, asynchronous=False)
@@ -113,3 +117,18 @@ class Commits:
             self._pending.committed(part, offset, ranges)
             self._carrier.committed(part, m)
         return True
+
+    def _reconcile(self, partition: int) -> None:
+        """Commits of the partition raised often enough to leave `MAX_ATTEMPTS` entries: the standing commit
+        says which landed (a commit that timed out may have), so the others can go."""
+        try:
+            (tp,) = self._consumer.committed([TopicPartition(self._topic, partition)], timeout=COMMITTED_TIMEOUT_S)
+        except KafkaException as exc:
+            if exc.args[0].fatal():
+                raise
+            raise ProgressUnavailable(f"{self._topic}[{partition}]: committed offset unreadable ({exc})") from exc
+        if tp.error is not None:
+            raise ProgressUnavailable(f"{self._topic}[{partition}]: committed offset unreadable ({tp.error.str()})")
+        landed = self._carrier.reconcile(partition, tp.metadata)
+        if landed is not None:
+            self._pending.committed(partition, *landed)

@@ -14,10 +14,12 @@ partition, would otherwise replace the one the standing commit relies on, and co
 that for good. A reader takes the entry whose token, offset and chunk count the commit names, and no
 other. Each trainer tombstones the entries no commit relies on any more once a later commit of its
 own has landed: its own earlier ones, and those it found on assignment (a predecessor's, or ones
-written for commits that failed). While commits fail, a changed point is written anew at most
-`MAX_ATTEMPTS` times before the latest is committed as it is; so a partition has at most the
-committed entry and `MAX_ATTEMPTS` more live, bounded by construction. A trainer that dies before
-its tombstones leaves entries its successor finds and removes.
+written for commits that failed). A commit that raised may still have landed (a timeout), so its
+entry stays until a later commit lands; while commits keep failing, a partition writes at most
+`MAX_ATTEMPTS` entries, then asks the broker for its standing commit (`Commits`): the attempt it
+names landed, and the others go. So a partition has at most its committed entry and `MAX_ATTEMPTS`
+more live, bounded by construction. A trainer that dies before its tombstones leaves entries its
+successor finds and removes.
 """
 
 from __future__ import annotations
@@ -103,23 +105,22 @@ class ProgressCarrier:
 
     # ----- writing -----------------------------------------------------------------------------
 
-    def metadata(self, partition: int, offset: int, ranges: list[Range]) -> tuple[int, list[Range], str]:
-        """What to commit for a point at `offset` naming `ranges`: (offset, ranges, metadata).
+    def metadata(self, partition: int, offset: int, ranges: list[Range]) -> str:
+        """The metadata of a commit at `offset` naming `ranges`: the ranges if they fit, else naming an entry
+        written and acknowledged now; `ProgressUnavailable` if it cannot be written (the commit must wait).
 
-        The metadata holds the ranges if they fit, else names an entry written and acknowledged now
-        (`ProgressUnavailable` if that write failed: the commit must wait). A point already written for
-        a commit that failed is not written again; and with `MAX_ATTEMPTS` such entries live (commits
-        failing while the trainer moves on), the latest of them is committed instead of writing more:
-        an older point, true all the same, so the entries of a partition stay bounded.
+        A point written already for a commit that raised is not written again. Past `MAX_ATTEMPTS` such
+        entries (commits failing while the trainer moves on) none is written until `reconcile` has
+        learnt from the standing commit which of them landed.
         """
         inline, truncated = encode_ranges(offset, ranges)
         if not truncated:
-            return offset, ranges, inline
+            return inline
         attempts = self._attempts.setdefault(partition, [])
-        unchanged = bool(attempts) and attempts[-1][:2] == (offset, tuple(ranges))
-        if unchanged or len(attempts) >= MAX_ATTEMPTS:
-            last_offset, last_ranges, metadata = attempts[-1]
-            return last_offset, list(last_ranges), metadata
+        if attempts and attempts[-1][:2] == (offset, tuple(ranges)):
+            return attempts[-1][2]
+        if len(attempts) >= MAX_ATTEMPTS:
+            raise ProgressUnavailable(f"{self._topic}[{partition}]: {len(attempts)} commits not known to have landed")
         if self._clock() < self._next_try:
             raise ProgressUnavailable(f"{self.progress_topic}: waiting before writing again after a failed write")
         self._seq += 1
@@ -142,29 +143,47 @@ class ProgressCarrier:
         self._failures = 0
         metadata = carried_metadata(token, len(chunks))
         attempts.append((offset, tuple(ranges), metadata))
-        return offset, ranges, metadata
+        return metadata
+
+    def attempts_full(self, partition: int) -> bool:
+        """Whether the partition has written `MAX_ATTEMPTS` entries for commits not known to have landed."""
+        return len(self._attempts.get(partition, ())) >= MAX_ATTEMPTS
 
     def committed(self, partition: int, metadata: str) -> None:
         """A commit with `metadata` landed: the entries it no longer needs are tombstoned."""
         self._attempts.pop(partition, None)
-        token = carried(metadata)
-        keep = token[0] if token is not None else None
+        named = carried(metadata)
+        keep = named[0] if named is not None else None
+        self._tombstone(partition, [t for t in self._live.get(partition, {}) if t != keep])
+
+    def reconcile(self, partition: int, standing: str | None) -> tuple[int, list[Range]] | None:
+        """The partition's standing commit has metadata `standing`: if it is one of the commits that raised,
+        that one landed after all (its (offset, ranges) are returned) and the rest are tombstoned; if none,
+        none of their entries is needed, and they are tombstoned."""
+        for offset, ranges, metadata in self._attempts.get(partition, []):
+            if metadata == standing:
+                self.committed(partition, metadata)
+                return offset, list(ranges)
+        tokens = [carried(m)[0] for _, _, m in self._attempts.pop(partition, [])]
+        self._tombstone(partition, tokens)
+        return None
+
+    def _tombstone(self, partition: int, tokens: list[str]) -> None:
         live = self._live.get(partition, {})
-        obsolete = {t: chunks for t, chunks in live.items() if t != keep}
-        if not obsolete:
-            return
         graves = [
             Outgoing(self.progress_topic, self._key(partition, t, chunk), None)
-            for t, chunks in obsolete.items()
-            for chunk in sorted(chunks)
+            for t in tokens
+            for chunk in sorted(live.get(t, ()))
         ]
+        if not graves:
+            return
         try:
             self._acked().send(graves, timeout_s=SEND_TIMEOUT_S)
         except DeliveryError as exc:  # tried again after the next commit; a successor finds them otherwise
             log.debug("%s: tombstones of %d entries not acknowledged: %s", self.progress_topic, len(graves), exc)
             return
-        for t in obsolete:
-            del live[t]
+        for t in tokens:
+            live.pop(t, None)
 
     def drop(self, partition: int) -> None:
         """The partition was revoked: its entries are its next owner's to keep or tombstone, never this one's."""

@@ -68,6 +68,7 @@ class Faults:
     committed: int = 0  # committed() calls that raise, the first ones
     unreadable: set[int] = field(default_factory=set)  # partitions whose committed() entry carries an error
     commits: int = 0  # commit() calls that raise, the first ones
+    commits_land: bool = False  # whether those land all the same (a timeout after the broker took them)
     sends: int = 0  # acknowledged sends that raise, the first ones
     # Topics whose acknowledged sends always fail (the broker does not know them, say).
     unknown_topics: set[str] = field(default_factory=set)
@@ -251,8 +252,9 @@ class FakeConsumer:
 
     def commit(self, offsets=None, asynchronous: bool = True) -> None:
         faults = self.broker.faults
-        if faults.commits > 0:
-            faults.commits -= 1
+        failing = faults.commits > 0
+        faults.commits = max(0, faults.commits - 1)
+        if failing and not faults.commits_land:
             raise _error(KafkaError._TRANSPORT, "commit refused by the test")
         for tp in offsets:
             if tp.partition not in self.positions:
@@ -260,6 +262,8 @@ class FakeConsumer:
         for tp in offsets:
             self.broker.commits[(self.group, tp.topic, tp.partition)] = (tp.offset, tp.metadata or "")
             self.broker.events.append(("commit", self.group, tp.partition, tp.offset, tp.metadata or ""))
+        if failing:
+            raise _error(KafkaError._TIMED_OUT, "commit timed out (the test), though the broker took it")
 
     def close(self) -> None:
         self.closed = True

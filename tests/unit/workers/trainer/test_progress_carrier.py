@@ -148,7 +148,7 @@ def test_entries_of_many_chunks_are_read_back_whole_and_inline_metadata_of_older
     clients = pipe.broker.clients()
     writer = ProgressCarrier(clients, NAMES.trainer_progress, GROUP, NAMES.finalized, "run-a", chunk_ranges=3)
     ranges = [(o, o) for o in range(12, 2_012, 2)]
-    _, _, metadata = writer.metadata(0, 10, ranges)
+    metadata = writer.metadata(0, 10, ranges)
     token, chunks = carried(metadata)
     assert chunks == 334
     reader = ProgressCarrier(clients, NAMES.trainer_progress, GROUP, NAMES.finalized, "run-b")
@@ -169,7 +169,28 @@ def test_while_commits_fail_a_partition_writes_a_bounded_number_of_entries_howev
         trained += _train_all(pipe, first, 0)
         pipe.finalize([group(f"x{len(trained)}-{i}", weight_version=5 * (i % 2), rows=1) for i in range(20)])
     assert len(trained) > 1_000
-    assert len(_live_entries(pipe)) <= MAX_ATTEMPTS
+    assert len(_live_entries(pipe)) <= MAX_ATTEMPTS and pipe.commits() == []
     pipe.broker.faults.commits = 0
     first.poll(0)
     assert len(_live_entries(pipe)) == 1  # the commit landed: only its entry is left
+
+
+def test_commits_that_time_out_after_the_broker_took_them_keep_the_entry_the_standing_one_names():
+    pipe = Pipeline()
+    groups = _alternating(pipe, 2_000)
+    first = pipe.consumer(version=0, max_poll_records=100)
+    pipe.broker.faults.commits, pipe.broker.faults.commits_land = 100_000, True
+    assert len(_train_all(pipe, first, 0)) == 1_000
+    first.close()
+    offset, metadata = pipe.broker.committed(GROUP, NAMES.finalized, 0)
+    tokens = {TrainerProgress.from_bytes(v).token for v in _live_entries(pipe).values()}
+    assert carried(metadata)[0] in tokens and len(tokens) <= 1 + MAX_ATTEMPTS
+    # The first trainer never learnt its commits landed, so it cleared no rows: the commit stops at the
+    # first trained record, and names all 1,000.
+    assert offset == 0 and len(pipe.present(groups)) == 2_000
+    pipe.broker.faults.commits = 0
+    second = pipe.consumer(version=5)
+    again = _train_all(pipe, second, 5)
+    assert second.counts.reread == 1_000 and _handed_back(pipe) == [] and second.counts.missing_rows == 0
+    assert sorted(again) == sorted(g.group_id for g in groups[1::2])
+    assert not pipe.present(groups)  # the successor cleared what the first left
