@@ -179,7 +179,13 @@ class FinalizedIntake:
             else:
                 self._pending.assign(tp.partition, tp.offset, named.ranges[tp.partition])
             if start.offset is not None:
-                self._consumer.seek(TopicPartition(topic, tp.partition, start.offset))
+                try:
+                    self._consumer.seek(TopicPartition(topic, tp.partition, start.offset))
+                except KafkaException as exc:  # not where its position says: it waits, and is asked again
+                    self._pending.revoke(tp.partition)
+                    self._starts.add(tp.partition, start.restored)
+                    self._starts.failed([tp.partition], f"seek to {start.offset}: {exc.args[0].str()}")
+                    continue
             started.append(TopicPartition(topic, tp.partition))
         if self._paused:  # backpressure holds the whole assignment: they resume with it
             self._paused |= {tp.partition for tp in started}

@@ -3,11 +3,14 @@
 `committed()` fails for a while when the group coordinator moves (a broker failover). The trainer used
 to log it and read the partition from an empty position: records the commit named resolved, whose rows
 were cleared, looked new and were handed back to be trained twice. Here the trainer's reader is the
-real consumer, through the trainer's client factory, except that its first committed() calls fail.
+real consumer, through the trainer's client factory, except that its first committed() calls fail, or
+meet a coordinator that does not answer for real (the broker SIGSTOPped for the length of that call).
 """
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 
 from confluent_kafka import Consumer, KafkaError, KafkaException
@@ -43,19 +46,46 @@ class CommittedFails(Consumer):
         return super().committed(partitions, timeout=timeout)
 
 
+class CoordinatorFrozen(Consumer):
+    """The real consumer, whose first committed() call meets a coordinator that does not answer: the broker
+    (the only one, so the group's coordinator) is SIGSTOPped for that call and SIGCONTinued after it."""
+
+    def __init__(self, conf, broker_pid: int):
+        super().__init__(conf)
+        self.broker_pid = broker_pid
+        self.calls = 0
+        self.failed: list[KafkaException] = []
+
+    def committed(self, partitions, timeout=-1):
+        self.calls += 1
+        if self.calls > 1:
+            return super().committed(partitions, timeout=timeout)
+        os.kill(self.broker_pid, signal.SIGSTOP)
+        try:
+            return super().committed(partitions, timeout=timeout)
+        except KafkaException as exc:
+            self.failed.append(exc)
+            raise
+        finally:
+            os.kill(self.broker_pid, signal.SIGCONT)
+
+
 class FailingCommitted(KafkaTrainerClients):
-    def __init__(self, kafka, failures: int):
+    def __init__(self, kafka, failures: int = 0, broker_pid: int | None = None):
         super().__init__(kafka)
         self.failures = failures
-        self.made: list[CommittedFails] = []
+        self.broker_pid = broker_pid
+        self.made: list[Consumer] = []
 
     def consumer(self, consumer_group, settings):
-        self.made.append(CommittedFails(self.consumer_settings(consumer_group, settings), self.failures))
+        conf = self.consumer_settings(consumer_group, settings)
+        frozen = self.broker_pid is not None
+        self.made.append(CoordinatorFrozen(conf, self.broker_pid) if frozen else CommittedFails(conf, self.failures))
         return self.made[-1]
 
 
 def _consumer(kafka, tq_store, names, group, version, clients=None, **config) -> ExperienceConsumer:
-    cfg = ConsumerConfig(prefix=names.prefix, consumer_group=group, session_timeout_ms=6000, **config)
+    cfg = ConsumerConfig(prefix=names.prefix, consumer_group=group, **{"session_timeout_ms": 6000, **config})
     return ExperienceConsumer(kafka, tq_store, cfg, ready_first(), version=version, clients=clients)
 
 
@@ -75,12 +105,8 @@ def _train(consumer, version: int, until, most: int = 8, timeout_s: float = 60.0
     return trained
 
 
-def test_a_commit_unreadable_on_assignment_leaves_no_resolved_group_handed_back_or_trained_twice(
-    kafka, tq_store, unique
-):
-    names = setup_topics(kafka, f"af-{unique}", partitions=1)
-    group = f"af-{unique}"
-    # g1 and g3 are of a version the first trainer never reaches: its commit stops at g1 and names g2.
+def _resolve_g0_and_g2(kafka, tq_store, names, group, unique):
+    """Four records; g1 and g3 of a version the first trainer never reaches: its commit stops at g1 and names g2."""
     groups = [finalized(f"g{i}-{unique}", 5 * (i % 2)) for i in range(4)]
     publish(kafka, tq_store, names, groups)
     first = _consumer(kafka, tq_store, names, group, 0)
@@ -93,7 +119,15 @@ def test_a_commit_unreadable_on_assignment_leaves_no_resolved_group_handed_back_
     finally:
         first.close()
     assert not tq_store.present(TRAIN, list(groups[2].sample_ids))  # gone: trained, named by the commit
+    return groups
 
+
+def test_a_commit_unreadable_on_assignment_leaves_no_resolved_group_handed_back_or_trained_twice(
+    kafka, tq_store, unique
+):
+    names = setup_topics(kafka, f"af-{unique}", partitions=1)
+    group = f"af-{unique}"
+    groups = _resolve_g0_and_g2(kafka, tq_store, names, group, unique)
     clients = FailingCommitted(kafka, failures=3)
     second = _consumer(kafka, tq_store, names, group, 5, clients=clients)
     try:
@@ -104,6 +138,25 @@ def test_a_commit_unreadable_on_assignment_leaves_no_resolved_group_handed_back_
     assert [Regenerate.from_bytes(r.value).group_id for r in read_topic(kafka, names.regenerate)] == []
     assert second.counts.missing_rows == 0 and second.counts.reread == 1
     assert clients.made[0].calls > 3  # asked again until the commit was known
+
+
+def test_a_coordinator_that_does_not_answer_while_the_commit_is_read_leaves_no_resolved_group_handed_back(
+    kafka, tq_store, unique, broker
+):
+    names = setup_topics(kafka, f"afz-{unique}", partitions=1)
+    group = f"afz-{unique}"
+    groups = _resolve_g0_and_g2(kafka, tq_store, names, group, unique)
+    clients = FailingCommitted(kafka, broker_pid=broker.handle.pid)
+    # A session longer than the freeze: the member stays in its group, only its commit fetch fails.
+    second = _consumer(kafka, tq_store, names, group, 5, clients=clients, session_timeout_ms=30_000)
+    try:
+        trained = _train(second, 5, lambda t: len(t) == 2 and committed_at_end(kafka, group, names.finalized))
+    finally:
+        second.close()
+    (frozen,) = clients.made
+    assert len(frozen.failed) == 1 and frozen.calls > 1  # librdkafka's own fetch failed, then was asked again
+    assert sorted(trained) == sorted([groups[1].group_id, groups[3].group_id])
+    assert not list(read_topic(kafka, names.regenerate)) and second.counts.reread == 1
 
 
 def test_a_restored_checkpoint_with_its_commit_unreadable_at_first_still_clears_what_it_trained(

@@ -124,23 +124,27 @@ class FakeBroker:
         """The group rebalances: its member's partitions are revoked and assigned again at its next consume."""
         self.generations[group] = self.generations.get(group, 0) + 1
 
-    def clients(self) -> FakeClients:
-        return FakeClients(self)
+    def clients(self, **consumer_settings: Any) -> FakeClients:
+        """Clients of this broker; `consumer_settings` as a `KafkaConfig`'s client settings would add them."""
+        return FakeClients(self, consumer_settings)
 
 
 class FakeClients:
     """A `TrainerClients` over a `FakeBroker`."""
 
-    def __init__(self, broker: FakeBroker):
+    def __init__(self, broker: FakeBroker, consumer_settings: dict[str, Any] | None = None):
         self.broker = broker
         self.consumers: list[FakeConsumer] = []
+        self._settings = dict(consumer_settings or {})
 
     def consumer(self, consumer_group: str, settings: dict[str, Any]) -> FakeConsumer:
-        self.consumers.append(FakeConsumer(self.broker, consumer_group))
+        conf = self.consumer_settings(consumer_group, settings)
+        cooperative = "cooperative" in str(conf.get("partition.assignment.strategy", ""))
+        self.consumers.append(FakeConsumer(self.broker, consumer_group, cooperative=cooperative))
         return self.consumers[-1]
 
     def consumer_settings(self, consumer_group: str, settings: dict[str, Any]) -> dict[str, Any]:
-        return {"group.id": consumer_group, **settings}
+        return {"group.id": consumer_group, **settings, **self._settings}
 
     def acked_producer(self) -> FakeAcked:
         return FakeAcked(self.broker)
@@ -158,8 +162,9 @@ class FakeClients:
 class FakeConsumer:
     """The consumer API the trainer uses; its group's only member, holding every partition of its topic."""
 
-    def __init__(self, broker: FakeBroker, group: str):
+    def __init__(self, broker: FakeBroker, group: str, *, cooperative: bool = False):
         self.broker, self.group = broker, group
+        self.cooperative = cooperative
         self.topic: str | None = None
         self.callbacks: dict[str, Callable | None] = {}
         self.generation: int | None = None
@@ -189,7 +194,7 @@ class FakeConsumer:
         finally:
             self._in_callback = False
         if not self._assigned_in_callback:  # as confluent-kafka does after a callback that did not assign
-            self.assign(offered)
+            self._add(offered)
 
     def consume(self, num_messages: int = 1, timeout: float = -1) -> list[FakeMessage]:
         self._rebalance()
@@ -204,11 +209,17 @@ class FakeConsumer:
         return out
 
     def assign(self, partitions) -> None:
-        self._assigned_in_callback = True
+        if self.cooperative and self._in_callback:  # librdkafka refuses it, as here
+            raise _error(KafkaError._STATE, "Changes to the current assignment must be made using incremental_assign()")
         self.positions, self.paused = {}, set()
-        self.incremental_assign(partitions)
+        self._add(partitions)
 
     def incremental_assign(self, partitions) -> None:
+        if not self.cooperative:
+            raise _error(KafkaError._STATE, "Changes to the current assignment must be made using assign()")
+        self._add(partitions)
+
+    def _add(self, partitions) -> None:
         self._assigned_in_callback = True
         for tp in partitions:
             commit = self.broker.committed(self.group, tp.topic, tp.partition)

@@ -97,3 +97,12 @@ def test_a_partition_whose_commit_is_unknown_stays_paused_when_backpressure_lets
     pipe.broker.faults.unreadable = set()
     assert sorted(_drain(pipe, consumer)) == ["b0", "b1"]
     assert _handed_back(pipe) == []
+
+
+def test_a_cooperative_consumer_assigns_incrementally_and_waits_for_its_commits_the_same_way():
+    pipe = Pipeline()
+    _first_trainer_resolves_g0_and_g2(pipe)
+    pipe.broker.faults.committed = 2
+    second = pipe.consumer(version=60, client_settings={"partition.assignment.strategy": "cooperative-sticky"})
+    assert sorted(_drain(pipe, second)) == ["g1", "g3"]
+    assert second.counts.reread == 1 and _handed_back(pipe) == []

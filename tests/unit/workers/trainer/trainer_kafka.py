@@ -71,7 +71,9 @@ class Pipeline:
             offsets.append(self.broker.append(NAMES.finalized, partition, g.group_id.encode(), g.to_bytes()))
         return offsets
 
-    def consumer(self, policy: Policy | None = None, *, version: int = 10, **config) -> ExperienceConsumer:
+    def consumer(
+        self, policy: Policy | None = None, *, version: int = 10, client_settings=None, **config
+    ) -> ExperienceConsumer:
         cfg = ConsumerConfig(prefix=PREFIX, consumer_group=GROUP, **config)
         return ExperienceConsumer(
             KafkaConfig("fake:9092"),
@@ -79,7 +81,7 @@ class Pipeline:
             cfg,
             policy or ready_first(),
             version=version,
-            clients=self.broker.clients(),
+            clients=self.broker.clients(**(client_settings or {})),
             clock=self.clock,
         )
 
