@@ -147,16 +147,17 @@ def test_a_coordinator_that_does_not_answer_while_the_commit_is_read_leaves_no_r
     group = f"afz-{unique}"
     groups = _resolve_g0_and_g2(kafka, tq_store, names, group, unique)
     clients = FailingCommitted(kafka, broker_pid=broker.handle.pid)
-    # A session longer than the freeze: the member stays in its group, only its commit fetch fails.
-    second = _consumer(kafka, tq_store, names, group, 5, clients=clients, session_timeout_ms=30_000)
+    # A session longer than the freeze (and than the 30 s the callback used to block for): the member
+    # stays in its group, only its commit fetch fails.
+    second = _consumer(kafka, tq_store, names, group, 5, clients=clients, session_timeout_ms=60_000)
     try:
         trained = _train(second, 5, lambda t: len(t) == 2 and committed_at_end(kafka, group, names.finalized))
     finally:
         second.close()
+    assert [Regenerate.from_bytes(r.value).group_id for r in read_topic(kafka, names.regenerate)] == []
+    assert second.counts.reread == 1 and sorted(trained) == sorted([groups[1].group_id, groups[3].group_id])
     (frozen,) = clients.made
     assert len(frozen.failed) == 1 and frozen.calls > 1  # librdkafka's own fetch failed, then was asked again
-    assert sorted(trained) == sorted([groups[1].group_id, groups[3].group_id])
-    assert not list(read_topic(kafka, names.regenerate)) and second.counts.reread == 1
 
 
 def test_a_restored_checkpoint_with_its_commit_unreadable_at_first_still_clears_what_it_trained(
