@@ -99,3 +99,37 @@ class SimWorkerClients:
                 start = max(low, e.entry.restore_from)
                 break
         return Changelog([e for e in entries if e.offset >= start], start, high)
+
+
+class SimTrainerClients:
+    """A trainer's `TrainerClients` over the model (workers/trainer/clients.py's protocol)."""
+
+    def __init__(self, sim: SimKafka, kafka: KafkaConfig):
+        self.sim, self.kafka = sim, kafka
+
+    def consumer(self, consumer_group: str, settings: dict[str, Any]):
+        return self.sim.Consumer(self.consumer_settings(consumer_group, settings))
+
+    def consumer_settings(self, consumer_group: str, settings: dict[str, Any]) -> dict[str, Any]:
+        return self.kafka.consumer(consumer_group, **settings)
+
+    def acked_producer(self) -> AckedProducer:
+        return SimAckedProducer(self.sim, self.kafka)
+
+    def producer(self, settings: dict[str, Any]):
+        return self.sim.Producer(self.kafka.producer(**settings))
+
+    def read(self, topic: str) -> list[Record]:
+        c = self.sim.Consumer(self.kafka.consumer(f"rlstream-reader-{topic}", read_committed=True))
+        try:
+            parts = sorted(c.list_topics(topic).topics[topic].partitions)
+            ends = {p: c.get_watermark_offsets(TopicPartition(topic, p))[1] for p in parts}
+            lows = {p: c.get_watermark_offsets(TopicPartition(topic, p))[0] for p in parts}
+        finally:
+            c.close()
+        return [
+            r
+            for p in parts
+            if ends[p] > lows[p]
+            for r in read_partition(self.sim, self.kafka, topic, p, lows[p], ends[p])
+        ]

@@ -18,7 +18,7 @@ from streams.producer import Outgoing
 from streams.tq import STAGING, TRAIN
 from tests.tools.sim.env import ManualEnv
 from tests.tools.sim.kafka import KafkaCluster, SimKafka
-from tests.tools.sim.kafka.wrappers import SimAckedProducer, SimWorkerClients
+from tests.tools.sim.kafka.wrappers import SimAckedProducer, SimTrainerClients, SimWorkerClients
 from tests.tools.sim.tq import SimTQ
 from tests.tools.sim.tq.store import tq_store
 from workers.reassembler.config import ReassemblerConfig
@@ -85,7 +85,7 @@ def test_a_group_goes_through_the_reassembler_and_the_trainer_on_the_models():
         tq_store(tq.module("trainer")),
         ConsumerConfig(prefix="m", session_timeout_ms=6000),
         windowed(1),
-        make_consumer=SimKafka(cluster, "trainer").Consumer,
+        clients=SimTrainerClients(SimKafka(cluster, "trainer"), KAFKA),
     )
     try:
         meta = trainer.select(0, 1, 1, timeout_s=5.0)
