@@ -32,6 +32,7 @@ from streams.tq_setup import (
     init_tq,
     nodes_offering,
     ray_address,
+    start_tq_metrics,
 )
 
 __all__ = [
@@ -49,6 +50,7 @@ __all__ = [
     "join_rows",
     "nodes_offering",
     "ray_address",
+    "start_tq_metrics",
     "with_call_deadline",
     "with_clear_guard",
 ]

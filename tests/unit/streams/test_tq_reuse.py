@@ -16,6 +16,7 @@ from tensordict import TensorDict
 from streams.errors import ClearRefused, MissingKeysError
 from streams.tq import STAGING, TRAIN, TQStore, with_clear_guard
 from tests.unit.fake_tq import FakeTQ
+from tests.unit.manual_runtime import ManualRuntime
 from workers.reassembler.lease import Lease
 
 
@@ -147,8 +148,8 @@ def test_a_stale_clear_leaves_a_row_of_its_own_partition_that_took_the_index_alo
 
 
 def test_a_clear_frozen_after_its_check_gives_up_when_the_lease_saw_the_freeze(tq, store):
-    clock = _Clock()
-    lease = Lease(6.0, 60.0, clock=clock, watch=False)
+    clock = ManualRuntime(100.0)
+    lease = Lease(6.0, 60.0, runtime=clock, watch=False)
     store.put(STAGING, ["r1/0"], _rows(1), [{}])
     successor = _successor_clears_and_a_train_put_reuses(tq, store, "r1/0", "g2_g0")
 
@@ -181,11 +182,3 @@ def test_a_clear_is_one_round_trip_and_clears_the_keys_found(tq, store):
     tq.round_trips = 0
     store.clear(STAGING, ["a", "nope", "b"])
     assert tq.round_trips == 1 and store.list(STAGING) == {} and tq.rows == {}
-
-
-class _Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now

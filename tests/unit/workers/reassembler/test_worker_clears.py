@@ -132,3 +132,49 @@ def test_a_refused_background_clear_aborts_the_step_and_a_later_one_clears_what_
     steps(w, 4)  # refused, aborted and rebuilt; membership confirmed; the restore clears the staging
     assert finalized(job.broker) == ["g1"]
     assert job.store.list(STAGING) == {}
+
+
+def _stores_reachable(root) -> dict[str, TQStore]:
+    """Every TQStore reachable from `root` (attributes, slots, containers, bound methods, closures), by path."""
+    found: dict[str, TQStore] = {}
+    seen: set[int] = set()
+    todo: list[tuple[str, object]] = [("worker", root)]
+    while todo:
+        path, obj = todo.pop()
+        if isinstance(obj, TQStore):
+            found[path] = obj
+            continue
+        if id(obj) in seen or isinstance(obj, str | bytes | int | float | bool | type(None)):
+            continue
+        seen.add(id(obj))
+        module = type(obj).__module__
+        if isinstance(obj, dict):
+            todo += [(f"{path}[{k!r}]", v) for k, v in obj.items()]
+        elif isinstance(obj, list | tuple | set | frozenset):
+            todo += [(f"{path}[{i}]", v) for i, v in enumerate(obj)]
+        elif hasattr(obj, "__self__") and hasattr(obj, "__func__"):  # a bound method
+            todo.append((f"{path}.__self__", obj.__self__))
+        elif callable(obj) and getattr(obj, "__closure__", None):
+            todo += [(f"{path}.<closure>", c.cell_contents) for c in obj.__closure__]
+        elif module.split(".")[0] in {"workers", "streams", "tests"}:
+            fields = dict(getattr(obj, "__dict__", {}))
+            for slot in getattr(type(obj), "__slots__", ()):
+                if hasattr(obj, slot):
+                    fields[slot] = getattr(obj, slot)
+            todo += [(f"{path}.{k}", v) for k, v in fields.items()]
+    return found
+
+
+def test_every_store_a_worker_built_the_normal_way_hands_out_asks_the_lease_before_clearing():
+    # The clearer, the sweeper, the task manager (restores, rebuilds) and the step (finalize, the
+    # abandoned rows, restored staging) all clear through the store they were handed: built from the
+    # bare one, a clear would skip the lease and delete by a stale lookup after a freeze.
+    job = _Job()
+    w = worker(job.broker, job.store, clock=job.clock)
+    found = _stores_reachable(w)
+    handed = {"clearer": w._clearer._store, "sweeper": w._sweeper._store, "tasks": w._tasks.store, "step": w.store}
+    assert all(isinstance(s, TQStore) for s in handed.values()) and len(found) >= len(handed)
+    unguarded = sorted(path for path, s in found.items() if s._clear_guard != w._lease.refusal)
+    assert unguarded == []
+    assert all(s._deadline_s is not None for s in found.values())  # and each call has its deadline
+    w.close()
