@@ -1,8 +1,10 @@
 """The small KV client over TransferQueue that the workers use for the staging and train partitions.
 
 `KVStore` is the narrow interface the workers use; `TQStore` implements it over TQ's KV API (unit
-tests of pure logic use a dict-backed store of the same interface, in tests/unit). Starting or
-attaching to Ray and TQ is `streams.tq_setup`, whose names are re-exported here.
+tests of pure logic use a dict-backed store of the same interface, in tests/unit). How a read is
+checked to be the key's row, and what a failed one means, is `streams.tq_read`; the clear that never
+deletes an index that changed hands, `streams.tq_clear`. Starting or attaching to Ray and TQ is
+`streams.tq_setup`, whose names are re-exported here.
 """
 
 from __future__ import annotations
@@ -14,12 +16,10 @@ from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
-import numpy as np
-import torch
 from tensordict import TensorDict
 
-from schemas.jagged import is_nested
-from schemas.rowpack import PACKED_FIELD, pack_rows, unpack_rows
+from schemas.rowpack import PACKED_FIELD, pack_rows
+from streams import tq_read
 from streams.errors import MissingKeysError, TQError, TQTimeout
 from streams.tq_clear import ClearGuard, clear_unmoved
 from streams.tq_setup import (
@@ -47,7 +47,6 @@ __all__ = [
     "TQStore",
     "bound_tq_calls",
     "init_tq",
-    "join_rows",
     "nodes_offering",
     "ray_address",
     "start_tq_metrics",
@@ -117,18 +116,6 @@ def with_clear_guard(store: KVStore, guard: ClearGuard) -> KVStore:
 _LOCATED_BATCHES = 32
 # Reads of one get before giving up on rows that keep moving under their keys (cleared and put again).
 _READS = 3
-
-
-class _Stale(Exception):
-    """The locations read from no longer hold the keys' rows: look the keys up again."""
-
-
-class _NotReady(Exception):
-    """Rows at these positions of a read are being cleared."""
-
-    def __init__(self, positions: list[int]):
-        super().__init__(positions)
-        self.positions = positions
 
 
 class TQStore:
@@ -206,7 +193,7 @@ class TQStore:
         what = f"get of {len(keys)} key(s) from {partition!r}"
         for _ in range(_READS):
             # The lookup (if any), the read and its check in one coroutine on TQ's loop: one thread hop.
-            data = self._call(what, self._read(client, partition, keys, select, located))
+            data = self._call(what, tq_read.read(self._tq, client, partition, keys, select, located))
             if isinstance(data, TensorDict):
                 return data
             if isinstance(data, list):
@@ -219,94 +206,13 @@ class TQStore:
                 continue
             # Read by a lookup of its own and still not the keys' rows: some moved since (read again),
             # or TQ maps a key to an index whose storage is gone or holds another key's row (missing).
-            unreadable = self._call(what, self._unreadable(client, partition, keys, select))
+            unreadable = self._call(what, tq_read.unreadable(self._tq, client, partition, keys, select))
             if unreadable:
                 raise MissingKeysError(partition, unreadable)
         raise TQError(
             f"rows of {len(keys)} key(s) of TQ partition {partition!r} (first {keys[0]!r}) kept moving "
             f"while read {_READS} times: cleared and put again by another client"
         )
-
-    async def _read(self, client, partition: str, keys: list[str], select, located) -> TensorDict | list | bool | None:
-        """The rows; None if some key is absent; the keys being cleared; False if the locations read
-        went stale (look up again)."""
-        meta = located
-        if meta is None:
-            meta = await client.async_kv_retrieve_meta(keys=keys, partition_id=partition, create=False)
-            if meta.size != len(keys):
-                return None
-        names = set(meta.field_names)
-        try:
-            if PACKED_FIELD not in names and (meta if select is None else meta.select_fields(list(select))).is_ready:
-                return await self._read_fields(client, partition, keys, meta, select)
-            if names != {PACKED_FIELD} or not meta.is_ready:
-                # TQ's batch metadata does not say which rows have which fields: rows of both
-                # layouts (or rows lacking a selected field) are told apart key by key.
-                return await self._read_mixed(client, partition, keys, meta, select)
-            data = await client.async_get_data(_fields(meta, [PACKED_FIELD]))
-            rows = unpack_rows(partition, keys, data.get(PACKED_FIELD), select)
-        except (self._tq.StorageKeyNotFoundError, _Stale):
-            return False
-        except _NotReady as exc:
-            return [keys[i] for i in exc.positions]
-        if rows.foreign:
-            return False
-        return TensorDict(rows.fields, batch_size=[len(keys)])
-
-    async def _read_fields(self, client, partition: str, keys: list[str], meta, select) -> TensorDict:
-        """Rows of the previous layout (one TQ field per tensor field): read, then checked by a lookup."""
-        data = await client.async_get_data(_fields(meta, select))
-        fresh = await client.async_kv_retrieve_meta(keys=keys, partition_id=partition, create=False)
-        if fresh.size != len(keys) or fresh.global_indexes != meta.global_indexes:
-            raise _Stale()
-        return data
-
-    async def _read_mixed(self, client, partition: str, keys: list[str], meta, select) -> TensorDict:
-        """Rows of both layouts in one get (written across an upgrade): each key read on its own."""
-        parts = []
-        for i, key in enumerate(keys):
-            one = await client.async_kv_retrieve_meta(keys=[key], partition_id=partition, create=False)
-            if one.size != 1:
-                raise _Stale()
-            if not one.is_ready:
-                raise _NotReady([i])
-            if PACKED_FIELD in one.field_names:
-                data = await client.async_get_data(_fields(one, [PACKED_FIELD]))
-                rows = unpack_rows(partition, [key], data.get(PACKED_FIELD), select)
-                if rows.foreign:
-                    raise _Stale()
-                parts.append(rows.fields)
-            else:
-                parts.append(dict((await self._read_fields(client, partition, [key], one, select)).items()))
-        return TensorDict(join_rows(parts), batch_size=[len(keys)])
-
-    async def _unreadable(self, client, partition: str, keys: list[str], select) -> list[str]:
-        """The keys of a failed read that cannot be read as theirs now: absent, being cleared, or gone or
-        foreign at the index TQ still maps them to. Found by halving the read, so one such row among
-        many costs a few reads, not one per key; [] when the rows only moved (read them again)."""
-        if len(keys) == 1:
-            return await self._unreadable_one(client, partition, keys[0], select)
-        out: list[str] = []
-        for part in (keys[: len(keys) // 2], keys[len(keys) // 2 :]):
-            if not isinstance(await self._read(client, partition, part, select, None), TensorDict):
-                out += await self._unreadable(client, partition, part, select)
-        return out
-
-    async def _unreadable_one(self, client, partition: str, key: str, select) -> list[str]:
-        meta = await client.async_kv_retrieve_meta(keys=[key], partition_id=partition, create=False)
-        if meta.size != 1:
-            return [key]
-        got = await self._read(client, partition, [key], select, meta)
-        if isinstance(got, TensorDict):
-            return []
-        if got is not False:
-            return [key]  # absent or being cleared by now
-        # Gone or foreign where it was read: broken if TQ still maps the key there, else it moved.
-        try:
-            held = await client.async_kv_retrieve_keys(global_indexes=list(meta.global_indexes), partition_id=partition)
-        except RuntimeError:  # TQ's answer when the partition is gone: so is the key
-            return [key]
-        return [key] if list(held) == [key] else []
 
     def _missing(self, partition: str, keys: list[str]) -> list[str]:
         present = self.present(partition, keys)
@@ -379,33 +285,3 @@ async def _within(coro, deadline_s: float, what: str) -> Any:
             f"TQ {what} did not finish within {deadline_s:g}s: given up (cancelled where it waited, so it "
             "sends nothing more; what it sent already may still be applied)"
         ) from None
-
-
-def join_rows(parts: Sequence[Mapping[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    """Single-row fields of several reads as one batch: 0-dim rows stacked, others jagged (as TQ's get)."""
-    out: dict[str, torch.Tensor] = {}
-    for name in parts[0]:
-        if any(name not in p for p in parts):
-            raise ValueError(f"field {name!r} is not in every row read")
-        rows = [r for p in parts for r in (p[name].unbind() if is_nested(p[name]) else p[name])]
-        out[name] = (
-            torch.stack(rows)
-            if all(r.dim() == 0 for r in rows)
-            else torch.nested.as_nested_tensor(rows, layout=torch.jagged)
-        )
-    return out
-
-
-def _fields(meta: Any, select: Sequence[str] | None) -> Any:
-    """TQ metadata cut to the `select`ed fields (None: all), checked ready as TQ's own get does.
-
-    A row not ready is one being cleared (TQ marks it before it deletes it): to the caller it is as
-    good as gone, so `get` reports it missing, which every caller handles, rather than as an error.
-    """
-    if select is not None:
-        meta = meta.select_fields(list(select))
-    if not meta.is_ready:
-        status = np.asarray(meta.production_status)
-        ready = status.reshape(meta.size, -1).min(axis=1) == 1 if status.size else np.zeros(meta.size, bool)
-        raise _NotReady([i for i, ok in enumerate(ready) if not ok] or list(range(meta.size)))
-    return meta
