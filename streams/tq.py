@@ -262,7 +262,8 @@ class TQStore:
         it while another owner cleared the keys and a put was given the index) would delete that
         put's row, which its controller keeps ready. So the clear runs TQ's steps itself: lookup,
         mark, then a check of which keys the marked indexes hold now, and only the indexes still
-        holding keys of this clear are deleted and released. `guard` (default: the one given by
+        holding the very key each was looked up for are deleted and released (not any key of this
+        clear: one staged again meanwhile can hold another's old index). `guard` (default: the one given by
         `with_clear_guard`) is asked right before the mark, the storage clear and the release; a
         reason raises `ClearRefused`. What no check closes: a freeze after the last check and before
         the request leaves the process, or a request sent and served late by a stalled storage unit

@@ -289,3 +289,65 @@ def test_a_clear_frozen_after_its_check_gives_up_when_its_guard_saw_the_freeze(t
     finally:
         client.async_kv_retrieve_keys = real_check
         taken.close()
+
+
+def _drain_released(client, unique: str, fillers: list[str], partition: str) -> None:
+    """Keys of `partition` are registered until TQ hands out only fresh indexes (consecutive, above all
+    it gave before): its pool of released indexes is empty, so the next release is the next reuse."""
+    highest = -1
+    for n in range(400):
+        keys = [f"{unique}/drain{n}-{i}" for i in range(1024)]
+        got = client.kv_retrieve_meta(keys=keys, partition_id=partition, create=True).global_indexes
+        fillers += keys
+        if got == list(range(got[0], got[0] + len(got))) and got[0] > highest:
+            return
+        highest = max(highest, *got)
+    raise AssertionError("TQ's pool of released indexes never ran dry")
+
+
+def test_a_stale_clear_never_deletes_a_key_of_its_own_staged_again_at_another_keys_old_index(tq_store, unique):
+    # The review's e2 interleaving on real TQ: a clear of [A, B] frozen after its lookup; the keys'
+    # next owner clears A, then B; B is staged again (a publisher's retry) and TQ hands it A's old
+    # index. Every index of the stale lookup still holds a key of the clear, but not the one it was
+    # looked up for: the clear must leave B's new row alone.
+    import transfer_queue as tq
+
+    from schemas.rowpack import PACKED_FIELD, unpack_rows
+
+    client = tq.get_client()
+    a, b, scratch = f"{unique}/A", f"{unique}/B", f"test.{unique}"
+    tq_store.put(STAGING, [a, b], _token_rows([1, 1, 1], [2, 2, 2]), [{}, {}])
+    index_a = client.kv_retrieve_meta(keys=[a], partition_id=STAGING).global_indexes[0]
+    fillers: list[str] = []
+    new_b: dict = {}
+    real_lookup = client.async_kv_retrieve_meta
+
+    def meanwhile() -> None:
+        _drain_released(client, unique, fillers, scratch)
+        tq.kv_clear([a], STAGING)
+        tq.kv_clear([b], STAGING)
+        tq_store.put(STAGING, [b], _token_rows([22, 22, 22]), [{"again": True}])
+        new_b["meta"] = client.kv_retrieve_meta(keys=[b], partition_id=STAGING)
+
+    async def lookup_then_frozen(*args, **kwargs):
+        import asyncio
+
+        meta = await real_lookup(*args, **kwargs)
+        client.async_kv_retrieve_meta = real_lookup
+        await asyncio.get_running_loop().run_in_executor(None, meanwhile)
+        return meta
+
+    client.async_kv_retrieve_meta = lookup_then_frozen
+    try:
+        tq_store.clear(STAGING, [a, b])  # the stale clear
+        assert new_b["meta"].global_indexes == [index_a], "B was not handed A's old index"
+        assert b in tq_store.list(STAGING)  # not released: the controller still maps B
+        stored = client._run_coroutine(client.async_get_data(new_b["meta"]))  # storage, by index
+        row = unpack_rows(STAGING, [b], stored.get(PACKED_FIELD)).fields["token_ids"].unbind()[0]
+        assert row.tolist() == [22, 22, 22]  # B's new row is whole
+        tq_store.clear(STAGING, [b])  # its owner's clear (the stale mark left it being cleared)
+        assert b not in tq_store.list(STAGING)
+    finally:
+        client.async_kv_retrieve_meta = real_lookup
+        for i in range(0, len(fillers), 4096):
+            tq.kv_clear(fillers[i : i + 4096], scratch)

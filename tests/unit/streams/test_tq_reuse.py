@@ -133,6 +133,35 @@ def test_a_clear_whose_lookup_went_stale_deletes_nothing_that_changed_hands(tq, 
     assert tq.free == [own]  # and only its index went back to the pool
 
 
+def _a_and_b_cleared_then_b_staged_again_at_as_old_index(tq: FakeTQ, store: TQStore, a: str, b: str):
+    """The review's e2 interleaving, while a clear of [a, b] is frozen after its lookup: the keys' next
+    owner clears both (freed first in first out: a's index, then b's), and b is staged again (a
+    publisher's retry), taking a's old index. Every key of the stale lookup still names a key of the
+    clear, only not the one each index was looked up for."""
+    index_a = tq.where[STAGING, a]
+
+    def go(_):
+        tq.kv_clear([a, b], STAGING)
+        store.put(STAGING, [b], _rows(22), [{"again": True}])
+        assert tq.where[STAGING, b] == index_a, "b was not handed a's old index"
+
+    return go
+
+
+@pytest.mark.parametrize("asked", [["A", "B"], ["A", "absent", "B"]], ids=["all-present", "one-absent"])
+def test_a_stale_clear_never_deletes_a_key_of_its_own_that_took_another_keys_index(tq, store, asked):
+    # The check compares each index with the key it was looked up for, not with the set of keys: B
+    # staged again at A's old index is not the row the stale lookup found for A.
+    store.put(STAGING, ["A", "B"], _rows(1, 2), [{}, {}])
+    tq.on("mark", _a_and_b_cleared_then_b_staged_again_at_as_old_index(tq, store, "A", "B"))
+    store.clear(STAGING, asked)
+    new_b = tq.where[STAGING, "B"]
+    assert new_b in tq.rows and tq.rows[new_b]  # B's new row is whole in storage ...
+    assert new_b not in tq.free and "B" in store.list(STAGING)  # ... and its index never released
+    tq.kv_clear(["B"], STAGING)  # the stale mark left it being cleared: its owner's clear takes it
+    assert store.list(STAGING) == {} and tq.rows == {}
+
+
 def test_a_stale_clear_leaves_a_row_of_its_own_partition_that_took_the_index_alone(tq, store):
     store.put(STAGING, ["r1/0"], _rows(1), [{}])
 
