@@ -193,12 +193,12 @@ class TQStore:
         what = f"get of {len(keys)} key(s) from {partition!r}"
         for _ in range(_READS):
             # The lookup (if any), the read and its check in one coroutine on TQ's loop: one thread hop.
-            data = self._call(what, tq_read.read(self._tq, client, partition, keys, select, located))
-            if isinstance(data, TensorDict):
-                return data
-            if isinstance(data, list):
-                raise MissingKeysError(partition, data)
-            if data is None:
+            got = self._call(what, tq_read.read(self._tq, client, partition, keys, select, located))
+            if got.rows is not None:
+                return got.rows
+            if got.clearing:
+                raise MissingKeysError(partition, [keys[i] for i in got.clearing])
+            if got.absent:
                 raise MissingKeysError(partition, self._missing(partition, keys))
             if located is not None:
                 self._forget(partition, keys)
@@ -206,7 +206,9 @@ class TQStore:
                 continue
             # Read by a lookup of its own and still not the keys' rows: some moved since (read again),
             # or TQ maps a key to an index whose storage is gone or holds another key's row (missing).
-            unreadable = self._call(what, tq_read.unreadable(self._tq, client, partition, keys, select))
+            unreadable = self._call(what, tq_read.unreadable(self._tq, client, partition, keys, select, got))
+            if unreadable is None:
+                raise MissingKeysError(partition, self._missing(partition, keys))
             if unreadable:
                 raise MissingKeysError(partition, unreadable)
         raise TQError(

@@ -11,7 +11,9 @@ whose rows only moved. `TQStore.get` (streams/tq.py) runs them on TQ's client lo
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -34,31 +36,44 @@ class _NotReady(Exception):
         self.positions = positions
 
 
-async def read(tq, client, partition: str, keys: list[str], select, located) -> TensorDict | list | bool | None:
-    """The rows; None if some key is absent; the keys being cleared; False if the locations read
-    went stale (look up again)."""
+@dataclass(frozen=True)
+class Read:
+    """One read's outcome: the rows, or why not."""
+
+    rows: TensorDict | None = None
+    absent: bool = False  # a key TQ does not map (its lookup found fewer)
+    clearing: tuple[int, ...] = ()  # positions of rows being cleared
+    # Positions whose packed row names another key; every other row was read as its own.
+    foreign: tuple[int, ...] = ()
+    failed: bool = False  # storage gone at some index, or rows of the previous layout moved while read
+    meta: Any = None  # the locations read from
+
+
+async def read(tq, client, partition: str, keys: list[str], select, located) -> Read:
+    """Read `keys`' rows at `located` (TQ metadata), or where a lookup finds them now (None)."""
     meta = located
     if meta is None:
         meta = await client.async_kv_retrieve_meta(keys=keys, partition_id=partition, create=False)
         if meta.size != len(keys):
-            return None
+            return Read(absent=True)
     names = set(meta.field_names)
     try:
         if PACKED_FIELD not in names and (meta if select is None else meta.select_fields(list(select))).is_ready:
-            return await _read_fields(client, partition, keys, meta, select)
+            return Read(await _read_fields(client, partition, keys, meta, select), meta=meta)
         if names != {PACKED_FIELD} or not meta.is_ready:
             # TQ's batch metadata does not say which rows have which fields: rows of both
             # layouts (or rows lacking a selected field) are told apart key by key.
-            return await _read_mixed(client, partition, keys, meta, select)
+            return Read(await _read_mixed(client, partition, keys, meta, select), meta=meta)
         data = await client.async_get_data(_fields(meta, [PACKED_FIELD]))
         rows = unpack_rows(partition, keys, data.get(PACKED_FIELD), select)
     except (tq.StorageKeyNotFoundError, _Stale):
-        return False
+        return Read(failed=True, meta=meta)
     except _NotReady as exc:
-        return [keys[i] for i in exc.positions]
+        return Read(clearing=tuple(exc.positions), meta=meta)
     if rows.foreign:
-        return False
-    return TensorDict(rows.fields, batch_size=[len(keys)])
+        foreign = set(rows.foreign)
+        return Read(foreign=tuple(i for i, k in enumerate(keys) if k in foreign), meta=meta)
+    return Read(TensorDict(rows.fields, batch_size=[len(keys)]), meta=meta)
 
 
 async def _read_fields(client, partition: str, keys: list[str], meta, select) -> TensorDict:
@@ -90,34 +105,97 @@ async def _read_mixed(client, partition: str, keys: list[str], meta, select) -> 
     return TensorDict(join_rows(parts), batch_size=[len(keys)])
 
 
-async def unreadable(tq, client, partition: str, keys: list[str], select) -> list[str]:
-    """The keys of a failed read that cannot be read as theirs now: absent, being cleared, or gone or
-    foreign at the index TQ still maps them to. Found by halving the read, so one such row among
-    many costs a few reads, not one per key; [] when the rows only moved (read them again)."""
-    if len(keys) == 1:
-        return await _unreadable_one(tq, client, partition, keys[0], select)
-    out: list[str] = []
-    for part in (keys[: len(keys) // 2], keys[len(keys) // 2 :]):
-        if not isinstance(await read(tq, client, partition, part, select, None), TensorDict):
-            out += await unreadable(tq, client, partition, part, select)
-    return out
+def probes(n: int) -> int:
+    """The reads one diagnosis of `n` rows may make: enough to find one broken row by halving, or a
+    group's rows, with room to spare; past it, rows not yet read as their keys' count as broken."""
+    return 2 * math.ceil(math.log2(max(n, 1))) + 8
 
 
-async def _unreadable_one(tq, client, partition: str, key: str, select) -> list[str]:
-    meta = await client.async_kv_retrieve_meta(keys=[key], partition_id=partition, create=False)
-    if meta.size != 1:
-        return [key]
-    got = await read(tq, client, partition, [key], select, meta)
-    if isinstance(got, TensorDict):
+async def unreadable(tq, client, partition: str, keys: list[str], select, failed: Read) -> list[str] | None:
+    """After `failed`, a read by a lookup of its own: the keys that cannot be read as theirs now, gone
+    or foreign at the index TQ still maps them to, or being cleared; [] when the rows only moved (read
+    them again); None when a key is absent by now.
+
+    Metadata before data: one lookup of every key, then only the suspects are read (the rows
+    `failed` found foreign where they still are; else every row, by halving what fails), at the
+    locations that lookup gave, at most `probes(n)` reads; then one reverse lookup tells a row broken
+    (its index still holds its key) from one that moved (read again). Rows of rlstream's packed
+    layout cost one request a read; rows of the previous layout, or of a batch TQ does not report as
+    ready and of one layout, are looked up again at each read.
+    """
+    meta = await client.async_kv_retrieve_meta(keys=keys, partition_id=partition, create=False)
+    if meta.size != len(keys):
+        return None
+    names = set(meta.field_names)
+    uniform = meta.is_ready and (names == {PACKED_FIELD} or PACKED_FIELD not in names)
+
+    async def probe(positions: list[int]) -> Read:
+        chunk = [keys[i] for i in positions]
+        return await read(tq, client, partition, chunk, select, meta.select_samples(positions) if uniform else None)
+
+    suspects, known_bad = list(range(len(keys))), False
+    if failed.meta is not None and list(failed.meta.global_indexes) == list(meta.global_indexes):
+        # Read from these very locations a moment ago: what it found there still tells.
+        suspects = list(failed.foreign) or suspects
+        known_bad = not failed.foreign and failed.failed
+    broken = await _locate(probe, suspects, known_bad, probes(len(suspects)))
+    if not broken:
         return []
-    if got is not False:
-        return [key]  # absent or being cleared by now
-    # Gone or foreign where it was read: broken if TQ still maps the key there, else it moved.
     try:
-        held = await client.async_kv_retrieve_keys(global_indexes=list(meta.global_indexes), partition_id=partition)
-    except RuntimeError:  # TQ's answer when the partition is gone: so is the key
-        return [key]
-    return [key] if list(held) == [key] else []
+        held = await client.async_kv_retrieve_keys(
+            global_indexes=[meta.global_indexes[i] for i in broken], partition_id=partition
+        )
+    except RuntimeError:  # TQ's answer when the partition is gone: so are the keys
+        return [keys[i] for i in broken]
+    return [keys[i] for i, now in zip(broken, held, strict=True) if now == keys[i]]
+
+
+async def _locate(probe, positions: list[int], known_bad: bool, budget: int) -> list[int]:
+    """The positions among `positions` whose rows cannot be read as theirs (`known_bad`: some row of
+    them is), in at most `budget` reads (`probe`); past it, every part not yet read whole counts.
+
+    Group testing: a part that fails is halved. Parts of unknown state are read before parts known
+    to fail are split further, so the budget goes first to clearing good rows (a few large reads)
+    and what is left unresolved is rows near broken ones. A left half read whole means the failure
+    is in the right half, which is then split without being read whole again.
+    """
+    # (part, its right sibling, known to fail if this part reads whole) waiting for a read; parts known to fail.
+    unknown: list[tuple[list[int], list[int] | None]] = [] if known_bad else [(positions, None)]
+    failing: list[list[int]] = [positions] if known_bad else []
+    broken: list[int] = []
+    while unknown or failing:
+        if not unknown:
+            part = failing.pop(0)
+            if len(part) == 1:
+                broken += part
+            else:
+                half = len(part) // 2
+                unknown.append((part[:half], part[half:]))
+            continue
+        if budget <= 0:
+            break
+        budget -= 1
+        part, sibling = unknown.pop(0)
+        got = await probe(part)
+        if got.rows is not None:
+            if sibling is not None:
+                failing.append(sibling)
+            continue
+        if sibling is not None:
+            unknown.append((sibling, None))
+        if got.foreign:  # the read named them: every other row was its own
+            broken += [part[i] for i in got.foreign]
+        elif got.clearing:
+            found = {part[i] for i in got.clearing}
+            broken += sorted(found)
+            rest = [p for p in part if p not in found]
+            if rest:
+                unknown.append((rest, None))
+        else:
+            failing.append(part)
+    # Past the budget: rows not read as their keys' count as broken (their reader hands them back).
+    left = [p for part, sibling in unknown for p in part + (sibling or [])] + [p for part in failing for p in part]
+    return sorted(broken + left)
 
 
 def join_rows(parts: Sequence[Mapping[str, torch.Tensor]]) -> dict[str, torch.Tensor]:

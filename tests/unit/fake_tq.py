@@ -7,15 +7,17 @@ pool shared by every partition and freed indexes are handed out again first in f
 stale location finds another key's row, of any partition. A clear is TQ's: a lookup, then the
 clearing mark, the storage clear by index and the release, each its own request
 (`async_clear_samples`), so a test can step in between them (`on`), as a process frozen there would
-let other clients do. It counts round trips (a synchronous call, or one coroutine run on its loop)
-and lookups. A test can hold its puts at the controller (`hold_puts`), as a controller that stopped
-answering would, and see whether the abandoned put was cancelled there.
+let other clients do. It counts round trips (a synchronous call, or one coroutine run on its loop),
+lookups, the requests of the KV API by kind (`calls`) and the rows storage read (`rows_read`). A
+test can hold its puts at the controller (`hold_puts`), as a controller that stopped answering
+would, and see whether the abandoned put was cancelled there.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
+from collections import Counter
 from collections.abc import Callable
 
 import torch
@@ -81,6 +83,9 @@ class FakeTQ:
         self._next = 0
         self.storage_manager = _Storage(self)
         self.round_trips = self.lookups = 0
+        # Requests served, by kind ("meta", "keys", "get"), and rows storage read.
+        self.calls: Counter[str] = Counter()
+        self.rows_read = 0
         # While set, a put waits at its controller request for this long (seconds) before going on.
         self.hold_puts: float | None = None
         self.puts_cancelled = 0
@@ -146,6 +151,7 @@ class FakeTQ:
         )
 
     async def async_kv_retrieve_meta(self, keys, partition_id, create=False):
+        self.calls["meta"] += 1
         if create:
             for k in keys:
                 self._allocate(partition_id, k)
@@ -156,6 +162,7 @@ class FakeTQ:
         return _drive(self.async_kv_retrieve_meta(keys, partition_id, create))
 
     async def async_kv_retrieve_keys(self, global_indexes, partition_id):
+        self.calls["keys"] += 1
         keys = [self.owner[i][1] if self.owner.get(i, ("",))[0] == partition_id else None for i in global_indexes]
         self._at("keys", keys)
         return keys
@@ -240,8 +247,11 @@ class FakeTQ:
         return self._data(metadata)
 
     async def async_get_data(self, metadata):
+        self.calls["get"] += 1
         self._at("read", metadata)
-        return self._data(metadata)
+        data = self._data(metadata)
+        self.rows_read += metadata.size
+        return data
 
     def _run_coroutine(self, coro):
         self.round_trips += 1
