@@ -20,7 +20,7 @@ from tensordict import TensorDict
 
 from schemas.rowpack import PACKED_FIELD, pack_rows
 from streams import tq_read
-from streams.errors import MissingKeysError, TQError, TQTimeout
+from streams.errors import MissingKeysError, RowsUnsettled, TQTimeout
 from streams.tq_clear import ClearGuard, clear_unmoved
 from streams.tq_setup import (
     CLUSTER,
@@ -211,7 +211,7 @@ class TQStore:
                 raise MissingKeysError(partition, self._missing(partition, keys))
             if unreadable:
                 raise MissingKeysError(partition, unreadable)
-        raise TQError(
+        raise RowsUnsettled(
             f"rows of {len(keys)} key(s) of TQ partition {partition!r} (first {keys[0]!r}) kept moving "
             f"while read {_READS} times: cleared and put again by another client"
         )

@@ -22,6 +22,7 @@ from tensordict import TensorDict
 
 from schemas.jagged import is_nested
 from schemas.rowpack import PACKED_FIELD, unpack_rows
+from streams.errors import RowsUnsettled
 
 
 class _Stale(Exception):
@@ -114,7 +115,8 @@ def probes(n: int) -> int:
 async def unreadable(tq, client, partition: str, keys: list[str], select, failed: Read) -> list[str] | None:
     """After `failed`, a read by a lookup of its own: the keys that cannot be read as theirs now, gone
     or foreign at the index TQ still maps them to, or being cleared; [] when the rows only moved (read
-    them again); None when a key is absent by now.
+    them again); None when a key is absent by now. `RowsUnsettled` if TQ's controller fails meanwhile:
+    nothing is known missing then.
 
     Metadata before data: one lookup of every key, then only the suspects are read (the rows
     `failed` found foreign where they still are; else every row, by halving what fails), at the
@@ -145,8 +147,13 @@ async def unreadable(tq, client, partition: str, keys: list[str], select, failed
         held = await client.async_kv_retrieve_keys(
             global_indexes=[meta.global_indexes[i] for i in broken], partition_id=partition
         )
-    except RuntimeError:  # TQ's answer when the partition is gone: so are the keys
-        return [keys[i] for i in broken]
+    except RuntimeError as exc:
+        # TQ wraps every controller failure so, the partition gone included; but the lookup just found
+        # the keys, and a partition gone since is an absent key to the next read's lookup.
+        raise RowsUnsettled(
+            f"rows of {len(keys)} key(s) of TQ partition {partition!r} (first {keys[0]!r}) could not be checked "
+            f"after a failed read: {exc}"
+        ) from exc
     return [keys[i] for i, now in zip(broken, held, strict=True) if now == keys[i]]
 
 

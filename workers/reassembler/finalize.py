@@ -15,7 +15,7 @@ from schemas.finalized import FinalizedGroup, SourceRange
 from schemas.group_build import GroupBuild, build_group
 from schemas.regenerate import MAX_REGENERATIONS, regeneration_of
 from schemas.request import RolloutReassemblerActorConfig
-from streams.errors import MissingKeysError
+from streams.errors import MissingKeysError, RowsUnsettled
 from streams.tq import KVStore
 from workers.reassembler.abandoned import clear_abandoned_rows
 from workers.reassembler.errors import LeaseRefused, StagingUnstable
@@ -80,6 +80,10 @@ def _fetch(
         try:
             td = store.get(staging_partition, keys, select=list(select))
             break
+        except RowsUnsettled as exc:
+            # Not known missing: moving under their keys (cleared and put again), or TQ's controller
+            # failed while the read was checked. The step is rebuilt and fetches them again.
+            raise StagingUnstable(f"staged rows could not be read as theirs now ({exc})") from exc
         except MissingKeysError as exc:
             missing = set(exc.missing)
             keys = [k for k in keys if k not in missing]

@@ -16,7 +16,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from streams.errors import MissingKeysError
+from streams.errors import MissingKeysError, RowsUnsettled
 from streams.tq import STAGING, TRAIN, TQStore
 from tests.unit.fake_tq import FakeTQ
 
@@ -117,3 +117,34 @@ def test_a_row_gone_and_a_row_foreign_in_one_get_are_both_named(tq, store):
     _foreign(tq, store, [keys[40]])
     assert _get_missing(tq, store, keys) == [keys[10], keys[40]]
     assert sum(tq.calls.values()) <= _bound(64)
+
+
+# ----- item 5: what is not known missing is never reported missing ----------------------------------
+
+
+def test_rows_that_keep_moving_while_read_are_unsettled_not_missing(tq, store):
+    store.put(TRAIN, ["a", "b"], TensorDict({"x": torch.tensor([1, 2])}, [2]), [{}, {}])
+
+    def move_a(_meta):
+        # Before every read: `a` cleared and put again, at another index (another row took its old one).
+        tq.kv_clear(["a"], TRAIN)
+        store.put(TRAIN, [f"x{tq.calls['get']}"], TensorDict({"x": torch.tensor([9])}, [1]), [{}])
+        store.put(TRAIN, ["a"], TensorDict({"x": torch.tensor([3])}, [1]), [{}])
+
+    tq.on("read", move_a, once=False)
+    with pytest.raises(RowsUnsettled):
+        store.get(TRAIN, ["a", "b"])
+
+
+def test_a_controller_failure_while_a_broken_row_is_checked_is_unsettled_not_a_missing_row(tq, store):
+    # TQ wraps every controller failure in RuntimeError: only a lookup that finds no key says it is gone.
+    keys = _train(store, 16)
+    _gone(tq, [keys[3]])
+
+    def controller_fails(_keys):
+        raise RuntimeError("[client]: Error in kv_retrieve_indexes: controller busy")
+
+    tq.on("keys", controller_fails)
+    with pytest.raises(RowsUnsettled):
+        store.get(TRAIN, keys)
+    assert _get_missing(tq, store, keys) == [keys[3]]  # once the controller answers, the row is broken

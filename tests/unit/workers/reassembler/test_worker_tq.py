@@ -7,7 +7,7 @@ import time
 
 from schemas.deadletter import DeadLetter
 from schemas.finalized import FinalizedGroup
-from streams.errors import TQTimeout
+from streams.errors import RowsUnsettled, TQTimeout
 from streams.partitioner import partition_of
 from streams.tq import STAGING, TRAIN, TQStore
 from tests.unit.fake_tq import FakeTQ
@@ -159,3 +159,28 @@ def test_a_staged_row_a_stale_clear_deleted_is_a_missing_row_cleared_after_the_c
     publish(broker, tq_store, "g2", seed=1)
     steps(w, 2)
     assert finalized(broker) == ["g1", "g2"]
+
+
+class UnsettledReads(RecordingStore):
+    """Staged rows that keep moving while read, for the next `times` gets (TQ's `RowsUnsettled`)."""
+
+    times = 0
+
+    def get(self, partition, keys, select=None):
+        if self.times and partition == STAGING:
+            self.times -= 1
+            raise RowsUnsettled(f"rows of {len(keys)} key(s) of TQ partition {partition!r} kept moving")
+        return super().get(partition, keys, select)
+
+
+def test_staged_rows_that_keep_moving_abort_the_step_and_a_later_step_finalizes_the_group():
+    # Nothing is known missing: not a placeholder row, not a hand-back, and not the worker's end.
+    broker, store = make_broker(), UnsettledReads()
+    stats = ReassemblerStats()
+    w = worker(broker, store)
+    w.sensor = stats
+    publish(broker, store, "g1")
+    store.times = 1
+    steps(w, 3)
+    (record,) = [FinalizedGroup.from_bytes(m.value()) for m in broker.records(NAMES.finalized)]
+    assert record.group_id == "g1" and record.valid_row_count == 2 and stats.aborts >= 1
