@@ -35,6 +35,8 @@ class KafkaFiles(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 # Settings read from no file: on a node, the environment only.
 NO_FILES = KafkaFiles()
+# Where a node's processes find client settings (a JSON object), secrets among them.
+SECRETS_ENV = env_name(KafkaConfig, "client_settings")
 
 
 class NodeKafka(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -57,29 +59,38 @@ class NodeKafka(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
         ConfigError naming the secret settings not found and where they were looked for, never a value.
         """
-        found: dict[str, str] = {}
-        looked: list[str] = []
-        if self.files.config is not None:
-            section = read_file(self.files.config).get(KafkaConfig.section, {})
-            client = section.get("client_settings", {}) if isinstance(section, Mapping) else {}
-            found.update({str(k): str(v) for k, v in (client if isinstance(client, Mapping) else {}).items()})
-            looked.append(f"[kafka.client_settings] of {self.files.config}")
-        if self.files.properties is not None:
-            found.update(read_client_properties(self.files.properties))
-            looked.append(str(self.files.properties))
-        variable = env_name(KafkaConfig, "client_settings")
-        settings = from_env(KafkaConfig, os.environ if env is None else env).get("client_settings", {})
-        found.update({str(k): str(v) for k, v in settings.items()})
-        looked.append(f"${variable}")
+        found, looked = node_settings(self.files, env)
         missing = [k for k in self.secrets if k not in found]
         if missing:
             raise ConfigError(
                 f"Kafka secret setting(s) {', '.join(missing)} not found on this node (looked in "
                 f"{', '.join(looked)}): give every Ray node the same --kafka-config file at the same path, "
-                f"or {variable} in the environment Ray runs on (docs/CLUSTER.md, 'Secrets for Ray actors')"
+                f"or {SECRETS_ENV} in the environment Ray runs on (docs/CLUSTER.md, 'Secrets for Ray actors')"
             )
         secrets = {k: found[k] for k in self.secrets}
         return KafkaConfig(self.kafka.bootstrap_servers, {**self.kafka.client_settings, **secrets})
+
+
+def node_settings(
+    files: KafkaFiles = NO_FILES, env: Mapping[str, str] | None = None
+) -> tuple[dict[str, str], list[str]]:
+    """The Kafka client settings this node holds, and where they were looked for: the settings file's
+    `[kafka.client_settings]` < the librdkafka properties file < `$RLSTREAM_KAFKA_CLIENT_SETTINGS`
+    (`env`, default this process's environment), the driver's precedence."""
+    found: dict[str, str] = {}
+    looked: list[str] = []
+    if files.config is not None:
+        section = read_file(files.config).get(KafkaConfig.section, {})
+        client = section.get("client_settings", {}) if isinstance(section, Mapping) else {}
+        found.update({str(k): str(v) for k, v in (client if isinstance(client, Mapping) else {}).items()})
+        looked.append(f"[kafka.client_settings] of {files.config}")
+    if files.properties is not None:
+        found.update(read_client_properties(files.properties))
+        looked.append(str(files.properties))
+    settings = from_env(KafkaConfig, os.environ if env is None else env).get("client_settings", {})
+    found.update({str(k): str(v) for k, v in settings.items()})
+    looked.append(f"${SECRETS_ENV}")
+    return found, looked
 
 
 def for_actors(kafka: KafkaConfig, files: KafkaFiles = NO_FILES) -> NodeKafka:

@@ -22,8 +22,10 @@ into ``val``, where verl's own buffer samples them. In ``sync`` mode verl puts i
 sleep right after ``sample`` returns, so ``generate_sequences`` waits until the batch is published.
 
 The Kafka settings are ``trainer.v1.sampler.sampler_kwargs.rlstream`` (bootstrap_servers,
-client_settings, prefix, version_offset), the replay buffer's. verl is imported only when one of
-these classes is first asked for (module ``__getattr__``): rlstream itself must not import verl.
+client_settings, kafka_config, prefix, version_offset), the replay buffer's; no secret among them
+(verl hands that config to Ray actors): each worker reads those on its node (`kafka_from_options`).
+verl is imported only when one of these classes is first asked for (module ``__getattr__``):
+rlstream itself must not import verl.
 """
 
 from __future__ import annotations

@@ -168,3 +168,53 @@ def test_a_reassembler_ray_actor_reads_its_password_on_its_node_and_ray_never_ca
     assert password.encode() not in made
     assert sorted(r.group_id for r in finalized_records(user, names)) == sorted(groups)
     tq_store.clear(TRAIN, [f"{gid}_g{i}" for gid in groups for i in range(8)])
+
+
+class VerlLikeWorker:
+    """Built as verl builds its TaskRunner and agent-loop workers: from verl's whole config, whose
+    `sampler_kwargs.rlstream` holds rlstream's Kafka settings; lists the run's topics as the user."""
+
+    def __init__(self, config):
+        from workers.adapters.verl_rollout import rollout_options
+        from workers.adapters.verl_settings import kafka_from_options
+
+        self._kafka = kafka_from_options(rollout_options(config))
+
+    def topics(self, prefix: str) -> list[str]:
+        metadata = AdminClient(self._kafka.admin()).list_topics(timeout=30)
+        return sorted(t for t in metadata.topics if t.startswith(prefix))
+
+
+def test_verls_rlstream_settings_reach_a_ray_actor_without_the_password_which_it_reads_on_its_node(
+    user, user_file, tq_session, monkeypatch
+):
+    import sys
+
+    import ray
+    from omegaconf import OmegaConf
+    from ray import cloudpickle
+    from ray._private import serialization
+
+    from streams.config import is_secret
+
+    password = user.client_settings["sasl.password"]
+    prefix = f"{PREFIX}v"
+    names = setup_topics(user, prefix, partitions=1)
+    rlstream = {
+        "bootstrap_servers": user.bootstrap_servers,
+        "client_settings": {k: v for k, v in user.client_settings.items() if not is_secret(k)},
+        "kafka_config": str(user_file),  # the same path on every node: here, one node
+    }
+    config = OmegaConf.create({"trainer": {"v1": {"sampler": {"sampler_kwargs": {"rlstream": rlstream}}}}})
+    pickled = _Pickled(serialization.pickle)
+    monkeypatch.setattr(serialization, "pickle", pickled)
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the test's actor class travels with it
+    actor = ray.remote(VerlLikeWorker).remote(config)
+    try:
+        assert names.receipts in ray.get(actor.topics.remote(prefix), timeout=60)  # logged in as the user
+    finally:
+        ray.kill(actor)
+        cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+    made = b"".join(pickled.made)
+    assert user.bootstrap_servers.encode() in made and str(user_file).encode() in made
+    assert password.encode() not in made
