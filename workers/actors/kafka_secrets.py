@@ -15,8 +15,9 @@ file < properties file < environment). A child process gets its settings whole o
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
@@ -108,3 +109,18 @@ def kafka_files(properties: str | Path | None = None, config: str | Path | None 
         return None if path is None else str(Path(path).resolve())
 
     return KafkaFiles(absolute(properties), absolute(config))
+
+
+def check_on_nodes(what: str, actors: Sequence[Any], checks: Sequence[Any]) -> None:
+    """Wait for `checks`, each actor's check of its Kafka settings on its node (ObjectRefs); on the first
+    that fails, kill `actors` and raise one ConfigError naming `what` and the actor's reason (a
+    secret the node lacks, where it looked), before any of them connects."""
+    import ray
+
+    try:
+        ray.get(list(checks))
+    except ray.exceptions.RayTaskError as exc:
+        for actor in actors:
+            ray.kill(actor)
+        cause = getattr(exc, "cause", None)
+        raise ConfigError(f"{what}: {cause if cause is not None else exc}") from None

@@ -18,9 +18,8 @@ from collections.abc import Callable, Mapping
 
 from streams.admin import create_topics
 from streams.config import KafkaConfig
-from streams.errors import ConfigError
 from streams.tq import STAGING, TRAIN, TQConfig, init_tq
-from workers.actors.kafka_secrets import NO_FILES, KafkaFiles, NodeKafka, for_actors
+from workers.actors.kafka_secrets import NO_FILES, KafkaFiles, check_on_nodes, for_actors
 from workers.demo.config import DemoConfig
 from workers.demo.local import start_local_broker, stop_all
 from workers.demo.producers import SharedState, start_producers
@@ -57,7 +56,9 @@ class _Reassemblers:
         )
         self.nodes = ray.get([actor.node_id.remote() for actor in self.actors])
         self.cluster_nodes = sum(1 for n in ray.nodes() if n.get("Alive"))
-        self._check_secrets(for_actors(kafka, files))
+        # Every actor finds the Kafka secrets on its node before any loop starts: one line if one does not.
+        node = for_actors(kafka, files)
+        check_on_nodes("reassembler actors", self.actors, [actor.check_kafka.remote(node) for actor in self.actors])
         self.runs = [
             start_worker(
                 actor,
@@ -72,16 +73,6 @@ class _Reassemblers:
             )
             for i, actor in enumerate(self.actors)
         ]
-
-    def _check_secrets(self, kafka: NodeKafka) -> None:
-        """Every actor finds the Kafka secrets on its node before any loop starts: one line if one does not."""
-        try:
-            self._ray.get([actor.check_kafka.remote(kafka) for actor in self.actors])
-        except self._ray.exceptions.RayTaskError as exc:
-            for actor in self.actors:
-                self._ray.kill(actor)
-            cause = getattr(exc, "cause", None)
-            raise ConfigError(f"reassembler actors: {cause if cause is not None else exc}") from None
 
     def failure(self) -> str | None:
         """Why a worker loop already ended (they run until stopped), or None while all run."""

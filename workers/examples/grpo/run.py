@@ -30,7 +30,7 @@ from streams.admin import create_topics
 from streams.config import KafkaConfig
 from streams.consumer import read_topic
 from streams.tq import STAGING, TRAIN, KVStore, TQConfig, TQStore, init_tq
-from workers.actors.kafka_secrets import NO_FILES, KafkaFiles, for_actors
+from workers.actors.kafka_secrets import NO_FILES, KafkaFiles, check_on_nodes, for_actors
 from workers.demo.local import start_local_broker, stop_all
 from workers.examples.grpo.checkpoints import Progress, latest, load, save
 from workers.examples.grpo.policy import PolicyShape, TinyPolicy
@@ -181,6 +181,8 @@ class _Rollouts:
         self.board = ray.remote(num_cpus=0)(WeightBoard).remote()
         actor = ray.remote(num_cpus=0)(RolloutWorker)
         self.actors = [actor.remote(spec, i, self.board) for i in range(spec.workers)]
+        # Every actor finds its Kafka secrets on its node before any starts: one line if one does not.
+        check_on_nodes("rollout workers", [*self.actors, self.board], [a.connect.remote() for a in self.actors])
         self.runs = [a.run.remote(max_groups) for a in self.actors]
 
     def failure(self) -> str | None:

@@ -70,3 +70,16 @@ def test_an_actor_refuses_kafka_settings_that_carry_a_secret_and_checks_what_its
     props.write_text(f"sasl.password={SECRET}\nssl.key.password={SECRET}\n")
     names = actor.check_kafka(for_actors(KAFKA, kafka_files(props)))
     assert names == sorted(KAFKA.client_settings)
+
+
+def test_kafka_settings_carrying_a_secret_are_refused_where_ray_would_pickle_them_on_the_caller():
+    # Ray pickles an actor's arguments on the caller, into task specs it keeps: refused there, before
+    # anything is recorded, whichever method of whichever actor they were passed to.
+    for dumps in (pickle.dumps, cloudpickle.dumps):
+        with pytest.raises(InvalidArgument, match="sasl.password, ssl.key.password") as err:
+            dumps(KAFKA)
+        assert SECRET not in str(err.value) and "for_actors" in str(err.value)
+        with pytest.raises(InvalidArgument):
+            dumps({"nested": [KAFKA]})
+    public = for_actors(KAFKA).kafka
+    assert pickle.loads(pickle.dumps(public)) == public and cloudpickle.loads(cloudpickle.dumps(public)) == public
