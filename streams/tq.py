@@ -242,18 +242,32 @@ class TQStore:
         return dict(listed.get(partition, {}))
 
     def tags(self, partition: str, keys: Sequence[str]) -> dict[str, dict[str, Any]]:
+        """The tags each present key was put with, absent keys left out: one lookup when every key is
+        present (the common case), else a reverse lookup too (TQ's answer leaves the absent ones out
+        without saying which), never a list of the partition. `RowsUnsettled` if the reverse lookup
+        fails (TQ's controller): which keys are present is not known then."""
         keys = list(dict.fromkeys(keys))
         if not keys:
             return {}
-        # One metadata call when every key is present (the common case); the tags are its custom meta.
-        lookup = self._tq.get_client().async_kv_retrieve_meta(keys=keys, partition_id=partition, create=False)
-        meta = self._call(f"lookup of {len(keys)} key(s) in {partition!r}", lookup)
+        what = f"lookup of {len(keys)} key(s) in {partition!r}"
+        meta, held = self._call(what, self._lookup(self._tq.get_client(), partition, keys))
         if meta.size == len(keys):
             self._remember(partition, keys, meta)
             # The tags as TQ sent them, copied per key (get_all_custom_meta deep-copies: ~6 ms for 64 rows).
             return {k: dict(t) for k, t in zip(keys, meta.custom_meta)}
-        listed = self.list(partition)
-        return {k: dict(listed[k]) for k in keys if k in listed}
+        wanted = set(keys)
+        return {k: dict(t) for k, t in zip(held, meta.custom_meta) if k in wanted}
+
+    async def _lookup(self, client, partition: str, keys: list[str]) -> tuple[Any, list]:
+        """TQ's lookup of `keys`, and the key each index it found holds when some were absent."""
+        meta = await client.async_kv_retrieve_meta(keys=keys, partition_id=partition, create=False)
+        if meta.size in (0, len(keys)):
+            return meta, []
+        try:
+            held = await client.async_kv_retrieve_keys(global_indexes=list(meta.global_indexes), partition_id=partition)
+        except RuntimeError as exc:
+            raise RowsUnsettled(f"TQ lookup of {len(keys)} key(s) in {partition!r}: which are present: {exc}") from exc
+        return meta, list(held)
 
     def clear(self, partition: str, keys: Sequence[str], *, guard: ClearGuard | None = None) -> None:
         """Clear `keys`' rows (absent ones are skipped), never by an index that changed hands since the lookup.

@@ -200,6 +200,7 @@ class FakeTQ:
         return {partition_id: {k: self.tags.get(at, {}) for (p, k), at in self.where.items() if p == partition_id}}
 
     async def async_kv_list(self, partition_id):
+        self.calls["list"] += 1
         return self.kv_list(partition_id)
 
     # ----- puts and gets ----------------------------------------------------------------------

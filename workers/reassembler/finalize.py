@@ -17,7 +17,7 @@ from schemas.regenerate import MAX_REGENERATIONS, regeneration_of
 from schemas.request import RolloutReassemblerActorConfig
 from streams.errors import MissingKeysError, RowsUnsettled
 from streams.tq import KVStore
-from workers.reassembler.abandoned import clear_abandoned_rows
+from workers.reassembler.abandoned import ATTEMPT_TAG, attempt_of, clear_abandoned_rows
 from workers.reassembler.errors import LeaseRefused, StagingUnstable
 from workers.reassembler.groups import OpenGroup
 from workers.rollout.publisher import ROUTED_EXPERTS, SEGMENT_FIELDS
@@ -215,11 +215,14 @@ def finalize_groups(
     now_ms: int,
     lease_refusal: Callable[[int, list[str]], str | None] = lambda put, sample_ids: None,
     runtime: Runtime = REAL_RUNTIME,
+    may_hold_earlier_attempt: Callable[[OpenGroup], bool] | None = None,
 ) -> list[GroupOutcome]:
     """Finalize ready groups; rows go to TQ train now, staging is cleared by the caller after commit.
 
-    Train rows an earlier, uncommitted attempt put for a group decided now without rows are cleared
-    here, before the commit (`abandoned.py`).
+    Train rows are tagged with the attempt that put them (`abandoned.ATTEMPT_TAG`). Those an earlier,
+    uncommitted attempt put for a group decided now without rows, of the groups
+    `may_hold_earlier_attempt` names (None: none, as over Ray RPC, where nothing commits), are
+    cleared here, before the commit (`abandoned.py`).
 
     The rows of every group built go to TQ in one put per field layout, not one per group: TQ's cost
     is mostly per call (bench/dataplane). `lease_refusal(i, sample_ids)` is asked before put i and names why
@@ -229,7 +232,10 @@ def finalize_groups(
     clock; the `metrics` figures are `perf_counter` spans (metrics only, see `workers.runtime`).
     """
     t0 = time.perf_counter()
-    owned, tags = owned_keys(store, config.staging_partition, groups) if groups else ({}, {})
+    try:
+        owned, tags = owned_keys(store, config.staging_partition, groups) if groups else ({}, {})
+    except RowsUnsettled as exc:  # which staged rows are there is not known now: the step is rebuilt
+        raise StagingUnstable(f"staged rows could not be looked up now ({exc})") from exc
     # In the order owned_keys looked them up: a store that keeps that lookup's row locations
     # (TQStore) then fetches the rows without looking them up again.
     mine = set().union(*owned.values())
@@ -242,8 +248,8 @@ def finalize_groups(
         _build_or_letter(group, owned[group.group_id], fetched, config, gone=_staging_gone(group, tags))
         for group in groups
     ]
-    builds = [r[1] for r in results if not isinstance(r, GroupOutcome)]
-    put_ms = _put_rows(store, config.partition_id, builds, lease_refusal) / max(1, len(builds))
+    built = [(r[0], r[1]) for r in results if not isinstance(r, GroupOutcome)]
+    put_ms = _put_rows(store, config.partition_id, built, lease_refusal) / max(1, len(built))
     outcomes = []
     for r in results:
         if isinstance(r, GroupOutcome):
@@ -266,8 +272,10 @@ def finalize_groups(
                 staging,
             )
         )
-    # Rows an uncommitted earlier attempt put for a group decided now without rows: no record will name them.
-    clear_abandoned_rows(store, config.partition_id, [o.group for o in outcomes if o.finalized is None])
+    if may_hold_earlier_attempt is not None:
+        # Rows an uncommitted earlier attempt put for a group decided now without rows: no record will name them.
+        rowless = [o.group for o in outcomes if o.finalized is None and may_hold_earlier_attempt(o.group)]
+        clear_abandoned_rows(store, config.partition_id, rowless)
     return outcomes
 
 
@@ -312,18 +320,28 @@ def _build_or_letter(
 
 
 def _put_rows(
-    store: KVStore, partition: str, builds: list[GroupBuild], lease_refusal: Callable[[int, list[str]], str | None]
+    store: KVStore,
+    partition: str,
+    built: list[tuple[OpenGroup, GroupBuild]],
+    lease_refusal: Callable[[int, list[str]], str | None],
 ) -> float:
-    """Put the rows of `builds`, one put per set of fields, each once the lease allows it; returns the ms it took."""
+    """Put the rows of `built`, one put per set of fields, each once the lease allows it, each row tagged
+    with the attempt putting it (`abandoned.ATTEMPT_TAG`); returns the ms it took."""
     t0 = time.perf_counter()
-    for i, (same, fields) in enumerate(_puts(builds)):
+    attempts = {id(b): attempt_of(g) for g, b in built}
+    for i, (same, fields) in enumerate(_puts([b for _, b in built])):
         sample_ids = [s for b in same for s in b.sample_ids]
         refusal = lease_refusal(i, sample_ids)
         if refusal is not None:
             names = ", ".join(b.sample_ids[0].rsplit("_g", 1)[0] for b in same[:3])
             raise LeaseRefused(f"not putting the rows of group(s) {names}{' ...' if len(same) > 3 else ''}: {refusal}")
-        store.put(partition, sample_ids, fields, [t for b in same for t in b.tags])
+        tags = [_tagged(t, attempts[id(b)]) for b in same for t in b.tags]
+        store.put(partition, sample_ids, fields, tags)
     return (time.perf_counter() - t0) * 1000.0
+
+
+def _tagged(tag: Mapping[str, Any], attempt: list[int] | None) -> Mapping[str, Any]:
+    return tag if attempt is None else {**tag, ATTEMPT_TAG: attempt}
 
 
 def _puts(builds: list[GroupBuild]) -> list[tuple[list[GroupBuild], TensorDict]]:

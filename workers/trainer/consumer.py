@@ -113,18 +113,26 @@ class ExperienceConsumer(FinalizedIntake):
         deadline = time.monotonic() + timeout_s
         while (ready := self._wait_ready(min_groups, min_groups, deadline)) is not None:
             chosen = self._with_rows(ready[:most])
+            if chosen is None:  # TQ could not say now which rows are there: the groups wait
+                self.poll(min(0.1, max(0.0, deadline - time.monotonic())))
+                continue
             if len(chosen) >= min_groups:
                 return self._hand_out(chosen)
         return None
 
-    def _with_rows(self, chosen: list[Pending]) -> list[Pending]:
+    def _with_rows(self, chosen: list[Pending]) -> list[Pending] | None:
         """The chosen groups whose rows are all in TQ (one metadata call); the others are dead-lettered.
+        None if TQ cannot say now (`RowsUnsettled`): nothing is decided, the groups wait.
 
         The store keeps where it found the rows, so `materialize` of the batch sends its own check
         alongside the data rather than a second lookup before it (`TQStore`).
         """
         ids = [s for p in chosen for s in p.group.sample_ids]
-        present = self._store.tags(self.config.train_partition, ids)
+        try:
+            present = self._store.tags(self.config.train_partition, ids)
+        except RowsUnsettled as exc:
+            log.info("which rows of %d group(s) are in TQ is not known now, asked again: %s", len(chosen), exc)
+            return None
         missing = {s for s in ids if s not in present}
         if not missing:
             return chosen

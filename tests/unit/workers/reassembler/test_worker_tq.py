@@ -184,3 +184,25 @@ def test_staged_rows_that_keep_moving_abort_the_step_and_a_later_step_finalizes_
     steps(w, 3)
     (record,) = [FinalizedGroup.from_bytes(m.value()) for m in broker.records(NAMES.finalized)]
     assert record.group_id == "g1" and record.valid_row_count == 2 and stats.aborts >= 1
+
+
+class UnsettledLookup(RecordingStore):
+    """The next `times` lookups of staged rows' tags are unsettled (TQ's controller failed meanwhile)."""
+
+    times = 0
+
+    def tags(self, partition, keys):
+        if self.times and partition == STAGING:
+            self.times -= 1
+            raise RowsUnsettled(f"TQ lookup of {len(keys)} key(s) in {partition!r}: which are present")
+        return super().tags(partition, keys)
+
+
+def test_a_lookup_of_staged_rows_tq_cannot_answer_now_aborts_the_step_and_a_later_one_finalizes():
+    broker, store = make_broker(), UnsettledLookup()
+    w = worker(broker, store)
+    publish(broker, store, "g1")
+    store.times = 1
+    steps(w, 3)
+    (record,) = [FinalizedGroup.from_bytes(m.value()) for m in broker.records(NAMES.finalized)]
+    assert record.group_id == "g1" and record.valid_row_count == 2

@@ -85,3 +85,27 @@ def test_a_spill_reads_unsettled_rows_again_and_keeps_them(tmp_path):
     summary = spill_rows(pipe.store, tmp_path, binding="b", partitions=(TRAIN,))
     assert summary.rows[TRAIN] == 4 and summary.gone == 0
     assert read_spill(tmp_path, binding="b").keys(TRAIN) == {"g0_g0", "g0_g1", "g1_g0", "g1_g1"}
+
+
+class UnsettledLookup(Unsettled):
+    """The pipeline's store with its next `times` lookups of train rows' tags unsettled (which are present
+    is not known: TQ's controller failed during the reverse lookup)."""
+
+    def get(self, partition, keys, select=None):
+        return self._store.get(partition, keys, select)
+
+    def tags(self, partition, keys):
+        if self.times and partition == TRAIN:
+            self.times -= 1
+            raise RowsUnsettled(f"TQ lookup of {len(keys)} key(s) in {partition!r}: which are present")
+        return self._store.tags(partition, keys)
+
+
+def test_select_waits_out_a_lookup_tq_cannot_answer_now_and_hands_out_the_groups_after():
+    pipe = Pipeline()
+    pipe.finalize([group(f"g{i}") for i in range(2)])
+    pipe.store = UnsettledLookup(pipe.store)
+    consumer = pipe.consumer()
+    meta = _select(consumer)
+    assert sorted(g.group_id for g in meta.groups) == ["g0", "g1"] and pipe.store.times == 0
+    assert consumer.counts.missing_rows == 0
