@@ -14,6 +14,7 @@ from typing import Any
 from streams.config import KafkaConfig, is_secret
 from streams.errors import ConfigError
 from streams.tq import KVStore
+from workers.actors.kafka_secrets import SECRETS_ENV, KafkaFiles, node_settings
 from workers.trainer.config import ConsumerConfig
 from workers.trainer.consumer import ExperienceConsumer
 from workers.trainer.policies import Policy, policy_by_name, ready_first, windowed
@@ -75,8 +76,6 @@ def kafka_from_options(options: dict[str, Any], env: Mapping[str, str] | None = 
     ``RLSTREAM_KAFKA_CLIENT_SETTINGS`` in the environment the node's Ray was started with; the
     settings ``client_settings`` names win over the node's where both say.
     """
-    from workers.actors.kafka_secrets import SECRETS_ENV, KafkaFiles, node_settings
-
     settings = {str(k): str(v) for k, v in dict(options.pop("client_settings", None) or {}).items()}
     secret = sorted(k for k in settings if is_secret(k))
     if secret:
