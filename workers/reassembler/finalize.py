@@ -15,11 +15,11 @@ from schemas.finalized import FinalizedGroup, SourceRange
 from schemas.group_build import GroupBuild, build_group
 from schemas.regenerate import MAX_REGENERATIONS, regeneration_of
 from schemas.request import RolloutReassemblerActorConfig
+from schemas.staged_rows import ROUTED_EXPERTS, ROUTED_EXPERTS_K_TAG, SEGMENT_FIELDS, owned_by
 from streams.errors import MissingKeysError
 from streams.tq import KVStore
 from workers.reassembler.errors import LeaseRefused, StagingUnstable
 from workers.reassembler.groups import OpenGroup
-from workers.rollout.publisher import ROUTED_EXPERTS, SEGMENT_FIELDS
 
 MISSING_STAGING_ROW = "missing_staging_row"  # schemas.linearize's rejection of a receipt whose row is gone
 
@@ -59,8 +59,8 @@ def fetch_segments(
     if not routed_experts:
         return _fetch(store, staging_partition, keys, SEGMENT_FIELDS)
     tags = tags or {}
-    with_experts = [k for k in keys if "routed_experts_k" in tags.get(k, {})]
-    plain = [k for k in keys if "routed_experts_k" not in tags.get(k, {})]
+    with_experts = [k for k in keys if ROUTED_EXPERTS_K_TAG in tags.get(k, {})]
+    plain = [k for k in keys if ROUTED_EXPERTS_K_TAG not in tags.get(k, {})]
     out = _fetch(store, staging_partition, with_experts, (*SEGMENT_FIELDS, ROUTED_EXPERTS))
     out.update(_fetch(store, staging_partition, plain, SEGMENT_FIELDS))
     return out
@@ -125,8 +125,7 @@ def owned_keys(
     tags = store.tags(staging_partition, list(dict.fromkeys(_claimed_keys(groups))))
     owned: dict[str, set[str]] = {g.group_id: set() for g in groups}
     for gid, rid, key in claims:
-        tag = tags.get(key)
-        if tag is not None and tag.get("group_id") == gid and tag.get("rollout_id") == rid:
+        if owned_by(tags.get(key), gid, rid):
             owned[gid].add(key)
     return owned, tags
 

@@ -2,8 +2,7 @@
 
 `RolloutPublisher.publish` does both, in that order, for a batch of `StagedRollout`s (a receipt
 plus its calls' token deltas). `stage_rollouts` and `segments_to_fields` are its staging half, also
-used on their own by tools and tests; `SEGMENT_FIELDS` and `ROUTED_EXPERTS` name the staged fields
-the reassembler reads back.
+used on their own by tools and tests. What a staged row holds is `schemas.staged_rows`'s contract.
 """
 
 from __future__ import annotations
@@ -17,12 +16,19 @@ from tensordict import TensorDict
 
 from schemas.metadata_guard import assert_metadata_only
 from schemas.receipt import Receipt
+from schemas.staged_rows import ROUTED_EXPERTS, ROUTED_EXPERTS_K_TAG, SEGMENT_FIELDS, row_tags
 from streams.config import KafkaConfig
 from streams.producer import AckedProducer, Outgoing
 from streams.tq import STAGING, KVStore
 
-SEGMENT_FIELDS = ("token_ids", "token_mask", "generation_logprobs")
-ROUTED_EXPERTS = "routed_experts"
+__all__ = [
+    "ROUTED_EXPERTS",
+    "SEGMENT_FIELDS",
+    "RolloutPublisher",
+    "StagedRollout",
+    "segments_to_fields",
+    "stage_rollouts",
+]
 
 
 @dataclass(frozen=True)
@@ -45,7 +51,7 @@ def segments_to_fields(segments: Sequence[Mapping[str, torch.Tensor]]) -> tuple[
             [s[ROUTED_EXPERTS].reshape(-1) for s in segments], layout=torch.jagged
         )
         for tag, s in zip(tags, segments):
-            tag["routed_experts_k"] = int(s[ROUTED_EXPERTS].shape[-1])
+            tag[ROUTED_EXPERTS_K_TAG] = int(s[ROUTED_EXPERTS].shape[-1])
     return TensorDict(fields, batch_size=[n]), tags
 
 
@@ -64,13 +70,13 @@ def stage_rollouts(store: KVStore, rollouts: Sequence[StagedRollout], staging_pa
                 f"{len(r.receipt.manifest)} manifest entries"
             )
         for call, seg in zip(r.receipt.manifest, r.segments):
-            tag = {
-                "rollout_id": r.receipt.rollout_id,
-                "call_id": call.call_id,
-                "group_id": r.receipt.group_id,
-                "weight_version": call.weight_version,
-                "staged_at_ms": staged_at,
-            }
+            tag = row_tags(
+                rollout_id=r.receipt.rollout_id,
+                call_id=call.call_id,
+                group_id=r.receipt.group_id,
+                weight_version=call.weight_version,
+                staged_at_ms=staged_at,
+            )
             by_layout.setdefault(ROUTED_EXPERTS in seg, []).append((call.staging_key, seg, tag))
     for rows in by_layout.values():
         fields, extra = segments_to_fields([seg for _, seg, _ in rows])
