@@ -11,10 +11,14 @@ from typing import Any
 import torch
 from tensordict import TensorDict
 
+from schemas.gym_linearize import gym_linearize
+from schemas.gym_receipt import GymReceipt
 from schemas.linearize import LinearizedRollout, Rejection, linearize
 from schemas.payload import Completion, PromptGroupRecord, pack_payload, record_to_train_batch
 from schemas.receipt import Receipt
 from schemas.request import RolloutReassemblerActorConfig
+
+AnyReceipt = Receipt | GymReceipt
 
 
 @dataclass(frozen=True, eq=False)
@@ -38,14 +42,17 @@ def build_group(
     group_id: str,
     prompt_idx: int,
     group_size: int,
-    receipts: Sequence[Receipt | None],
-    segments: Mapping[str, Mapping[str, torch.Tensor]],
+    receipts: Sequence[AnyReceipt | None],
+    segments: Mapping[str, Any],
     config: RolloutReassemblerActorConfig,
     fallback_weight_version: int = 0,
     loss_multiplier: float = 1.0,
 ) -> GroupBuild:
     """Linearize each rollout (receipts indexed by rollout_index; None = missing), keep failures
     as placeholder rows, and pack the group stamped with its lowest weight version.
+
+    Receipts may be rlstream's (`segments[key]`: the call's staged tensors) or NeMo Gym's
+    (`segments[key]`: its `schemas.staged_rows.GymStagedRow`), even within one group.
 
     A row longer than `config.max_seq_len` is cut to that length and marked truncated (not
     rejected): its prefix is still on-policy data. Routed experts are kept only when
@@ -64,12 +71,16 @@ def build_group(
         log, cut = _truncate(result.message_log, config.max_seq_len)
         if not config.router_replay_enabled:
             log = [{k: v for k, v in m.items() if k != "routed_experts"} for m in log]
-        completions.append(Completion(log, receipt.reward, receipt.truncated or cut, receipt.mask_sample))
+        completions.append(
+            Completion(log, receipt.reward, receipt.truncated or cut, receipt.mask_sample, multimodal=result.multimodal)
+        )
         rollouts.append(result)
 
     valid = [r for r in rollouts if r is not None]
-    prompt = valid[0].prompt_ids if valid else torch.tensor([config.pad_token_id])
-    record = PromptGroupRecord(prompt, tuple(completions), loss_multiplier)
+    # NeMo RL's placeholder prompt too: one pad token when no rollout has a prompt to lend.
+    prompt = valid[0].prompt_ids if valid and valid[0].prompt_ids.numel() else torch.tensor([config.pad_token_id])
+    environment = next((r.environment for r in receipts if r is not None), "unknown") or "unknown"
+    record = PromptGroupRecord(prompt, tuple(completions), loss_multiplier, rollout_environment=environment)
     batch = record_to_train_batch(
         record,
         pad_value_dict={"input_ids": config.pad_token_id},
@@ -97,11 +108,11 @@ def build_group(
 
 def _linearize_slot(
     index: int,
-    receipt: Receipt | None,
+    receipt: AnyReceipt | None,
     group_id: str,
     prompt_idx: int,
     group_size: int,
-    segments: Mapping[str, Mapping[str, torch.Tensor]],
+    segments: Mapping[str, Any],
 ) -> LinearizedRollout | Rejection:
     if receipt is None:
         return Rejection("missing_receipt", f"no receipt for rollout {index}")
@@ -113,6 +124,8 @@ def _linearize_slot(
             "invalid_receipt",
             f"slot {index}: (group_id, rollout_index, group_size, prompt_idx) is {got}, expected {expected}",
         )
+    if isinstance(receipt, GymReceipt):
+        return gym_linearize(receipt, segments)
     return linearize(receipt, segments)
 
 

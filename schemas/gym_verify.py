@@ -263,9 +263,9 @@ def _carry_boundary(snapshot: StagedCall) -> int:
     return boundary
 
 
-def verify_and_linearize(receipt: Any, snapshots: Sequence[StagedCall]) -> LinearizedRow:
-    """Verify the staged calls against the receipt and linearize its terminal chain; raises
-    `ReceiptVerificationError` (or its `RebuildError`) with NeMo Gym's code."""
+def verify_receipt(receipt: Any) -> dict[str, Any]:
+    """The checks of the receipt alone, before any staged row is read (versions, a failed or poisoned
+    capture, an empty manifest, duplicates); returns its rows by call id."""
     _versions(receipt)
     if receipt.failure_reason is not None:
         raise _fail("rollout_failed", receipt.failure_reason)
@@ -282,6 +282,13 @@ def verify_and_linearize(receipt: Any, snapshots: Sequence[StagedCall]) -> Linea
             raise _fail("duplicate_staging_key", "staging keys are not unique")
         records[record.model_call_id] = record
         keys.add(record.staging_key)
+    return records
+
+
+def verify_and_linearize(receipt: Any, snapshots: Sequence[StagedCall]) -> LinearizedRow:
+    """Verify the staged calls against the receipt and linearize its terminal chain; raises
+    `ReceiptVerificationError` (or its `RebuildError`) with NeMo Gym's code."""
+    records = verify_receipt(receipt)
     if len(snapshots) != len(receipt.manifest):
         raise _fail("row_count_mismatch", f"{len(snapshots)} snapshots for {len(receipt.manifest)} manifest rows")
     by_id: dict[str, StagedCall] = {}

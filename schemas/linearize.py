@@ -7,15 +7,17 @@ that gives each corruption its own reason; the group keeps the row as a placehol
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from schemas.digest import token_digest
+from schemas.gym_verify import VERIFICATION_CODES
+from schemas.payload import INVALID_TOOL_CALL, MALFORMED_THINKING
 from schemas.receipt import CallRecord, Receipt
 
-REJECTION_REASONS = (
+_OWN_REASONS = (
     "missing_receipt",
     "invalid_receipt",
     "rollout_failed",
@@ -24,6 +26,9 @@ REJECTION_REASONS = (
     "invalid_staging_row",
     "rebuild_failed",
 )
+# rlstream's own reasons, then NeMo Gym's verification codes (a NeMo Gym receipt's row is rejected
+# with the code NeMo Gym's verifier gives it; `rollout_failed` and `duplicate_staging_key` are both).
+REJECTION_REASONS = _OWN_REASONS + tuple(c for c in VERIFICATION_CODES if c not in _OWN_REASONS)
 
 
 @dataclass(frozen=True)
@@ -48,6 +53,8 @@ class LinearizedRollout:
     min_wv: int
     max_wv: int
     length: int
+    # Packed multimodal inputs of the row (field -> segments); a NeMo Gym receipt's attachments.
+    multimodal: dict[str, list[torch.Tensor]] = field(default_factory=dict)
 
 
 def linearize(receipt: Receipt, segments: Mapping[str, Mapping[str, torch.Tensor]]) -> LinearizedRollout | Rejection:
@@ -65,6 +72,8 @@ def linearize(receipt: Receipt, segments: Mapping[str, Mapping[str, torch.Tensor
         if segment is None:
             detail = f"manifest[{i}]: no segment {call.staging_key!r}"
             return Rejection("missing_staging_row", detail)
+        if not isinstance(segment, Mapping):
+            return Rejection("invalid_staging_row", f"manifest[{i}] ({call.staging_key}): not an rlstream staged call")
         problem = _segment_problem(call, segment)
         if problem is not None:
             detail = f"manifest[{i}] ({call.staging_key}): {problem}"
@@ -157,8 +166,8 @@ def _messages(call: CallRecord, segment: Mapping[str, Any], *, first_call: bool)
         if bool(mask[start]):
             message["role"] = "assistant"
             message["generation_logprobs"] = segment["generation_logprobs"][start:end]
-            message["invalid_tool_call"] = call.invalid_tool_call
-            message["malformed_thinking"] = call.malformed_thinking
+            message[INVALID_TOOL_CALL] = call.invalid_tool_call
+            message[MALFORMED_THINKING] = call.malformed_thinking
         else:
             message["role"] = "user" if first_call and run == 0 else "environment"
         if routed is not None:

@@ -70,26 +70,29 @@ def _flip(rng: random.Random, digest: str) -> str:
     return digest[:i] + ("0" if digest[i] != "0" else "1") + digest[i + 1 :]
 
 
-def _tokens(rng: random.Random, n: int) -> list[int]:
-    return [rng.choice((rng.randrange(50_000), rng.randrange(2**20), 2**64 - 1)) for _ in range(n)]
+def _tokens(rng: random.Random, n: int, top: int) -> list[int]:
+    return [rng.choice((rng.randrange(50_000), rng.randrange(2**20), top)) for _ in range(n)]
 
 
-def _delta(rng: random.Random, carry: int, generated: int) -> tuple[list[int], list[float], list[float]]:
-    ids = _tokens(rng, carry + generated)
+def _delta(rng: random.Random, carry: int, generated: int, top: int) -> tuple[list[int], list[float], list[float]]:
+    ids = _tokens(rng, carry + generated, top)
     mask = [0.0] * carry + [1.0] * generated
     logprobs = [0.0] * carry + [-round(rng.random() * 5, rng.choice((2, 6, 12))) for _ in range(generated)]
     return ids, mask, logprobs
 
 
-def valid_case(rng: random.Random, rollout_id: str = "r0") -> tuple[dict, list[dict], dict[str, list[int]]]:
-    """A receipt dict, its snapshots (in manifest order) and each call's cumulative tokens."""
+def valid_case(
+    rng: random.Random, rollout_id: str = "r0", *, top_token: int = 2**64 - 1
+) -> tuple[dict, list[dict], dict[str, list[int]]]:
+    """A receipt dict, its snapshots (in manifest order) and each call's cumulative tokens; token ids
+    go up to `top_token` (NeMo Gym's u64 by default; a TQ row holds int64)."""
     n = rng.randint(1, 6)
     records, snapshots, cumulative, chain = [], [], {}, {}
     for i in range(n):
         call_id = f"c{i}"
         parent = None if i == 0 or rng.random() < 0.15 else f"c{rng.randrange(i)}"
         carry = rng.randint(0, 8)
-        ids, mask, logprobs = _delta(rng, carry, rng.randint(1, 8))
+        ids, mask, logprobs = _delta(rng, carry, rng.randint(1, 8), top_token)
         prev = len(cumulative[parent]) if parent else 0
         cumulative[call_id] = (cumulative[parent] if parent else []) + ids
         chain[call_id] = gd.compute_chain_hash(chain[parent] if parent else None, ids)
@@ -313,7 +316,7 @@ KINDS = (
 )
 
 
-def make_case(rng: random.Random, kind: str) -> Case:
-    receipt, snaps, _ = valid_case(rng)
+def make_case(rng: random.Random, kind: str, *, rollout_id: str = "r0", top_token: int = 2**64 - 1) -> Case:
+    receipt, snaps, _ = valid_case(rng, rollout_id, top_token=top_token)
     _corrupt(rng, kind, receipt, snaps)
     return Case(kind, receipt, snaps)
