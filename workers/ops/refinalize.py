@@ -19,6 +19,7 @@ import torch
 
 from schemas.errors import InvalidArgument, SchemaError
 from schemas.finalized import FinalizedGroup
+from schemas.gym_receipt import GymReceipt
 from schemas.receipt import Receipt
 from schemas.request import RolloutReassemblerActorConfig
 from streams.config import KafkaConfig
@@ -73,7 +74,7 @@ def replayed_groups(kafka: KafkaConfig, topic: str) -> dict[str, OpenGroup]:
             msg = decode_value(rec.value)
         except SchemaError:
             continue
-        if isinstance(msg, Receipt):
+        if isinstance(msg, (Receipt, GymReceipt)):
             parts.setdefault(rec.partition, PromptGroups(rec.partition)).add(msg, rec.offset, rec.timestamp_ms)
     return {gid: g for groups in parts.values() for gid, g in groups.open.items()}
 

@@ -20,10 +20,12 @@ from streams.errors import MissingKeysError
 from streams.tq import KVStore
 from workers.reassembler.errors import LeaseRefused, StagingUnstable
 from workers.reassembler.groups import OpenGroup
+from workers.reassembler.gym_fetch import fetch_gym_rows, gym_claimed_keys
 
 MISSING_STAGING_ROW = "missing_staging_row"  # schemas.linearize's rejection of a receipt whose row is gone
 
-Segments = dict[str, dict[str, torch.Tensor]]
+# Staged rows by key: rlstream's (its tensors) or NeMo Gym's (`GymStagedRow`, or why it is unreadable).
+Segments = dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -202,6 +204,7 @@ def finalize_groups(
     receipts_topic: str,
     now_ms: int,
     lease_refusal: Callable[[int, list[str]], str | None] = lambda put, sample_ids: None,
+    placeholder_groups: bool = False,
 ) -> list[GroupOutcome]:
     """Finalize ready groups; rows go to TQ train now, staging is cleared by the caller after commit.
 
@@ -209,7 +212,8 @@ def finalize_groups(
     is mostly per call (bench/dataplane). `lease_refusal(i, sample_ids)` is asked before put i and names why
     the caller may no longer own its partitions (None while it does): a zombie's put could overwrite
     rows a successor committed, or recreate rows a trainer already released. Then that put and the
-    rest are not made and `LeaseRefused` is raised.
+    rest are not made and `LeaseRefused` is raised. With `placeholder_groups`, a group with no valid
+    row is published as masked placeholder rows (NeMo RL's way) instead of dead-lettered.
     """
     t0 = time.perf_counter()
     owned, tags = owned_keys(store, config.staging_partition, groups) if groups else ({}, {})
@@ -217,14 +221,22 @@ def finalize_groups(
     # (TQStore) then fetches the rows without looking them up again.
     mine = set().union(*owned.values())
     keys = [k for k in dict.fromkeys(_claimed_keys(groups)) if k in mine]
-    fetched = fetch_segments(
-        store, config.staging_partition, keys, routed_experts=config.router_replay_enabled, tags=tags
+    gym = gym_claimed_keys(groups)
+    fetched: Segments = fetch_segments(
+        store,
+        config.staging_partition,
+        [k for k in keys if k not in gym],
+        routed_experts=config.router_replay_enabled,
+        tags=tags,
     )
+    fetched.update(fetch_gym_rows(store, config.staging_partition, [k for k in keys if k in gym], tags))
     fetch_ms = (time.perf_counter() - t0) * 1000.0
     results = [
         _build_or_letter(group, owned[group.group_id], fetched, config, gone=_staging_gone(group, tags))
         for group in groups
     ]
+    if placeholder_groups:
+        results = [placeholder_group(r, owned, fetched, config) for r in results]
     builds = [r[1] for r in results if not isinstance(r, GroupOutcome)]
     put_ms = _put_rows(store, config.partition_id, builds, lease_refusal) / max(1, len(builds))
     outcomes = []
@@ -284,6 +296,32 @@ def _build_or_letter(
         kind = ALL_ROLLOUTS_FAILED if reasons == ["rollout_failed"] else INCONSISTENT_GROUP
         return GroupOutcome(group, None, kind, f"group {group.group_id}: no valid row ({', '.join(reasons)})", staging)
     return group, build, staging, (time.perf_counter() - t1) * 1000.0
+
+
+def placeholder_group(
+    result: GroupOutcome | _Built,
+    owned: Mapping[str, set[str]],
+    fetched: Segments,
+    config: RolloutReassemblerActorConfig,
+) -> GroupOutcome | _Built:
+    """A group dead-lettered for having no valid row, built instead as its placeholder rows (every row
+    masked, sample_mask 0: NeMo RL publishes a group so); any other result as it was.
+
+    A handed-back group stays handed back (it can still be trained, once generated again), and so
+    does a group whose build raised (its rows cannot be built at all).
+    """
+    if not isinstance(result, GroupOutcome) or result.handed_back or result.dead_letter_kind is None:
+        return result
+    group = result.group
+    mine = owned.get(group.group_id, set())
+    t1 = time.perf_counter()
+    try:
+        build = build_one(group, {k: v for k, v in fetched.items() if k in mine}, config)
+    except Exception:  # noqa: BLE001 - the build failed above too: the group stays dead-lettered
+        return result
+    if build.valid_row_count:
+        return result
+    return group, build, result.staging_keys, (time.perf_counter() - t1) * 1000.0
 
 
 def _put_rows(

@@ -298,6 +298,7 @@ class ReassemblerWorker:
                     receipts_topic=self.config.receipts_topic,
                     now_ms=now_ms,
                     lease_refusal=self._lease_refusal,
+                    placeholder_groups=self.config.placeholder_groups,
                 )
                 if ready
                 else []

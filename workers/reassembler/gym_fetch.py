@@ -1,0 +1,88 @@
+"""NeMo Gym staged calls read back from TQ staging, for the reassembler and for NeMo Gym's `StagingSource`.
+
+A row's tags say which fields it holds (`schemas.staged_rows.gym_fields`: its token columns, its
+extras when it has any, its attachments), and one TQ get reads the rows of one field set: a get of
+rows that differ in their fields would be refused, and text calls (tokens only) are usually most
+of a step's. A row is returned as a `GymStagedRow`, or as the reason it cannot be read as one (a
+string: the receipt's row is then `invalid_staging_row`); an absent row is left out (missing).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from schemas.gym_receipt import GymReceipt
+from schemas.staged_rows import GymStagedRow, gym_fields, gym_staged_row, is_gym_row
+from streams.errors import MissingKeysError
+from streams.tq import KVStore
+from workers.reassembler.errors import StagingUnstable
+
+GymRows = dict[str, GymStagedRow | str]
+
+
+def gym_claimed_keys(groups: Sequence[Any]) -> set[str]:
+    """The staging keys the groups' NeMo Gym receipts name (read as NeMo Gym rows, not rlstream's)."""
+    return {c.staging_key for g in groups for r in g.receipts.values() if isinstance(r, GymReceipt) for c in r.manifest}
+
+
+def fetch_gym_rows(
+    store: KVStore, staging_partition: str, keys: Sequence[str], tags: Mapping[str, Mapping[str, Any] | None]
+) -> GymRows:
+    """The staged calls under `keys` whose `tags` (as looked up) were found; one get per field set."""
+    out: GymRows = {}
+    by_fields: dict[tuple[str, ...], list[str]] = {}
+    for key in dict.fromkeys(keys):
+        tag = tags.get(key)
+        if tag is None:
+            continue
+        if not is_gym_row(tag):
+            out[key] = "the row was not staged as a NeMo Gym call"
+            continue
+        by_fields.setdefault(gym_fields(tag), []).append(key)
+    for fields, same in by_fields.items():
+        out.update(_read(store, staging_partition, same, fields, tags))
+    return out
+
+
+def _read(
+    store: KVStore,
+    partition: str,
+    keys: list[str],
+    fields: tuple[str, ...],
+    tags: Mapping[str, Mapping[str, Any] | None],
+    *,
+    whole: bool = True,
+) -> GymRows:
+    # A key can vanish between the lookup and the read (its owner cleared it after a rebalance):
+    # read again without it; should keys keep vanishing, the step is aborted (as finalize does).
+    for _ in range(3):
+        try:
+            td = store.get(partition, keys, select=list(fields))
+            break
+        except MissingKeysError as exc:
+            gone = set(exc.missing)
+            keys = [k for k in keys if k not in gone]
+            if not keys:
+                return {}
+        except ValueError as exc:
+            # Rows the store cannot give as their tags describe them: input, not a fault.
+            if not whole:
+                return {keys[0]: f"its fields cannot be read ({exc})"}
+            out: GymRows = {}
+            for key in keys:
+                out.update(_read(store, partition, [key], fields, tags, whole=False))
+            return out
+    else:
+        raise StagingUnstable(f"staged rows kept vanishing from {partition!r} during three fetches")
+    if any(td.get(name, None) is None for name in fields):
+        return {key: "its fields are not the ones its tags name" for key in keys}
+    columns = {name: _rows(td.get(name)) for name in fields}
+    return {
+        key: gym_staged_row(tags[key] or {}, {name: col[i] for name, col in columns.items()})
+        for i, key in enumerate(keys)
+    }
+
+
+def _rows(value: Any) -> list:
+    return list(value.unbind()) if value.is_nested else list(value)
