@@ -107,6 +107,22 @@ def row_tags(*, rollout_id: str, call_id: str, group_id: str, weight_version: in
     }
 
 
+_SAMPLE_ID = re.compile(r"^(?P<group>.+)_g(?P<index>0|[1-9][0-9]*)$")
+
+
+def sample_id(group_id: str, rollout_index: int) -> str:
+    """NeMo RL's canonical id of a group's row i, `{group_id}_g{i}`; NeMo RL's rollout ids are these too."""
+    return f"{group_id}_g{rollout_index}"
+
+
+def group_of_rollout(rollout_id: str) -> str:
+    """The prompt group of a rollout named by NeMo RL's convention `{group_id}_g{i}`; ValueError otherwise."""
+    match = _SAMPLE_ID.match(rollout_id)
+    if match is None:
+        raise ValueError(f"rollout id {rollout_id!r} is not '{{group_id}}_g{{i}}': say which group it is in")
+    return match.group("group")
+
+
 def owned_by(tags: Mapping[str, Any] | None, group_id: str, rollout_id: str) -> bool:
     """Whether a row's tags say it was staged for this group's rollout (a receipt may use only those)."""
     return tags is not None and tags.get(GROUP_ID_TAG) == group_id and tags.get(ROLLOUT_ID_TAG) == rollout_id

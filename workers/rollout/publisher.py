@@ -1,8 +1,10 @@
 """The rollout worker's side of the pipeline: stage a rollout's tensors in TQ, then publish its receipt.
 
 `RolloutPublisher.publish` does both, in that order, for a batch of `StagedRollout`s (a receipt
-plus its calls' token deltas). `stage_rollouts` and `segments_to_fields` are its staging half, also
-used on their own by tools and tests. What a staged row holds is `schemas.staged_rows`'s contract.
+plus its calls' token deltas); `publish_receipts` publishes receipts whose rows are staged already,
+such as NeMo Gym's (`GymReceipt`: its capture stages every call as it is acknowledged).
+`stage_rollouts` and `segments_to_fields` are its staging half, also used on their own by tools and
+tests. What a staged row holds is `schemas.staged_rows`'s contract.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from dataclasses import dataclass
 import torch
 from tensordict import TensorDict
 
+from schemas.gym_receipt import GymReceipt
 from schemas.metadata_guard import assert_metadata_only
 from schemas.receipt import Receipt
 from schemas.staged_rows import ROUTED_EXPERTS, ROUTED_EXPERTS_K_TAG, SEGMENT_FIELDS, row_tags
@@ -104,6 +107,17 @@ class RolloutPublisher:
         return self._producer.send(
             [Outgoing(self._topic, r.receipt.group_id.encode(), r.receipt.to_bytes()) for r in rollouts],
             timeout_s=timeout_s,
+        )
+
+    def publish_receipts(
+        self, receipts: Sequence[Receipt | GymReceipt], *, timeout_s: float = 30.0
+    ) -> list[tuple[int, int]]:
+        """Publish receipts whose rows are staged already (NeMo Gym's: its capture staged each call
+        through `TQStagingSink` before acknowledging it), keyed by group_id; (partition, offset) each."""
+        for r in receipts:
+            assert_metadata_only(r, path="receipt")
+        return self._producer.send(
+            [Outgoing(self._topic, r.group_id.encode(), r.to_bytes()) for r in receipts], timeout_s=timeout_s
         )
 
     def close(self) -> None:

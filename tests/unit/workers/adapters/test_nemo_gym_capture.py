@@ -1,0 +1,93 @@
+"""NeMo Gym's own capture (`RolloutTokenCapture`, its ledger and receipts) into rlstream's sink, then
+rlstream's finalization: the rows equal what NeMo Gym's `verify_and_linearize` gives.
+
+Pure (the dict-backed store); tests/integration/adapters/test_nemo_gym_e2e.py runs the same flow
+on the real broker and TQ.
+"""
+
+import pytest
+import torch
+
+from schemas.deadletter import ALL_ROLLOUTS_FAILED
+from schemas.multimodal import PackedRows
+from schemas.payload import unpack_payload
+from streams.tq import TRAIN
+from tests.unit.memory_store import InMemoryStore
+from workers.adapters.nemo_gym_capture import EngineTurn, SyntheticEngineAdapter, capture_rollout, gym_receipt
+from workers.adapters.nemo_gym_staging import TQStagingSink, TQStagingSource
+from workers.reassembler.config import default_actor_config
+from workers.reassembler.finalize import finalize_groups
+from workers.reassembler.groups import OpenGroup
+
+staging = pytest.importorskip("nemo_gym.token_id_capture.staging", reason="nemo-gym 0.7.0 is not installed")
+
+PIXELS = torch.arange(2 * 3 * 12, dtype=torch.float32).reshape(1, 6, 12).to(torch.bfloat16) / 7
+
+
+def turns(i: int, *, vlm: bool = False, fail: bool = False) -> list[EngineTurn]:
+    return [
+        EngineTurn([100 + i, 101, 102], [200 + i, 201], [-0.25, -0.5], weight_version=3),
+        EngineTurn(
+            [300 + i],
+            [400 + i, 401, 402],
+            [-1.0, -0.125, -2.0],
+            weight_version=4,
+            attachments={"pixel_values": PIXELS} if vlm else None,
+            extras={"media_spans": [[0, 1]]} if vlm else None,
+            fail=fail,
+        ),
+    ]
+
+
+def captured_group(store, group_id, specs):
+    capture = staging.RolloutTokenCapture(
+        sink=TQStagingSink(store), weight_version_fn=lambda: 0, adapter=SyntheticEngineAdapter()
+    )
+    group = OpenGroup(group_id, 0, len(specs), 9, 0, len(specs) - 1, 0)
+    theirs = []
+    for i, spec in enumerate(specs):
+        rollout_id = f"{group_id}_g{i}"
+        done = capture_rollout(capture, rollout_id, turns(i, **spec))
+        theirs.append(done.receipt)
+        group.receipts[i] = gym_receipt(
+            done.receipt, group_id=group_id, prompt_idx=9, rollout_index=i, group_size=len(specs), reward=0.5 * i,
+            environment="vision",
+        )  # fmt: skip
+        group.offsets[i] = i
+    return group, theirs
+
+
+def test_rows_equal_nemo_gyms_verified_rows_and_the_vlm_media_is_bit_exact():
+    store = InMemoryStore()
+    group, theirs = captured_group(store, "g", [{}, {"vlm": True}, {"fail": True}])
+    (outcome,) = finalize_groups(store, [group], default_actor_config(), receipts_topic="t", now_ms=0)
+    record = outcome.finalized
+    assert record is not None and record.rejection_reasons == (None, None, "rollout_failed")
+    fields = store.get(TRAIN, list(record.sample_ids))
+    rows = unpack_payload(fields, record.tags, pad_value_dict={"input_ids": 0})
+    source = TQStagingSource(store)
+    for i in (0, 1):
+        want = staging.verify_and_linearize(theirs[i], source.fetch([r.staging_key for r in theirs[i].manifest]))
+        n = len(want.token_ids)
+        assert rows["input_ids"][i, :n].tolist() == want.token_ids
+        assert rows["token_mask"][i, :n].tolist() == [m == 1.0 for m in want.token_mask]
+        assert torch.equal(rows["generation_logprobs"][i, :n], torch.tensor(want.logprobs, dtype=torch.float32))
+        assert record.tags[i]["rollout_environment"] == "vision"
+    media = PackedRows.from_wire(rows["pixel_values"], record.tags, "pixel_values")
+    assert [len(r) for r in media.rows] == [0, 1, 0]
+    assert torch.equal(media.rows[1][0].view(torch.int16), PIXELS.view(torch.int16))
+    with pytest.raises(staging.ReceiptVerificationError, match="rollout_failed"):
+        staging.verify_and_linearize(theirs[2], [])
+
+
+def test_a_group_of_failed_captures_is_dead_lettered_or_published_as_placeholders():
+    store = InMemoryStore()
+    group, _ = captured_group(store, "f", [{"fail": True}, {"fail": True}])
+    (outcome,) = finalize_groups(store, [group], default_actor_config(), receipts_topic="t", now_ms=0)
+    assert outcome.finalized is None and outcome.dead_letter_kind == ALL_ROLLOUTS_FAILED
+    (outcome,) = finalize_groups(
+        store, [group], default_actor_config(), receipts_topic="t", now_ms=0, placeholder_groups=True
+    )
+    assert outcome.finalized.valid_row_count == 0 and outcome.finalized.sample_ids == ("f_g0", "f_g1")
+    fields = store.get(TRAIN, ["f_g0", "f_g1"])
+    assert fields["sample_mask"].tolist() == [0.0, 0.0]
