@@ -94,6 +94,9 @@ class PackedRows:
         out, pad = [], None
         for i, (start, length, tag) in enumerate(zip(starts, lengths, tags)):
             geometry = tag.get(key)
+            if geometry is None and length == 0:
+                out.append([])  # a row of a group without this field (a text group batched with a VLM one)
+                continue
             if not is_geometry(geometry):
                 raise ValueError(f"row {i} of {name!r} has no {key!r} tag: its segments' shapes are unknown")
             pad = bool(geometry[ROW_GEOMETRY_PAD]) if pad is None else pad
@@ -110,10 +113,11 @@ class PackedRows:
 
 
 def packed_fields(tags: Sequence[Mapping[str, Any]]) -> set[str]:
-    """Names of the packed multimodal fields the rows' tags describe."""
+    """Names of the packed multimodal fields the rows' tags describe (any row's: a batch may join a
+    VLM group with a text one)."""
     return {
         key[: -len(ROW_SHAPES_SUFFIX)]
-        for tag in tags[:1]
+        for tag in tags
         for key, value in tag.items()
         if key.endswith(ROW_SHAPES_SUFFIX) and is_geometry(value)
     }

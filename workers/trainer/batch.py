@@ -18,8 +18,9 @@ from tensordict import TensorDict
 
 from schemas.errors import InvalidArgument
 from schemas.finalized import FinalizedGroup
+from schemas.multimodal import packed_fields
 from schemas.payload import unpack_payload
-from streams.tq import TRAIN, KVStore
+from streams.tq import TRAIN, KVStore, join_rows
 
 Layout = Literal["padded", "jagged"]
 
@@ -106,4 +107,30 @@ def _rows(store: KVStore, meta: BatchMeta, fields: Sequence[str] | None) -> Tens
     ids = list(meta.sample_ids)
     if not ids:
         raise InvalidArgument("materialize needs a batch with at least one row")
-    return store.get(meta.train_partition, ids, select=list(fields) if fields is not None else None)
+    select = list(fields) if fields is not None else None
+    try:
+        return store.get(meta.train_partition, ids, select=select)
+    except ValueError:
+        # Groups whose rows hold different fields (a VLM group's media, a text group's none) cannot
+        # be read in one get: one get per group, then joined.
+        if select is not None or len(meta.groups) < 2:
+            raise
+    parts = [dict(store.get(meta.train_partition, list(g.sample_ids)).items()) for g in meta.groups]
+    return TensorDict(_join_groups(parts, meta), batch_size=[len(ids)])
+
+
+def _join_groups(parts: list[dict[str, torch.Tensor]], meta: BatchMeta) -> dict[str, torch.Tensor]:
+    """The groups' fields as one batch; a packed multimodal field a group lacks is its empty rows."""
+    packed = {name for g in meta.groups for name in packed_fields(g.tags)}
+    names = list(dict.fromkeys(name for p in parts for name in p))
+    for name in names:
+        having = [p[name] for p in parts if name in p]
+        if len(having) == len(parts):
+            continue
+        if name not in packed:
+            raise ValueError(f"the batch's groups disagree on the field {name!r}: only some of their rows hold it")
+        empty = torch.empty(0, dtype=having[0].dtype)
+        for part, group in zip(parts, meta.groups):
+            if name not in part:
+                part[name] = torch.nested.as_nested_tensor([empty] * len(group.sample_ids), layout=torch.jagged)
+    return join_rows(parts)
