@@ -224,3 +224,70 @@ def gym_receipt(
         invalid_tool_call_calls=tuple(invalid_tool_call_calls),
         malformed_thinking_calls=tuple(malformed_thinking_calls),
     )
+
+
+class SyntheticGymGroups:
+    """Prompt groups of synthetic rollouts (`workers.rollout.synthetic`) captured with NeMo Gym's own
+    code into rlstream's TQ staging: what `rlstream demo --nemo-gym` produces.
+
+    Every `media_every`-th group's first rollout runs its last call on a small image, staged as the
+    attachment `pixel_values` (bfloat16) beside its tokens. A rollout that failed before its first turn
+    is a poisoned receipt with the environment's reason, as a harness reports it.
+    """
+
+    def __init__(self, store: Any, *, media_every: int = 4, staging_partition: str | None = None) -> None:
+        from nemo_gym.token_id_capture.staging import RolloutTokenCapture
+
+        from workers.adapters.nemo_gym_staging import TQStagingSink
+
+        kwargs = {} if staging_partition is None else {"staging_partition": staging_partition}
+        self._capture = RolloutTokenCapture(
+            sink=TQStagingSink(store, **kwargs), weight_version_fn=lambda: 0, adapter=SyntheticEngineAdapter()
+        )
+        self._media_every = media_every
+
+    def make_group(
+        self, group_id: str, prompt_idx: int, weight_version: int, *, shape: Any, seed: int = 0
+    ) -> list[GymReceipt]:
+        from workers.rollout.synthetic import group_prompt, rollout_turns
+
+        prompt = group_prompt(group_id, shape=shape, seed=seed)
+        out = []
+        for i in range(shape.group_size):
+            turns, reward = rollout_turns(group_id, i, weight_version, shape=shape, seed=seed, prompt=prompt)
+            engine = [
+                EngineTurn(
+                    t.input_ids.tolist(),
+                    t.output_ids.tolist(),
+                    t.output_logprobs.tolist(),
+                    t.weight_version,
+                )
+                for t in turns or ()
+            ]
+            if engine and i == 0 and self._media_every and prompt_idx % self._media_every == 0:
+                last = engine[-1]
+                image = torch.full((1, 4, 12), float(prompt_idx % 7) / 8, dtype=torch.bfloat16)
+                engine[-1] = EngineTurn(
+                    last.input_ids, last.output_ids, last.output_logprobs, last.weight_version,
+                    attachments={"pixel_values": image},
+                )  # fmt: skip
+            rollout_id = f"{group_id}_g{i}"
+            done = capture_rollout(
+                self._capture, rollout_id, engine, failure_reason=None if turns is not None else "env_crashed"
+            )
+            flagged = [f"c{k}" for k, t in enumerate(turns or ()) if t.invalid_tool_call]
+            malformed = [f"c{k}" for k, t in enumerate(turns or ()) if t.malformed_thinking]
+            out.append(
+                gym_receipt(
+                    done.receipt,
+                    group_id=group_id,
+                    prompt_idx=prompt_idx,
+                    rollout_index=i,
+                    group_size=shape.group_size,
+                    reward=reward,
+                    environment="synthetic",
+                    invalid_tool_call_calls=flagged,
+                    malformed_thinking_calls=malformed,
+                )
+            )
+        return out
