@@ -26,6 +26,8 @@ _TOKEN_DOMAIN = b"nemo-gym-staging-prefix-v2"
 _CHAIN_DOMAIN = b"nemo-gym-staging-chain-v1"
 _HEX = frozenset("0123456789abcdef")
 _U64 = 2**64 - 1
+# `x in (0.0, 1.0)` is equality: -0.0, 0, 1 and True are in, NaN is not; a set keeps that.
+_MASK_VALUES = frozenset((0.0, 1.0))
 
 
 def _bytes(value: bytes) -> bytes:
@@ -68,10 +70,10 @@ def _present_digest(value: Any, *, field: str) -> bytes:
 def encode_token_ids(token_ids: Sequence[int]) -> bytes:
     """The token ids as a u64 length and u64 big-endian values (NeMo Gym's `encode_token_ids`)."""
     n = len(token_ids)
-    # One pack instead of one per token; the checks are NeMo Gym's, per value.
-    for token_id in token_ids:
-        if type(token_id) is not int or not 0 <= token_id <= _U64:
-            raise ValueError(f"token_id must be an unsigned 64-bit integer, got {token_id!r}")
+    # NeMo Gym's checks (exact ints in [0, 2^64)), made by C-level builtins, then one pack.
+    if n and (set(map(type, token_ids)) != {int} or min(token_ids) < 0 or max(token_ids) > _U64):
+        bad = next(t for t in token_ids if type(t) is not int or not 0 <= t <= _U64)
+        raise ValueError(f"token_id must be an unsigned 64-bit integer, got {bad!r}")
     return struct.pack(f">Q{n}Q", n, *token_ids)
 
 
@@ -91,14 +93,14 @@ def compute_chain_hash(parent_chain_hash: str | None, token_ids_delta: Sequence[
 
 
 def _float32s(values: Sequence[float], *, field: str) -> bytes:
-    for value in values:
-        if type(value) is not float or not math.isfinite(value):
-            raise ValueError(f"{field} values must be finite Python floats, got {value!r}")
+    if values and (set(map(type, values)) != {float} or not all(map(math.isfinite, values))):
+        bad = next(v for v in values if type(v) is not float or not math.isfinite(v))
+        raise ValueError(f"{field} values must be finite Python floats, got {bad!r}")
     try:
         packed = struct.pack(f">{len(values)}f", *values)
     except (OverflowError, struct.error) as error:
         raise ValueError(f"{field} value cannot be represented as float32") from error
-    if not all(math.isfinite(v) for v in struct.unpack(f">{len(values)}f", packed)):
+    if not all(map(math.isfinite, struct.unpack(f">{len(values)}f", packed))):
         raise ValueError(f"{field} value overflows float32")
     return _uint(len(values), field=f"{field} length") + packed
 
@@ -187,9 +189,9 @@ def compute_staging_digest(
         raise ValueError(f"delta_len {delta_len} does not match {len(token_ids_delta)} token IDs")
     if not len(token_ids_delta) == len(token_mask_delta) == len(generation_log_probs_delta):
         raise ValueError("token IDs, masks, and log probabilities must have equal lengths")
-    if any(mask not in (0.0, 1.0) for mask in token_mask_delta):
+    if not set(token_mask_delta) <= _MASK_VALUES:
         raise ValueError("token_mask_delta must contain only 0.0 or 1.0")
-    if any(m == 0.0 and lp != 0.0 for m, lp in zip(token_mask_delta, generation_log_probs_delta)):
+    if any(lp != 0.0 for m, lp in zip(token_mask_delta, generation_log_probs_delta) if m == 0.0):
         raise ValueError("prompt-carry log probabilities must be 0.0")
     if cum_len != prev_len + delta_len:
         raise ValueError(f"cum_len {cum_len} does not equal prev_len + delta_len ({prev_len + delta_len})")
