@@ -29,6 +29,7 @@ from streams.tq import KVStore
 from workers.reassembler.config import default_actor_config
 from workers.reassembler.finalize import build_one, fetch_segments, tensor_rows
 from workers.reassembler.groups import OpenGroup, PromptGroups
+from workers.reassembler.gym_fetch import fetch_gym_rows, gym_claimed_keys
 from workers.topics import TopicNames, decode_value
 
 # Compared field by field; partition_id, source, metrics and finalized_at_ms describe the run, not the result.
@@ -118,7 +119,15 @@ def _diff_group(
 ) -> list[Diff]:
     gid = group.group_id
     keys = group.staging_keys()
-    segments = fetch_segments(store, config.staging_partition, keys, routed_experts=config.router_replay_enabled)
+    gym = gym_claimed_keys([group])
+    segments = fetch_segments(
+        store, config.staging_partition, [k for k in keys if k not in gym], routed_experts=config.router_replay_enabled
+    )
+    if gym:  # a NeMo Gym receipt's staged calls are NeMo Gym rows
+        gym_keys = [k for k in keys if k in gym]
+        segments.update(
+            fetch_gym_rows(store, config.staging_partition, gym_keys, store.tags(config.staging_partition, gym_keys))
+        )
     if keys and not segments and record is not None and record.valid_row_count:
         return [
             Diff(
