@@ -81,6 +81,8 @@ def capture_rollout(
     `capture` (a `RolloutTokenCapture`) and ledger, and build the rollout's receipt.
 
     `failure_reason` (the environment crashed, say) poisons the receipt as a harness does.
+    Synchronous (NeMo Gym's ledger is async; each of its calls runs to completion here): call it
+    from a thread without a running event loop.
     """
     from nemo_gym.token_id_capture.lineage import InMemoryLineageStore
     from nemo_gym.token_id_capture.staging import CallRecord, CaptureAdmission

@@ -175,3 +175,34 @@ def test_the_golden_vector_goes_through_the_sink_and_source_on_real_tq(tq_store,
         )
     finally:
         tq_store.clear(STAGING, [result.staging_key])
+
+
+def test_stage_from_many_capture_threads_at_once_on_real_tq(tq_store, unique):
+    """NeMo Gym's capture calls `stage` from its completion threads without serializing them."""
+    import threading
+
+    from schemas import gym_digest as gd
+
+    def record(i):
+        ids = [i, i + 1, 7]
+        fields = dict(
+            schema_version=2, digest_version=2, extras_digest_version=1, rollout_id=f"mt-{unique}_g{i}",
+            model_call_id="c0", parent_call_id=None, mode="text", prev_len=0, delta_len=3, cum_len=3,
+            weight_version=1, token_ids_delta=ids, token_mask_delta=[0.0, 0.0, 1.0],
+            generation_log_probs_delta=[0.0, 0.0, -0.5], extras_digest=gd.EMPTY_EXTRAS_DIGEST,
+            chain_hash=gd.compute_chain_hash(None, ids), cumulative_hash=gd.hash_token_ids(ids),
+        )  # fmt: skip
+        return staging.StagedCallRecord(digest=gd.compute_staging_digest(**fields), **fields)
+
+    sink, results = TQStagingSink(tq_store), {}
+    threads = [threading.Thread(target=lambda i=i: results.__setitem__(i, sink.stage(record(i)))) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    keys = [f"mt-{unique}_g{i}/c0" for i in range(8)]
+    try:
+        assert all(results[i].ok for i in range(8))
+        assert [s.token_ids_delta[0] for s in TQStagingSource(tq_store).fetch(keys)] == list(range(8))
+    finally:
+        tq_store.clear(STAGING, keys)
