@@ -47,12 +47,14 @@ def build_group(
     config: RolloutReassemblerActorConfig,
     fallback_weight_version: int = 0,
     loss_multiplier: float = 1.0,
+    gym_rows: Mapping[str, Any] | None = None,
 ) -> GroupBuild:
     """Linearize each rollout (receipts indexed by rollout_index; None = missing), keep failures
     as placeholder rows, and pack the group stamped with its lowest weight version.
 
     Receipts may be rlstream's (`segments[key]`: the call's staged tensors) or NeMo Gym's
-    (`segments[key]`: its `schemas.staged_rows.GymStagedRow`), even within one group.
+    (`gym_rows[key]`: its `schemas.staged_rows.GymStagedRow`, or why it cannot be read), even
+    within one group; `gym_rows` defaults to `segments` (one mapping holding both kinds).
 
     A row longer than `config.max_seq_len` is cut to that length and marked truncated (not
     rejected): its prefix is still on-policy data. Routed experts are kept only when
@@ -63,7 +65,8 @@ def build_group(
     completions: list[Completion] = []
     rollouts: list[LinearizedRollout | None] = []
     for index, receipt in enumerate(receipts):
-        result = _linearize_slot(index, receipt, group_id, prompt_idx, group_size, segments)
+        rows = segments if gym_rows is None or not isinstance(receipt, GymReceipt) else gym_rows
+        result = _linearize_slot(index, receipt, group_id, prompt_idx, group_size, rows)
         if isinstance(result, Rejection):
             completions.append(Completion([], 0.0, False, False, rejection_reason=result.reason))
             rollouts.append(None)

@@ -21,9 +21,9 @@ from workers.reassembler.errors import StagingUnstable
 GymRows = dict[str, GymStagedRow | str]
 
 
-def gym_claimed_keys(groups: Sequence[Any]) -> set[str]:
-    """The staging keys the groups' NeMo Gym receipts name (read as NeMo Gym rows, not rlstream's)."""
-    return {c.staging_key for g in groups for r in g.receipts.values() if isinstance(r, GymReceipt) for c in r.manifest}
+def is_gym(receipt: Any) -> bool:
+    """Whether a receipt is NeMo Gym's: its staged calls are read as NeMo Gym rows, not rlstream's."""
+    return isinstance(receipt, GymReceipt)
 
 
 def fetch_gym_rows(

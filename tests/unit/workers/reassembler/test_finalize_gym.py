@@ -1,0 +1,80 @@
+"""Finalization of NeMo Gym receipts beside rlstream's in one step: each claim judged on its own, and
+every staged row that cannot be read (tags, media) a rejected row, never an exception out of finalize.
+
+Pure (the dict-backed store); NeMo Gym's own capture stages the calls (tests/unit/workers/adapters).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from schemas.gym_receipt import GymCallRecord, GymReceipt, GymRolloutReceipt
+from tests.unit.memory_store import InMemoryStore
+from workers.reassembler.config import default_actor_config
+from workers.reassembler.finalize import finalize_groups
+from workers.reassembler.groups import OpenGroup
+from workers.rollout.publisher import stage_rollouts
+from workers.rollout.synthetic import SyntheticShape, make_group
+
+SHAPE = SyntheticShape(group_size=2, calls=(1, 1), prompt_len=(2, 4), answer_len=(1, 3), observation_len=(1, 2))
+H = "0" * 64
+
+
+def _rlstream_group(store, group_id):
+    rollouts = make_group(group_id, 0, 1, shape=SHAPE)
+    stage_rollouts(store, rollouts)
+    group = OpenGroup(group_id, 0, 2, rollouts[0].receipt.prompt_idx, 0, 1, 0)
+    for i, r in enumerate(rollouts):
+        group.receipts[r.receipt.rollout_index] = r.receipt
+        group.offsets[r.receipt.rollout_index] = i
+    return group, rollouts
+
+
+def _hostile_gym_group(group_id, rollout_id, call_id):
+    """A NeMo Gym receipt of another group naming `{rollout_id}/{call_id}` (its key rule holds)."""
+    call = GymCallRecord(
+        model_call_id=call_id, prev_len=0, delta_len=1, cum_len=1, weight_version=0, digest=H, extras_digest=H,
+        staging_key=f"{rollout_id}/{call_id}", mode="text", chain_hash=H, cumulative_hash=H, response_id="x",
+    )  # fmt: skip
+    inner = GymRolloutReceipt(
+        rollout_id=rollout_id, terminal_model_call_id=call_id, manifest=(call,), terminal_selection="declared"
+    )
+    receipt = GymReceipt(
+        group_id=group_id, prompt_idx=0, rollout_index=0, group_size=1, reward=0.0, mask_sample=True,
+        loss_multiplier=1.0, environment="e", receipt=inner,
+    )  # fmt: skip
+    group = OpenGroup(group_id, 0, 1, 0, 10, 10, 0)
+    group.receipts[0] = receipt
+    group.offsets[0] = 10
+    return group
+
+
+def test_a_nemo_gym_receipt_of_another_group_naming_an_rlstream_key_does_not_spoil_its_owners_row():
+    store = InMemoryStore()
+    victim, rollouts = _rlstream_group(store, "a")
+    call = rollouts[0].receipt.manifest[0]
+    evil = _hostile_gym_group("evil", rollouts[0].receipt.rollout_id, call.call_id)
+    assert evil.receipts[0].manifest[0].staging_key == call.staging_key
+    by_group = {o.group.group_id: o for o in finalize_groups(
+        store, [victim, evil], default_actor_config(), receipts_topic="t", now_ms=0
+    )}  # fmt: skip
+    owner = by_group["a"].finalized
+    assert owner is not None and owner.rejection_reasons == (None, None)
+    assert call.staging_key in by_group["a"].staging_keys
+    # The hostile receipt's claim is its own: not its row, so missing, and not cleared under it.
+    assert by_group["evil"].finalized is None and "missing_staging_row" in by_group["evil"].dead_letter_message
+    assert call.staging_key not in by_group["evil"].staging_keys
+
+
+@pytest.mark.parametrize("order", ["victim_first", "evil_first"])
+def test_the_owners_row_is_the_same_whichever_group_comes_first_in_the_step(order):
+    store = InMemoryStore()
+    victim, rollouts = _rlstream_group(store, "a")
+    alone = finalize_groups(store, [victim], default_actor_config(), receipts_topic="t", now_ms=0)[0].finalized
+    call = rollouts[1].receipt.manifest[-1]
+    evil = _hostile_gym_group("evil", rollouts[1].receipt.rollout_id, call.call_id)
+    groups = [victim, evil] if order == "victim_first" else [evil, victim]
+    (owner,) = [o for o in finalize_groups(store, groups, default_actor_config(), receipts_topic="t", now_ms=0)
+                if o.group.group_id == "a"]  # fmt: skip
+    assert owner.finalized.rejection_reasons == alone.rejection_reasons == (None, None)
+    assert owner.finalized.canonical_output_tokens == alone.canonical_output_tokens
