@@ -74,8 +74,30 @@ GYM_SNAPSHOT_TAGS = (
     "chain_hash",
     "cumulative_hash",
 )
+# The types a NeMo Gym row's snapshot tags must have (NeMo Gym's `StagedCallBaseSnapshot`'s): a tag of
+# another type is a row that cannot be read as a NeMo Gym call, refused before anything uses it.
+_GYM_TAG_TYPES: dict[str, tuple[type, ...]] = {
+    ROLLOUT_ID_TAG: (str,),
+    CALL_ID_TAG: (str,),
+    WEIGHT_VERSION_TAG: (int,),
+    "schema_version": (int,),
+    "digest_version": (int,),
+    "extras_digest_version": (int,),
+    "parent_call_id": (str, type(None)),
+    "mode": (str,),
+    "prev_len": (int,),
+    "delta_len": (int,),
+    "cum_len": (int,),
+    "digest": (str,),
+    "extras_digest": (str,),
+    "chain_hash": (str,),
+    "cumulative_hash": (str,),
+}
 # Attachment names: short identifiers, so a field name can never be another's.
 ATTACHMENT_NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
+# Bounds on what a row's `attachments` tag may describe (a VLM call has a few media tensors of a few dims).
+MAX_ATTACHMENTS = 64
+MAX_ATTACHMENT_DIMS = 16
 ATTACHMENT_DTYPES: dict[str, torch.dtype] = {
     str(d).removeprefix("torch."): d
     for d in (
@@ -183,8 +205,51 @@ def gym_row(
     return TensorDict(fields, batch_size=[1]), tags
 
 
+def gym_tags_problem(tags: Mapping[str, Any] | None) -> str | None:
+    """Why a staged row's tags are not a NeMo Gym call's (None when they are): every snapshot tag of its
+    type, `has_extras` a bool, `attachments` a bounded mapping of names to a dtype and a shape.
+
+    Tags are read back from TQ: input. Checked before any of them picks the fields to read or shapes
+    a tensor, so a corrupt row is `invalid_staging_row`, never an exception out of finalize.
+    """
+    if not is_gym_row(tags):
+        return "the row was not staged as a NeMo Gym call"
+    missing = [n for n in _GYM_TAG_TYPES if n not in tags]
+    if missing:
+        return f"its tags lack {', '.join(missing)}"
+    for name, types in _GYM_TAG_TYPES.items():
+        value = tags[name]
+        if not isinstance(value, types) or isinstance(value, bool):
+            return f"its tag {name!r} is {type(value).__name__}, not {' or '.join(t.__name__ for t in types)}"
+    if not isinstance(tags.get(HAS_EXTRAS_TAG, False), bool):
+        return f"its tag {HAS_EXTRAS_TAG!r} is not a bool"
+    meta = tags.get(ATTACHMENTS_TAG, {})
+    if not isinstance(meta, Mapping):
+        return f"its tag {ATTACHMENTS_TAG!r} is {type(meta).__name__}, not a mapping"
+    if len(meta) > MAX_ATTACHMENTS:
+        return f"it names {len(meta)} attachments, more than {MAX_ATTACHMENTS}"
+    for name, spec in meta.items():
+        if not isinstance(name, str) or not ATTACHMENT_NAME.match(name):
+            return f"its attachment name {name!r} does not match {ATTACHMENT_NAME.pattern}"
+        if (
+            not isinstance(spec, Mapping)
+            or not isinstance(spec.get("dtype"), str)
+            or spec["dtype"] not in ATTACHMENT_DTYPES
+        ):
+            return f"its attachment {name!r} has no dtype rlstream carries"
+        shape = spec.get("shape")
+        if (
+            not isinstance(shape, list | tuple)
+            or len(shape) > MAX_ATTACHMENT_DIMS
+            or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)
+        ):
+            return f"its attachment {name!r} has no shape of at most {MAX_ATTACHMENT_DIMS} non-negative sizes"
+    return None
+
+
 def gym_fields(tags: Mapping[str, Any]) -> tuple[str, ...]:
-    """Every field a NeMo Gym row holds, from its tags (a get selects exactly these)."""
+    """Every field a NeMo Gym row holds, from its tags (a get selects exactly these); the tags must
+    have passed `gym_tags_problem`."""
     extra = (GYM_EXTRAS_FIELD,) if tags.get(HAS_EXTRAS_TAG) else ()
     names = tags.get(ATTACHMENTS_TAG) or {}
     return (*GYM_TOKEN_FIELDS, *extra, *(ATTACHMENT_PREFIX + n for n in sorted(names)))
@@ -212,11 +277,9 @@ def gym_staged_row(tags: Mapping[str, Any], fields: Mapping[str, torch.Tensor]) 
     `verify_and_linearize`'s to refuse, with NeMo Gym's code. Only a row that cannot even be read
     as one is refused here.
     """
-    if not is_gym_row(tags):
-        return "the row was not staged as a NeMo Gym call"
-    missing = [n for n in (ROLLOUT_ID_TAG, CALL_ID_TAG, WEIGHT_VERSION_TAG, *GYM_SNAPSHOT_TAGS) if n not in tags]
-    if missing:
-        return f"its tags lack {', '.join(missing)}"
+    problem = gym_tags_problem(tags)
+    if problem is not None:
+        return problem
     columns = {}
     for name in GYM_TOKEN_FIELDS:
         value = fields.get(name)
@@ -243,20 +306,17 @@ def gym_staged_row(tags: Mapping[str, Any], fields: Mapping[str, torch.Tensor]) 
             return "its extras are missing"
         try:
             extras = _READ_EXTRAS.decode(_row_values(raw).numpy().tobytes())
-        except msgspec.DecodeError as exc:
-            return f"its extras do not decode ({exc})"
+        except (msgspec.DecodeError, RecursionError) as exc:  # RecursionError: nested past the stack
+            return f"its extras do not decode ({type(exc).__name__}: {exc})"
     attachments = {}
-    meta = tags.get(ATTACHMENTS_TAG) or {}
-    if not isinstance(meta, Mapping):
-        return "its attachments tag is not a mapping"
-    for name, spec in meta.items():
+    for name, spec in (tags.get(ATTACHMENTS_TAG) or {}).items():
         raw = fields.get(ATTACHMENT_PREFIX + name)
-        dtype = ATTACHMENT_DTYPES.get(spec.get("dtype")) if isinstance(spec, Mapping) else None
-        if not isinstance(raw, torch.Tensor) or raw.dtype != torch.uint8 or dtype is None:
-            return f"its attachment {name!r} is missing or undescribed"
+        dtype = ATTACHMENT_DTYPES[spec["dtype"]]
+        if not isinstance(raw, torch.Tensor) or raw.dtype != torch.uint8 or raw.is_nested:
+            return f"its attachment {name!r} is missing"
         # A copy, so the typed view starts aligned (and outlives the fetched buffer).
         flat = _row_values(raw).contiguous().clone()
-        shape = [int(d) for d in spec.get("shape", [])]
+        shape = list(spec["shape"])
         if flat.numel() != torch.empty(0, dtype=dtype).element_size() * math.prod(shape):
             return f"its attachment {name!r} holds {flat.numel()} bytes, not {shape} of {dtype}"
         attachments[name] = (flat if dtype is torch.uint8 else flat.view(dtype)).reshape(shape)

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from schemas.gym_receipt import GymReceipt
-from schemas.staged_rows import GymStagedRow, gym_fields, gym_staged_row, is_gym_row
+from schemas.staged_rows import GymStagedRow, gym_fields, gym_staged_row, gym_tags_problem
 from streams.errors import MissingKeysError
 from streams.tq import KVStore
 from workers.reassembler.errors import StagingUnstable
@@ -36,8 +36,9 @@ def fetch_gym_rows(
         tag = tags.get(key)
         if tag is None:
             continue
-        if not is_gym_row(tag):
-            out[key] = "the row was not staged as a NeMo Gym call"
+        problem = gym_tags_problem(tag)
+        if problem is not None:
+            out[key] = problem
             continue
         by_fields.setdefault(gym_fields(tag), []).append(key)
     for fields, same in by_fields.items():
@@ -78,10 +79,16 @@ def _read(
     if any(td.get(name, None) is None for name in fields):
         return {key: "its fields are not the ones its tags name" for key in keys}
     columns = {name: _rows(td.get(name)) for name in fields}
-    return {
-        key: gym_staged_row(tags[key] or {}, {name: col[i] for name, col in columns.items()})
-        for i, key in enumerate(keys)
-    }
+    return {key: _row(tags[key] or {}, {name: col[i] for name, col in columns.items()}) for i, key in enumerate(keys)}
+
+
+def _row(tags: Mapping[str, Any], fields: Mapping[str, Any]) -> GymStagedRow | str:
+    # Runs in the fetch phase, outside any group's build: what the checks of `gym_staged_row` did not
+    # foresee must still reject this one row (invalid_staging_row), not crash-loop the worker.
+    try:
+        return gym_staged_row(tags, fields)
+    except Exception as exc:  # noqa: BLE001 - a staged row is input
+        return f"it cannot be read ({type(exc).__name__}: {exc})"
 
 
 def _rows(value: Any) -> list:

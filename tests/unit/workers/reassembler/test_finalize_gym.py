@@ -7,8 +7,11 @@ Pure (the dict-backed store); NeMo Gym's own capture stages the calls (tests/uni
 from __future__ import annotations
 
 import pytest
+import torch
+from tensordict import TensorDict
 
 from schemas.gym_receipt import GymCallRecord, GymReceipt, GymRolloutReceipt
+from streams.tq import STAGING
 from tests.unit.memory_store import InMemoryStore
 from workers.reassembler.config import default_actor_config
 from workers.reassembler.finalize import finalize_groups
@@ -78,3 +81,85 @@ def test_the_owners_row_is_the_same_whichever_group_comes_first_in_the_step(orde
                 if o.group.group_id == "a"]  # fmt: skip
     assert owner.finalized.rejection_reasons == alone.rejection_reasons == (None, None)
     assert owner.finalized.canonical_output_tokens == alone.canonical_output_tokens
+
+
+# --- malformed NeMo Gym staged rows (their tags or fields): a rejected row, never a crash ---------------------------
+
+
+def _nested_msgpack(depth: int) -> torch.Tensor:
+    """MessagePack of a list nested `depth` deep (a decoder recursing on it overflows the stack)."""
+    return torch.frombuffer(bytearray(b"\x91" * depth + b"\xc0"), dtype=torch.uint8)
+
+
+MALFORMED = {
+    "attachments_not_a_mapping": (lambda t: t.update(attachments=5), None),
+    "negative_shape_over_matching_bytes": (
+        lambda t: t.update(attachments={"pixel_values": {"dtype": "uint8", "shape": [-2, -2]}}),
+        {"attach__pixel_values": torch.zeros(4, dtype=torch.uint8)},
+    ),
+    "dtype_not_a_string": (lambda t: t.update(attachments={"pixel_values": {"dtype": ["x"], "shape": [4]}}), None),
+    "shape_a_string": (lambda t: t.update(attachments={"pixel_values": {"dtype": "uint8", "shape": "ab"}}), None),
+    "shape_of_floats": (lambda t: t.update(attachments={"pixel_values": {"dtype": "uint8", "shape": [2.5, 2]}}), None),
+    "too_many_dims": (lambda t: t.update(attachments={"pixel_values": {"dtype": "uint8", "shape": [1] * 65}}), None),
+    "attachment_name_not_a_name": (lambda t: t.update(attachments={"../x": {"dtype": "uint8", "shape": [1]}}), None),
+    "spec_not_a_mapping": (lambda t: t.update(attachments={"pixel_values": [1, 2]}), None),
+    "call_id_unhashable": (lambda t: t.update(call_id=["c1"]), None),
+    "has_extras_not_a_bool": (lambda t: t.update(has_extras="yes"), None),
+    "prev_len_not_an_int": (lambda t: t.update(prev_len=[0, 0]), None),
+    "parent_not_a_string": (lambda t: t.update(parent_call_id={"c": 0}), None),
+}
+
+
+def _restage(store, key, change_tags, fields=None):
+    tags = store.tags(STAGING, [key])[key]
+    row = {name: value[0] for name, value in store.get(STAGING, [key]).items()}
+    change_tags(tags)
+    row.update(fields or {})
+    store.clear(STAGING, [key])
+    store.put(STAGING, [key], TensorDict({k: v[None] for k, v in row.items()}, batch_size=[1]), [tags])
+
+
+@pytest.mark.parametrize("name", sorted(MALFORMED))
+def test_a_malformed_nemo_gym_staged_row_is_a_rejected_row_not_a_crash(name):
+    capture = pytest.importorskip("tests.unit.workers.adapters.test_nemo_gym_capture")
+    store = InMemoryStore()
+    group, theirs = capture.captured_group(store, "g", [{}, {"vlm": True}])
+    change, fields = MALFORMED[name]
+    _restage(store, theirs[1].manifest[-1].staging_key, change, fields)
+    (outcome,) = finalize_groups(store, [group], default_actor_config(), receipts_topic="t", now_ms=0)
+    assert outcome.finalized is not None, outcome.dead_letter_message
+    assert outcome.finalized.rejection_reasons == (None, "invalid_staging_row")
+
+
+def test_extras_nested_past_any_stack_do_not_crash_finalize():
+    capture = pytest.importorskip("tests.unit.workers.adapters.test_nemo_gym_capture")
+    store = InMemoryStore()
+    group, theirs = capture.captured_group(store, "g", [{}, {"vlm": True}])
+    _restage(store, theirs[1].manifest[-1].staging_key, lambda t: None, {"gym_extras": _nested_msgpack(100_000)})
+    (outcome,) = finalize_groups(store, [group], default_actor_config(), receipts_topic="t", now_ms=0)
+    assert outcome.finalized.rejection_reasons == (None, "invalid_staging_row")
+
+
+def test_a_malformed_staged_row_in_a_worker_step_rejects_its_row_and_the_partition_keeps_flowing():
+    from schemas.finalized import FinalizedGroup
+    from streams.partitioner import partition_of
+
+    from .steps import NAMES, RecordingStore, make_broker, publish, steps, worker
+
+    capture = pytest.importorskip("tests.unit.workers.adapters.test_nemo_gym_capture")
+    broker, store = make_broker(), RecordingStore()
+    group, theirs = capture.captured_group(store, "bad", [{}, {"vlm": True}])
+    _restage(store, theirs[1].manifest[-1].staging_key, MALFORMED["attachments_not_a_mapping"][0])
+    part = partition_of(b"bad", 2)
+    for r in group.by_index():
+        broker.append(NAMES.receipts, part, b"bad", r.to_bytes())
+    # A later group of the same partition: it must still be finalized.
+    after = next(f"ok{i}" for i in range(100) if partition_of(f"ok{i}".encode(), 2) == part)
+    publish(broker, store, after)
+    w = worker(broker, store)
+    steps(w, 2)
+    records = {r.group_id: r for r in (FinalizedGroup.from_bytes(m.value()) for m in broker.records(NAMES.finalized))}
+    assert set(records) == {"bad", after}
+    assert records["bad"].rejection_reasons == (None, "invalid_staging_row")
+    assert records[after].valid_row_count == 2
+    assert store.list(STAGING) == {}  # both groups' staging cleared after their commit
