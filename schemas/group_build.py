@@ -17,6 +17,7 @@ from schemas.linearize import LinearizedRollout, Rejection, linearize
 from schemas.payload import Completion, PromptGroupRecord, pack_payload, record_to_train_batch
 from schemas.receipt import Receipt
 from schemas.request import RolloutReassemblerActorConfig
+from schemas.row_fields import taken_by_row
 
 AnyReceipt = Receipt | GymReceipt
 
@@ -64,9 +65,12 @@ def build_group(
         raise ValueError(f"got {len(receipts)} receipt slots for a group of {group_size}")
     completions: list[Completion] = []
     rollouts: list[LinearizedRollout | None] = []
+    media_dtypes: dict[str, torch.dtype] = {}
     for index, receipt in enumerate(receipts):
         rows = segments if gym_rows is None or not isinstance(receipt, GymReceipt) else gym_rows
         result = _linearize_slot(index, receipt, group_id, prompt_idx, group_size, rows)
+        if not isinstance(result, Rejection):
+            result = _media_rejection(result, media_dtypes) or result
         if isinstance(result, Rejection):
             completions.append(Completion([], 0.0, False, False, rejection_reason=result.reason))
             rollouts.append(None)
@@ -130,6 +134,29 @@ def _linearize_slot(
     if isinstance(receipt, GymReceipt):
         return gym_linearize(receipt, segments)
     return linearize(receipt, segments)
+
+
+def _media_rejection(rollout: LinearizedRollout, dtypes: dict[str, torch.dtype]) -> Rejection | None:
+    """Why a row's media cannot join its group's (None when they can; `dtypes` then learns its fields).
+
+    A packed field has one dtype per group: the first valid row's that carries it, in rollout order.
+    A later row whose segments of it have another dtype (or whose own calls disagree) is rejected
+    alone, `inconsistent_media`; a field named like a row field, `invalid_staging_row` (the sink
+    refuses both names, so only a row staged around it gets here).
+    """
+    for name, parts in sorted(rollout.multimodal.items()):
+        if taken_by_row(name):
+            return Rejection("invalid_staging_row", f"media {name!r} takes the name of a training row field")
+        kinds = {p.dtype for p in parts}
+        want = dtypes.get(name)
+        if len(kinds) > 1 or (want is not None and kinds and kinds != {want}):
+            shown = sorted(str(k).removeprefix("torch.") for k in kinds)
+            first = f"; the group's earlier rows carry {str(want).removeprefix('torch.')}" if want is not None else ""
+            return Rejection("inconsistent_media", f"media {name!r} in {', '.join(shown)}{first}")
+    for name, parts in rollout.multimodal.items():
+        if parts:
+            dtypes.setdefault(name, parts[0].dtype)
+    return None
 
 
 def _truncate(log: list[dict[str, Any]], limit: int) -> tuple[list[dict[str, Any]], bool]:

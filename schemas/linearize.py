@@ -25,6 +25,8 @@ _OWN_REASONS = (
     "missing_staging_row",
     "invalid_staging_row",
     "rebuild_failed",
+    # A row whose media (a NeMo Gym call's attachments) has another dtype than its group's earlier rows'.
+    "inconsistent_media",
 )
 # rlstream's own reasons, then NeMo Gym's verification codes (a NeMo Gym receipt's row is rejected
 # with the code NeMo Gym's verifier gives it; `rollout_failed` and `duplicate_staging_key` are both).

@@ -21,6 +21,7 @@ from tensordict import TensorDict, TensorDictBase
 
 from schemas.jagged import JaggedLayout, JaggedRows, is_nested, jagged_rows, pad_rows, stack_padded
 from schemas.multimodal import ROW_SHAPES_SUFFIX, PackedRows, packed_fields
+from schemas.row_fields import ROLLOUT_ENVIRONMENT, taken_by_row
 from schemas.violations import (
     _INVALID_MASK,
     _MALFORMED_MASK,
@@ -49,27 +50,7 @@ __all__ = [
     "unpack_payload",
 ]
 
-ROLLOUT_ENVIRONMENT = "rollout_environment"
 _UNKNOWN_ENVIRONMENT = "unknown"
-# Row fields of every batch: a multimodal input may not take one of these names.
-_CORE_FIELDS = frozenset(
-    {
-        "input_ids",
-        "input_lengths",
-        "generation_logprobs",
-        "token_mask",
-        "sample_mask",
-        "prompt_ids_for_adv",
-        "mask_sample",
-        "truncated",
-        "total_reward",
-        "routed_experts",
-        _INVALID_MASK,
-        _MALFORMED_MASK,
-        _VIOLATION_COUNTS_KEY,
-        ROLLOUT_ENVIRONMENT,
-    }
-)
 # Per-row fields that are never token-aligned, even when their width happens to equal L.
 _PER_ROW_FIELDS = frozenset({"prompt_ids_for_adv"})
 
@@ -187,7 +168,7 @@ def _multimodal(completions: Sequence[Completion]) -> dict[str, PackedRows]:
     names = sorted({name for c in completions if c.rejection_reason is None for name in c.multimodal})
     out = {}
     for name in names:
-        if name in _CORE_FIELDS or name.endswith(ROW_SHAPES_SUFFIX):
+        if taken_by_row(name):
             raise ValueError(f"multimodal input {name!r} would take the name of a row field")
         rows = [list(c.multimodal.get(name, ())) if c.rejection_reason is None else [] for c in completions]
         out[name] = PackedRows(rows)

@@ -33,6 +33,7 @@ from tensordict import TensorDict
 
 from schemas.gym_receipt import staging_key
 from schemas.gym_verify import StagedCall
+from schemas.row_fields import taken_by_row
 
 __all__ = ["staging_key"]
 
@@ -159,6 +160,10 @@ def attachment_problem(name: Any, value: Any) -> str | None:
     the packed layout does not carry."""
     if not isinstance(name, str) or not ATTACHMENT_NAME.match(name):
         return f"attachment name {name!r} must match {ATTACHMENT_NAME.pattern}"
+    if taken_by_row(name):
+        return (
+            f"attachment name {name!r} is a training row field's (name media as the model's inputs: pixel_values, ...)"
+        )
     if not isinstance(value, torch.Tensor) or value.is_nested or value.is_sparse:
         return f"attachment {name!r} must be a dense torch.Tensor, got {type(value).__name__}"
     if value.dtype not in _DTYPE_NAMES:
@@ -229,8 +234,8 @@ def gym_tags_problem(tags: Mapping[str, Any] | None) -> str | None:
     if len(meta) > MAX_ATTACHMENTS:
         return f"it names {len(meta)} attachments, more than {MAX_ATTACHMENTS}"
     for name, spec in meta.items():
-        if not isinstance(name, str) or not ATTACHMENT_NAME.match(name):
-            return f"its attachment name {name!r} does not match {ATTACHMENT_NAME.pattern}"
+        if not isinstance(name, str) or not ATTACHMENT_NAME.match(name) or taken_by_row(name):
+            return f"its attachment name {name!r} is not an attachment's (or is a training row field's)"
         if (
             not isinstance(spec, Mapping)
             or not isinstance(spec.get("dtype"), str)

@@ -162,3 +162,22 @@ def test_rlstream_and_nemo_gym_receipts_share_a_group():
     )
     assert group.rejection_reasons == (None, None, "missing_receipt")
     assert group.tags[1]["weight_version"] == group.group_min_wv
+
+
+def test_a_row_whose_own_calls_carry_a_field_in_two_dtypes_is_rejected_alone():
+    rng = random.Random(12)
+    image = torch.randn(2, 3)
+    media = {0: {"pixel_values": image.to(torch.bfloat16)}, 1: {"pixel_values": image}}
+    good = gym_rollout(rng, 0, media={0: {"pixel_values": image.to(torch.bfloat16)}})
+    while True:  # a rollout whose terminal chain holds calls 0 and 1
+        odd = gym_rollout(rng, 1, media=media)
+        chain = {r["model_call_id"]: r["parent_call_id"] for r in odd[2]["manifest"]}
+        if odd[2]["terminal_model_call_id"] == "c1" and chain["c1"] == "c0":
+            break
+    plain = gym_rollout(rng, 2)
+    group = build_group(
+        group_id="g", prompt_idx=5, group_size=3, receipts=[good[0], odd[0], plain[0]],
+        segments=good[1] | odd[1] | plain[1], config=CONFIG,
+    )  # fmt: skip
+    assert group.rejection_reasons == (None, "inconsistent_media", None)
+    assert group.tags[0]["pixel_values__row_shapes"] == {"shapes": [[2, 3]], "pad": False}

@@ -24,7 +24,10 @@ staging = pytest.importorskip("nemo_gym.token_id_capture.staging", reason="nemo-
 PIXELS = torch.arange(2 * 3 * 12, dtype=torch.float32).reshape(1, 6, 12).to(torch.bfloat16) / 7
 
 
-def turns(i: int, *, vlm: bool = False, fail: bool = False) -> list[EngineTurn]:
+def turns(i: int, *, vlm: bool = False, fail: bool = False, attachments=None) -> list[EngineTurn]:
+    """Rollout i: two calls; the second runs on `PIXELS` (`vlm`) or on `attachments`, or fails."""
+    if vlm:
+        attachments = {"pixel_values": PIXELS}
     return [
         EngineTurn([100 + i, 101, 102], [200 + i, 201], [-0.25, -0.5], weight_version=3),
         EngineTurn(
@@ -32,8 +35,8 @@ def turns(i: int, *, vlm: bool = False, fail: bool = False) -> list[EngineTurn]:
             [400 + i, 401, 402],
             [-1.0, -0.125, -2.0],
             weight_version=4,
-            attachments={"pixel_values": PIXELS} if vlm else None,
-            extras={"media_spans": [[0, 1]]} if vlm else None,
+            attachments=attachments,
+            extras={"media_spans": [[0, 1]]} if attachments else None,
             fail=fail,
         ),
     ]
@@ -91,3 +94,29 @@ def test_a_group_of_failed_captures_is_dead_lettered_or_published_as_placeholder
     assert outcome.finalized.valid_row_count == 0 and outcome.finalized.sample_ids == ("f_g0", "f_g1")
     fields = store.get(TRAIN, ["f_g0", "f_g1"])
     assert fields["sample_mask"].tolist() == [0.0, 0.0]
+
+
+def test_an_attachment_named_like_a_row_field_fails_that_capture_not_the_group():
+    """NeMo Gym reports the call capture_failed when the sink refuses it: that rollout's row is
+    rollout_failed, and the group's other rows train."""
+    store = InMemoryStore()
+    group, theirs = captured_group(store, "g", [{}, {"attachments": {"input_ids": torch.ones(2, 3)}}, {"vlm": True}])
+    assert theirs[1].capture_poisoned
+    (outcome,) = finalize_groups(store, [group], default_actor_config(), receipts_topic="t", now_ms=0)
+    assert outcome.finalized is not None, outcome.dead_letter_message
+    assert outcome.finalized.rejection_reasons == (None, "rollout_failed", None)
+
+
+def test_rollouts_whose_media_disagree_on_a_dtype_reject_the_later_row_not_the_group():
+    store = InMemoryStore()
+    f32 = PIXELS.to(torch.float32)
+    group, _ = captured_group(store, "g", [{}, {"vlm": True}, {"attachments": {"pixel_values": f32}}, {"vlm": True}])
+    (outcome,) = finalize_groups(store, [group], default_actor_config(), receipts_topic="t", now_ms=0)
+    record = outcome.finalized
+    assert record is not None, outcome.dead_letter_message
+    # The field's dtype is its first valid row's (rollout order): the float32 row is the odd one.
+    assert record.rejection_reasons == (None, None, "inconsistent_media", None)
+    rows = unpack_payload(store.get(TRAIN, list(record.sample_ids)), record.tags, pad_value_dict={"input_ids": 0})
+    media = PackedRows.from_wire(rows["pixel_values"], record.tags, "pixel_values")
+    assert [len(r) for r in media.rows] == [0, 1, 0, 1]
+    assert all(s.dtype == torch.bfloat16 for r in media.rows for s in r)

@@ -116,6 +116,19 @@ def test_an_attachment_that_cannot_be_stored_whole_rejects_the_call(attachments,
     assert store.list(STAGING) == {}
 
 
+@pytest.mark.parametrize(
+    "name",
+    ["input_ids", "sample_mask", "total_reward", "violation_counts", "invalid_tool_call_mask", "rollout_environment",
+     "routed_experts", "prompt_ids_for_adv", "pixel_values__row_shapes"],
+)  # fmt: skip
+def test_an_attachment_named_like_a_row_field_rejects_the_call_naming_it(name):
+    """A row's fields and tags keep their names: media under one of them could never be built."""
+    store = InMemoryStore()
+    result = TQStagingSink(store).stage(root_record(), attachments={name: torch.zeros(2)})
+    assert not result.ok and repr(name) in result.error and "row field" in result.error
+    assert store.list(STAGING) == {}
+
+
 def test_a_rollout_whose_group_cannot_be_named_is_rejected_with_the_reason():
     result = TQStagingSink(InMemoryStore()).stage(root_record(rollout_id="rollout-1"))
     assert not result.ok and "is not '{group_id}_g{i}'" in result.error

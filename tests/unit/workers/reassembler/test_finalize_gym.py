@@ -103,6 +103,10 @@ MALFORMED = {
     "too_many_dims": (lambda t: t.update(attachments={"pixel_values": {"dtype": "uint8", "shape": [1] * 65}}), None),
     "attachment_name_not_a_name": (lambda t: t.update(attachments={"../x": {"dtype": "uint8", "shape": [1]}}), None),
     "spec_not_a_mapping": (lambda t: t.update(attachments={"pixel_values": [1, 2]}), None),
+    "attachment_named_like_a_row_field": (
+        lambda t: t.update(attachments={"sample_mask": t["attachments"]["pixel_values"]}),
+        {"attach__sample_mask": "attach__pixel_values"},
+    ),
     "call_id_unhashable": (lambda t: t.update(call_id=["c1"]), None),
     "has_extras_not_a_bool": (lambda t: t.update(has_extras="yes"), None),
     "prev_len_not_an_int": (lambda t: t.update(prev_len=[0, 0]), None),
@@ -114,7 +118,8 @@ def _restage(store, key, change_tags, fields=None):
     tags = store.tags(STAGING, [key])[key]
     row = {name: value[0] for name, value in store.get(STAGING, [key]).items()}
     change_tags(tags)
-    row.update(fields or {})
+    # A field given as a name is that field of the row, renamed.
+    row.update({k: row.pop(v) if isinstance(v, str) else v for k, v in (fields or {}).items()})
     store.clear(STAGING, [key])
     store.put(STAGING, [key], TensorDict({k: v[None] for k, v in row.items()}, batch_size=[1]), [tags])
 
