@@ -21,7 +21,7 @@ import torch
 from schemas.errors import ReceiptVerificationError
 from schemas.gym_receipt import GymReceipt
 from schemas.gym_verify import LinearizedRow, verify_and_linearize, verify_receipt
-from schemas.linearize import LinearizedRollout, Rejection
+from schemas.linearize import LinearizedRollout, MediaSpan, Rejection, media_of
 from schemas.payload import INVALID_TOOL_CALL, MALFORMED_THINKING
 from schemas.staged_rows import GymStagedRow
 
@@ -54,6 +54,7 @@ def gym_linearize(receipt: GymReceipt, rows: Mapping[str, Any]) -> LinearizedRol
     by_call = {r.call.model_call_id: r for r in staged}
     versions = [record.weight_version for record in inner.manifest]
     messages = _messages(receipt, verified)
+    spans = _media_spans(verified, by_call)
     return LinearizedRollout(
         message_log=messages,
         prompt_ids=torch.tensor(verified.token_ids[: verified.prompt_len], dtype=torch.int64),
@@ -62,7 +63,8 @@ def gym_linearize(receipt: GymReceipt, rows: Mapping[str, Any]) -> LinearizedRol
         min_wv=min(versions),
         max_wv=max(versions),
         length=len(verified.token_ids),
-        multimodal=_attachments([by_call[c] for c in verified.model_call_ids]),
+        multimodal=media_of(spans),
+        media_spans=spans,
     )
 
 
@@ -90,9 +92,12 @@ def _messages(receipt: GymReceipt, row: LinearizedRow) -> list[dict[str, Any]]:
     return messages
 
 
-def _attachments(chain: list[GymStagedRow]) -> dict[str, list[torch.Tensor]]:
-    out: dict[str, list[torch.Tensor]] = {}
-    for row in chain:
-        for name, tensor in sorted(row.attachments.items()):
-            out.setdefault(name, []).append(tensor)
-    return out
+def _media_spans(row: LinearizedRow, by_call: Mapping[str, GymStagedRow]) -> tuple[MediaSpan, ...]:
+    """The chain's calls with attachments, each with the row span of the tokens it was fed."""
+    out, at = [], 0
+    for call_id, carried, generated in row.link_spans:
+        attachments = by_call[call_id].attachments
+        if attachments:
+            out.append(MediaSpan(at, at + carried, dict(attachments)))
+        at += carried + generated
+    return tuple(out)

@@ -6,7 +6,7 @@ that gives each corruption its own reason; the group keeps the row as a placehol
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +27,8 @@ _OWN_REASONS = (
     "rebuild_failed",
     # A row whose media (a NeMo Gym call's attachments) has another dtype than its group's earlier rows'.
     "inconsistent_media",
+    # A row longer than max_seq_len whose cut would fall inside the prompt its media stands in.
+    "truncated_media",
 )
 # rlstream's own reasons, then NeMo Gym's verification codes (a NeMo Gym receipt's row is rejected
 # with the code NeMo Gym's verifier gives it; `rollout_failed` and `duplicate_staging_key` are both).
@@ -46,6 +48,16 @@ class Rejection:
 
 
 @dataclass(frozen=True, eq=False)
+class MediaSpan:
+    """A call's media and where in the row lie the tokens it was fed ([start, fed_end)), which the
+    media stands in (an image's placeholder tokens are among a call's input, not its output)."""
+
+    start: int
+    fed_end: int
+    tensors: dict[str, torch.Tensor]
+
+
+@dataclass(frozen=True, eq=False)
 class LinearizedRollout:
     """A rollout's message log in order, its prompt, and the weight versions of its calls."""
 
@@ -57,6 +69,17 @@ class LinearizedRollout:
     length: int
     # Packed multimodal inputs of the row (field -> segments); a NeMo Gym receipt's attachments.
     multimodal: dict[str, list[torch.Tensor]] = field(default_factory=dict)
+    # The calls those segments come from, in row order (a cut row keeps only the media it keeps the tokens of).
+    media_spans: tuple[MediaSpan, ...] = ()
+
+
+def media_of(spans: Sequence[MediaSpan]) -> dict[str, list[torch.Tensor]]:
+    """The packed multimodal inputs of a row's media spans: per field, its segments in row order."""
+    out: dict[str, list[torch.Tensor]] = {}
+    for span in spans:
+        for name, tensor in sorted(span.tensors.items()):
+            out.setdefault(name, []).append(tensor)
+    return out
 
 
 def linearize(receipt: Receipt, segments: Mapping[str, Mapping[str, torch.Tensor]]) -> LinearizedRollout | Rejection:

@@ -127,6 +127,7 @@ def test_rejection_reasons_are_the_documented_set():
         "invalid_staging_row",
         "rebuild_failed",
         "inconsistent_media",
+        "truncated_media",
     )
     assert REJECTION_REASONS[: len(own)] == own
     # Then NeMo Gym's verification codes, each once.

@@ -50,7 +50,7 @@ def captured_group(store, group_id, specs):
     theirs = []
     for i, spec in enumerate(specs):
         rollout_id = f"{group_id}_g{i}"
-        done = capture_rollout(capture, rollout_id, turns(i, **spec))
+        done = capture_rollout(capture, rollout_id, spec["turns"] if "turns" in spec else turns(i, **spec))
         theirs.append(done.receipt)
         group.receipts[i] = gym_receipt(
             done.receipt, group_id=group_id, prompt_idx=9, rollout_index=i, group_size=len(specs), reward=0.5 * i,
@@ -120,3 +120,51 @@ def test_rollouts_whose_media_disagree_on_a_dtype_reject_the_later_row_not_the_g
     media = PackedRows.from_wire(rows["pixel_values"], record.tags, "pixel_values")
     assert [len(r) for r in media.rows] == [0, 1, 0, 1]
     assert all(s.dtype == torch.bfloat16 for r in media.rows for s in r)
+
+
+def _media_turns(media_call: int) -> list[EngineTurn]:
+    """Two calls of 3 carried + 2 generated tokens (rows [0, 5) and [5, 10)); call `media_call` runs on PIXELS."""
+    return [
+        EngineTurn([1, 2, 3], [4, 5], [-0.5, -0.25], weight_version=1,
+                   attachments={"pixel_values": PIXELS} if media_call == 0 else None),
+        EngineTurn([6, 7, 8], [9, 10], [-1.0, -2.0], weight_version=1,
+                   attachments={"pixel_values": PIXELS} if media_call == 1 else None),
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("max_seq_len", "length", "media"),
+    [
+        (10, 10, True),  # not cut
+        (9, 9, True),  # cut in the media call's generated tokens: the tokens its media stands for are all in
+        (7, 5, False),  # cut inside the tokens the media call was fed: cut before that call, its media with it
+        (5, 5, False),  # cut where the media call begins: nothing of it is left, nor of its media
+    ],
+)
+def test_a_truncated_row_keeps_the_media_of_only_the_calls_whose_fed_tokens_it_keeps(max_seq_len, length, media):
+    import msgspec
+
+    store = InMemoryStore()
+    group, _ = captured_group(store, "g", [{"turns": _media_turns(1)}, {}])
+    config = msgspec.structs.replace(default_actor_config(), max_seq_len=max_seq_len)
+    (outcome,) = finalize_groups(store, [group], config, receipts_topic="t", now_ms=0)
+    record = outcome.finalized
+    assert record.rejection_reasons == (None, None)
+    rows = unpack_payload(store.get(TRAIN, list(record.sample_ids)), record.tags, pad_value_dict={"input_ids": 0})
+    assert int(rows["input_lengths"][0]) == length
+    assert bool(rows["truncated"][0]) == (max_seq_len < 10)
+    assert rows["input_ids"][0, :length].tolist() == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10][:length]
+    if media:
+        assert record.tags[0]["pixel_values__row_shapes"]["shapes"] == [list(PIXELS.shape)]
+    else:
+        assert "pixel_values" not in rows and "pixel_values__row_shapes" not in record.tags[0]
+
+
+def test_a_row_whose_prompt_with_its_media_is_longer_than_max_seq_len_is_rejected():
+    import msgspec
+
+    store = InMemoryStore()
+    group, _ = captured_group(store, "g", [{"turns": _media_turns(0)}, {}])
+    config = msgspec.structs.replace(default_actor_config(), max_seq_len=2)
+    (outcome,) = finalize_groups(store, [group], config, receipts_topic="t", now_ms=0)
+    assert outcome.finalized.rejection_reasons == ("truncated_media", None)
