@@ -59,8 +59,9 @@ def build_group(
 
     A row longer than `config.max_seq_len` is cut to that length and marked truncated (not
     rejected): its prefix is still on-policy data. Media rides only with all the tokens it stands in
-    (`_media_cut`: a cut inside a media call's fed tokens moves back to that call's start). Routed experts are kept only when
-    `config.router_replay_enabled`. The prompt is the first valid rollout's (one pad token if none).
+    (`_media_cut`: a cut inside a media call's fed tokens moves back to that call's start). Routed
+    experts are kept only when `config.router_replay_enabled`. The prompt is the first valid
+    rollout's (one pad token if none).
     """
     if len(receipts) != group_size:
         raise ValueError(f"got {len(receipts)} receipt slots for a group of {group_size}")
