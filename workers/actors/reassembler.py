@@ -99,28 +99,8 @@ class RolloutReassemblerActor:
         """Finalize one request without allowing tensor payloads across Ray RPC."""
         assert_metadata_only(request, path="rpc")
         from workers.reassembler.finalize import finalize_groups
-        from workers.reassembler.groups import OpenGroup
 
-        expected = tuple(sample_id(request.group_id, i) for i in range(len(request.rollout_ids)))
-        if request.canonical_sample_ids != expected:
-            # NeMo RL's finalizer asserts the same: rows are put under {group_id}_g{i}, nothing else.
-            raise SchemaError(
-                "rpc.canonical_sample_ids",
-                f"must be {list(expected[:3])}... ({{group_id}}_g{{i}}), got {list(request.canonical_sample_ids[:3])}",
-            )
-        receipts = [_receipt(r, f"rpc.receipts[{i}]", request, i) for i, r in enumerate(request.receipts)]
-        group = OpenGroup(
-            request.group_id,
-            partition=-1,
-            group_size=len(request.rollout_ids),
-            prompt_idx=request.prompt_idx,
-            first_offset=0,
-            last_offset=0,
-            first_seen_ms=0,
-        )
-        for i, r in enumerate(receipts):
-            if r is not None:
-                group.receipts[i] = r
+        group = request_group(request)
         (outcome,) = finalize_groups(
             self._tq(),
             [group],
@@ -201,6 +181,57 @@ def check_nemo_gym() -> None:
         raise RlstreamError(
             "the installed nemo-gym's golden vectors disagree with rlstream's digests (another version?)"
         )
+
+
+def request_group(request: ReassemblyRequest) -> Any:
+    """The open group a request finalizes (`workers.reassembler.groups.OpenGroup`), its receipts in
+    their slots; `SchemaError` naming the field for a request that would not build N distinct rows.
+
+    One rollout in two slots would be trained twice (the Kafka path's intake refuses it as a
+    duplicate), so a rollout id named twice, or one receipt's rollout in two slots, is refused.
+    """
+    from workers.reassembler.groups import OpenGroup
+
+    expected = tuple(sample_id(request.group_id, i) for i in range(len(request.rollout_ids)))
+    if request.canonical_sample_ids != expected:
+        # NeMo RL's finalizer asserts the same: rows are put under {group_id}_g{i}, nothing else.
+        raise SchemaError(
+            "rpc.canonical_sample_ids",
+            f"must be {list(expected[:3])}... ({{group_id}}_g{{i}}), got {list(request.canonical_sample_ids[:3])}",
+        )
+    _distinct("rpc.rollout_ids", "slots {} and {}", request.rollout_ids)
+    receipts = [_receipt(r, f"rpc.receipts[{i}]", request, i) for i, r in enumerate(request.receipts)]
+    seen: dict[str, int] = {}
+    for i, r in enumerate(receipts):
+        if r is None:
+            continue
+        if r.rollout_id in seen:
+            raise SchemaError(
+                f"rpc.receipts[{i}].rollout_id",
+                f"{r.rollout_id!r} is also receipts[{seen[r.rollout_id]}]'s: one rollout cannot fill two slots",
+            )
+        seen[r.rollout_id] = i
+    group = OpenGroup(
+        request.group_id,
+        partition=-1,
+        group_size=len(request.rollout_ids),
+        prompt_idx=request.prompt_idx,
+        first_offset=0,
+        last_offset=0,
+        first_seen_ms=0,
+    )
+    for i, r in enumerate(receipts):
+        if r is not None:
+            group.receipts[i] = r
+    return group
+
+
+def _distinct(path: str, where: str, values: Sequence[str]) -> None:
+    first: dict[str, int] = {}
+    for i, value in enumerate(values):
+        if value in first:
+            raise SchemaError(path, f"names {value!r} twice ({where.format(first[value], i)}): each rollout once")
+        first[value] = i
 
 
 def _receipt(value: dict | None, path: str, request: ReassemblyRequest, index: int) -> Receipt | GymReceipt | None:

@@ -69,6 +69,14 @@ def test_actor_finalizes_nemo_gym_receipt_dicts(tq_session, tq_store, unique):
             ray.get(actor.finalize.remote(bad))
         assert isinstance(err.value.cause, SchemaError) and "rpc.receipts[0].rollout_id" in str(err.value.cause)
 
+        # One rollout twice (the same id in two slots, its receipt twice) would train it twice: refused, naming it.
+        twice = _request(f"{group_id}-2", [receipts[0], receipts[0]])
+        with pytest.raises(ray.exceptions.RayTaskError) as err:
+            ray.get(actor.finalize.remote(twice))
+        assert isinstance(err.value.cause, SchemaError) and "rpc.rollout_ids" in str(err.value.cause)
+        assert repr(receipts[0].rollout_id) in str(err.value.cause)
+        assert not tq_store.present(TRAIN, [f"{group_id}-2_g0", f"{group_id}-2_g1"])
+
         # Every capture failed: with placeholder_groups, NeMo RL's N masked placeholder rows.
         failed_id = f"rpc-gym-f-{unique}"
         failed = _captured(tq_store, failed_id, 2, fail=True)
