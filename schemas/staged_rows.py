@@ -252,17 +252,19 @@ def gym_tags_problem(tags: Mapping[str, Any] | None) -> str | None:
     return None
 
 
-def gym_fields(tags: Mapping[str, Any]) -> tuple[str, ...]:
-    """Every field a NeMo Gym row holds, from its tags (a get selects exactly these); the tags must
-    have passed `gym_tags_problem`."""
-    extra = (GYM_EXTRAS_FIELD,) if tags.get(HAS_EXTRAS_TAG) else ()
-    names = tags.get(ATTACHMENTS_TAG) or {}
+def gym_fields(tags: Mapping[str, Any], *, extras: bool = True, attachments: bool = True) -> tuple[str, ...]:
+    """The fields of a NeMo Gym row a get selects, from its tags (which must have passed
+    `gym_tags_problem`): its token columns, and its extras and attachments when asked for (a reader
+    selects only what it uses: NeMo Gym leaves extras and media behind the key until their use)."""
+    extra = (GYM_EXTRAS_FIELD,) if extras and tags.get(HAS_EXTRAS_TAG) else ()
+    names = (tags.get(ATTACHMENTS_TAG) or {}) if attachments else {}
     return (*GYM_TOKEN_FIELDS, *extra, *(ATTACHMENT_PREFIX + n for n in sorted(names)))
 
 
 @dataclass(frozen=True, eq=False)
 class GymStagedRow:
-    """A NeMo Gym row read back: its base snapshot, its extras (None when it has none) and attachments."""
+    """A NeMo Gym row read back: its base snapshot, its extras (None when it has none or they were not
+    read) and its attachments (empty when it has none or they were not read)."""
 
     call: StagedCall
     extras: dict[str, Any] | None
@@ -275,8 +277,11 @@ def _row_values(value: torch.Tensor) -> torch.Tensor:
     return value
 
 
-def gym_staged_row(tags: Mapping[str, Any], fields: Mapping[str, torch.Tensor]) -> GymStagedRow | str:
-    """The staged call a NeMo Gym row holds, or why the row is not one (`invalid_staging_row`).
+def gym_staged_row(
+    tags: Mapping[str, Any], fields: Mapping[str, torch.Tensor], *, extras: bool = True, attachments: bool = True
+) -> GymStagedRow | str:
+    """The staged call a NeMo Gym row holds, or why the row is not one (`invalid_staging_row`);
+    `fields` as selected by `gym_fields` with the same `extras` and `attachments`.
 
     The snapshot is not validated here: whatever disagrees with its receipt or its own digest is
     `verify_and_linearize`'s to refuse, with NeMo Gym's code. Only a row that cannot even be read
@@ -304,17 +309,17 @@ def gym_staged_row(tags: Mapping[str, Any], fields: Mapping[str, torch.Tensor]) 
         generation_log_probs_delta=columns["generation_log_probs_delta"].tolist(),
         **{name: tags[name] for name in GYM_SNAPSHOT_TAGS},
     )
-    extras = None
-    if tags.get(HAS_EXTRAS_TAG):
+    decoded = None
+    if extras and tags.get(HAS_EXTRAS_TAG):
         raw = fields.get(GYM_EXTRAS_FIELD)
         if not isinstance(raw, torch.Tensor) or raw.dtype != torch.uint8:
             return "its extras are missing"
         try:
-            extras = _READ_EXTRAS.decode(_row_values(raw).numpy().tobytes())
+            decoded = _READ_EXTRAS.decode(_row_values(raw).numpy().tobytes())
         except (msgspec.DecodeError, RecursionError) as exc:  # RecursionError: nested past the stack
             return f"its extras do not decode ({type(exc).__name__}: {exc})"
-    attachments = {}
-    for name, spec in (tags.get(ATTACHMENTS_TAG) or {}).items():
+    media = {}
+    for name, spec in ((tags.get(ATTACHMENTS_TAG) or {}) if attachments else {}).items():
         raw = fields.get(ATTACHMENT_PREFIX + name)
         dtype = ATTACHMENT_DTYPES[spec["dtype"]]
         if not isinstance(raw, torch.Tensor) or raw.dtype != torch.uint8 or raw.is_nested:
@@ -324,5 +329,5 @@ def gym_staged_row(tags: Mapping[str, Any], fields: Mapping[str, torch.Tensor]) 
         shape = list(spec["shape"])
         if flat.numel() != torch.empty(0, dtype=dtype).element_size() * math.prod(shape):
             return f"its attachment {name!r} holds {flat.numel()} bytes, not {shape} of {dtype}"
-        attachments[name] = (flat if dtype is torch.uint8 else flat.view(dtype)).reshape(shape)
-    return GymStagedRow(call, extras, attachments)
+        media[name] = (flat if dtype is torch.uint8 else flat.view(dtype)).reshape(shape)
+    return GymStagedRow(call, decoded, media)

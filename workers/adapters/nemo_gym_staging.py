@@ -106,14 +106,15 @@ class TQStagingSource:
         self._store = store
         self._partition = staging_partition
 
-    def rows(self, staging_keys: Sequence[str]) -> list[GymStagedRow]:
-        """The staged rows of `staging_keys`, in order: snapshot, extras and attachments each."""
+    def rows(self, staging_keys: Sequence[str], *, extras: bool = True, attachments: bool = True) -> list[GymStagedRow]:
+        """The staged rows of `staging_keys`, in order: each one's snapshot, and its extras and
+        attachments unless told not to read them (NeMo Gym's protocol leaves them behind the key)."""
         keys = list(staging_keys)
         tags = self._store.tags(self._partition, keys)
         missing = [k for k in keys if k not in tags]
         if missing:
             raise KeyError(f"not staged in {self._partition!r}: {', '.join(missing[:5])}")
-        found = fetch_gym_rows(self._store, self._partition, keys, tags)
+        found = fetch_gym_rows(self._store, self._partition, keys, tags, extras=extras, attachments=attachments)
         out = []
         for key in keys:
             row = found.get(key)
@@ -127,19 +128,20 @@ class TQStagingSource:
     def fetch(self, staging_keys: list[str]) -> list[Any]:
         """One validated `StagedCallBaseSnapshot` per key, in order."""
         records = _staging()
-        return [records.StagedCallBaseSnapshot.model_validate(_snapshot(r)) for r in self.rows(staging_keys)]
+        rows = self.rows(staging_keys, extras=False, attachments=False)
+        return [records.StagedCallBaseSnapshot.model_validate(_snapshot(r)) for r in rows]
 
     def fetch_records(self, staging_keys: list[str]) -> list[Any]:
         """One validated `StagedCallSnapshot` per key (its extras too, checked against their digest)."""
         records = _staging()
         return [
             records.StagedCallSnapshot.model_validate({**_snapshot(r), "extras": r.extras})
-            for r in self.rows(staging_keys)
+            for r in self.rows(staging_keys, attachments=False)
         ]
 
     def fetch_attachments(self, staging_keys: list[str]) -> list[dict[str, torch.Tensor]]:
         """Each key's attachments, as staged (bit for bit)."""
-        return [r.attachments for r in self.rows(staging_keys)]
+        return [r.attachments for r in self.rows(staging_keys, extras=False)]
 
 
 def _snapshot(row: GymStagedRow) -> dict[str, Any]:

@@ -1,7 +1,8 @@
 """NeMo Gym staged calls read back from TQ staging, for the reassembler and for NeMo Gym's `StagingSource`.
 
 A row's tags say which fields it holds (`schemas.staged_rows.gym_fields`: its token columns, its
-extras when it has any, its attachments), and one TQ get reads the rows of one field set: a get of
+extras when it has any, its attachments); a reader selects only those it uses (the reassembler:
+tokens and attachments, never extras), and one TQ get reads the rows of one field set: a get of
 rows that differ in their fields would be refused, and text calls (tokens only) are usually most
 of a step's. A row is returned as a `GymStagedRow`, or as the reason it cannot be read as one (a
 string: the receipt's row is then `invalid_staging_row`); an absent row is left out (missing).
@@ -27,9 +28,21 @@ def is_gym(receipt: Any) -> bool:
 
 
 def fetch_gym_rows(
-    store: KVStore, staging_partition: str, keys: Sequence[str], tags: Mapping[str, Mapping[str, Any] | None]
+    store: KVStore,
+    staging_partition: str,
+    keys: Sequence[str],
+    tags: Mapping[str, Mapping[str, Any] | None],
+    *,
+    extras: bool = False,
+    attachments: bool = True,
 ) -> GymRows:
-    """The staged calls under `keys` whose `tags` (as looked up) were found; one get per field set."""
+    """The staged calls under `keys` whose `tags` (as looked up) were found; one get per field set.
+
+    Only what is asked for is read: the token columns always, the attachments (the media a row is
+    built with) unless `attachments` is False, the extras (which no row field comes from) only with
+    `extras`.
+    """
+    read = {"extras": extras, "attachments": attachments}
     out: GymRows = {}
     by_fields: dict[tuple[str, ...], list[str]] = {}
     for key in dict.fromkeys(keys):
@@ -40,9 +53,9 @@ def fetch_gym_rows(
         if problem is not None:
             out[key] = problem
             continue
-        by_fields.setdefault(gym_fields(tag), []).append(key)
+        by_fields.setdefault(gym_fields(tag, **read), []).append(key)
     for fields, same in by_fields.items():
-        out.update(_read(store, staging_partition, same, fields, tags))
+        out.update(_read(store, staging_partition, same, fields, tags, read))
     return out
 
 
@@ -52,6 +65,7 @@ def _read(
     keys: list[str],
     fields: tuple[str, ...],
     tags: Mapping[str, Mapping[str, Any] | None],
+    read: Mapping[str, bool],
     *,
     whole: bool = True,
 ) -> GymRows:
@@ -72,21 +86,23 @@ def _read(
                 return {keys[0]: f"its fields cannot be read ({exc})"}
             out: GymRows = {}
             for key in keys:
-                out.update(_read(store, partition, [key], fields, tags, whole=False))
+                out.update(_read(store, partition, [key], fields, tags, read, whole=False))
             return out
     else:
         raise StagingUnstable(f"staged rows kept vanishing from {partition!r} during three fetches")
     if any(td.get(name, None) is None for name in fields):
         return {key: "its fields are not the ones its tags name" for key in keys}
     columns = {name: _rows(td.get(name)) for name in fields}
-    return {key: _row(tags[key] or {}, {name: col[i] for name, col in columns.items()}) for i, key in enumerate(keys)}
+    return {
+        key: _row(tags[key] or {}, {name: col[i] for name, col in columns.items()}, read) for i, key in enumerate(keys)
+    }
 
 
-def _row(tags: Mapping[str, Any], fields: Mapping[str, Any]) -> GymStagedRow | str:
+def _row(tags: Mapping[str, Any], fields: Mapping[str, Any], read: Mapping[str, bool]) -> GymStagedRow | str:
     # Runs in the fetch phase, outside any group's build: what the checks of `gym_staged_row` did not
     # foresee must still reject this one row (invalid_staging_row), not crash-loop the worker.
     try:
-        return gym_staged_row(tags, fields)
+        return gym_staged_row(tags, fields, **read)
     except Exception as exc:  # noqa: BLE001 - a staged row is input
         return f"it cannot be read ({type(exc).__name__}: {exc})"
 

@@ -142,7 +142,9 @@ def test_extras_nested_past_any_stack_do_not_crash_finalize():
     group, theirs = capture.captured_group(store, "g", [{}, {"vlm": True}])
     _restage(store, theirs[1].manifest[-1].staging_key, lambda t: None, {"gym_extras": _nested_msgpack(100_000)})
     (outcome,) = finalize_groups(store, [group], default_actor_config(), receipts_topic="t", now_ms=0)
-    assert outcome.finalized.rejection_reasons == (None, "invalid_staging_row")
+    # Finalize never reads extras (no row field comes from them; their digest is in the row's, which
+    # verified): the row trains. Where extras are read, they are a clear error (the source's test below).
+    assert outcome.finalized.rejection_reasons == (None, None)
 
 
 def test_a_malformed_staged_row_in_a_worker_step_rejects_its_row_and_the_partition_keeps_flowing():
@@ -168,3 +170,63 @@ def test_a_malformed_staged_row_in_a_worker_step_rejects_its_row_and_the_partiti
     assert records["bad"].rejection_reasons == (None, "invalid_staging_row")
     assert records[after].valid_row_count == 2
     assert store.list(STAGING) == {}  # both groups' staging cleared after their commit
+
+
+# --- what is read: only what a row is built from ---------------------------------------------------------------------
+
+
+class _Selects(InMemoryStore):
+    """Records the fields each get of the staging partition selects."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.selects: list[tuple[str, ...]] = []
+
+    def get(self, partition, keys, select=None):
+        if partition == STAGING:
+            self.selects.append(tuple(select) if select is not None else ("*",))
+        return super().get(partition, keys, select)
+
+
+def test_finalize_reads_a_nemo_gym_rows_tokens_and_media_but_not_its_extras():
+    capture = pytest.importorskip("tests.unit.workers.adapters.test_nemo_gym_capture")
+    store = _Selects()
+    group, _ = capture.captured_group(store, "g", [{}, {"vlm": True}])
+    (outcome,) = finalize_groups(store, [group], default_actor_config(), receipts_topic="t", now_ms=0)
+    assert outcome.finalized.rejection_reasons == (None, None)
+    read = {name for select in store.selects for name in select}
+    assert "gym_extras" not in read and "*" not in read
+    assert "attach__pixel_values" in read  # the media a row carries is read with its tokens
+
+
+def test_the_source_reads_a_base_snapshot_without_extras_or_media_and_extras_only_when_asked():
+    capture = pytest.importorskip("tests.unit.workers.adapters.test_nemo_gym_capture")
+    from workers.adapters.nemo_gym_staging import TQStagingSource
+
+    store = _Selects()
+    _, theirs = capture.captured_group(store, "g", [{"vlm": True}])
+    keys = [c.staging_key for c in theirs[0].manifest]
+    source = TQStagingSource(store)
+    source.fetch(keys)
+    assert {n for s in store.selects for n in s} == {
+        "token_ids_delta",
+        "token_mask_delta",
+        "generation_log_probs_delta",
+    }
+    store.selects.clear()
+    (_, full) = source.fetch_records(keys)
+    assert full.extras == {"media_spans": [[0, 1]]}
+    assert "gym_extras" in {n for s in store.selects for n in s}
+    assert not any(n.startswith("attach__") for s in store.selects for n in s)
+
+
+def test_extras_nested_past_the_stack_are_a_clear_error_of_the_source_naming_the_row():
+    capture = pytest.importorskip("tests.unit.workers.adapters.test_nemo_gym_capture")
+    from workers.adapters.nemo_gym_staging import TQStagingSource
+
+    store = InMemoryStore()
+    _, theirs = capture.captured_group(store, "g", [{"vlm": True}])
+    key = theirs[0].manifest[-1].staging_key
+    _restage(store, key, lambda t: None, {"gym_extras": _nested_msgpack(100_000)})
+    with pytest.raises(ValueError, match=rf"{key}.*extras do not decode"):
+        TQStagingSource(store).fetch_records([key])
