@@ -249,8 +249,14 @@ def _receipt(value: dict | None, path: str, request: ReassemblyRequest, index: i
 
 
 def _from_nemo_gym(value: dict, request: ReassemblyRequest, index: int, path: str) -> GymReceipt:
-    """A NeMo Gym `RolloutReceipt` dict (the seed's form): its group fields are the request's."""
-    receipt = msgspec.convert(value, GymRolloutReceipt)
+    """A NeMo Gym `RolloutReceipt` dict (the seed's form): its group fields are the request's.
+
+    Read as the seed reads it, with NeMo Gym's own model when it is installed: pydantic's lax
+    coercions (`"reward": "0.5"`, `"capture_poisoned": "false"`, `"schema_version": 2.0`) are
+    accepted and applied exactly as pydantic applies them, and what it refuses is refused with the
+    field's path. Without NeMo Gym, rlstream's structs read it strictly (no coercion at all).
+    """
+    receipt = msgspec.convert(_as_nemo_gym_reads_it(value, path), GymRolloutReceipt)
     if receipt.rollout_id != request.rollout_ids[index]:
         raise SchemaError(
             f"{path}.rollout_id",
@@ -267,6 +273,22 @@ def _from_nemo_gym(value: dict, request: ReassemblyRequest, index: int, path: st
         environment="unknown",
         receipt=receipt,
     )
+
+
+def _as_nemo_gym_reads_it(value: dict, path: str) -> dict:
+    try:
+        from nemo_gym.token_id_capture.staging.records import RolloutReceipt
+        from pydantic import ValidationError
+    except ImportError:
+        return value
+    try:
+        return RolloutReceipt.model_validate(value).model_dump(mode="json")
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ()))
+        raise SchemaError(
+            f"{path}.{where}" if where else path, f"{first.get('msg')} (NeMo Gym's RolloutReceipt)"
+        ) from None
 
 
 def create_rollout_reassembler_actors(
