@@ -8,6 +8,7 @@ import torch
 from schemas.errors import SchemaError
 from schemas.request import ReassemblyRequest
 from streams.tq import STAGING, TRAIN
+from tests.unit.workers.adapters.gym_sinks import RecordingSink
 from workers.actors.reassembler import DataPlaneConfig, create_rollout_reassembler_actors
 from workers.adapters.nemo_gym_capture import EngineTurn, SyntheticEngineAdapter, capture_rollout
 from workers.adapters.nemo_gym_staging import TQStagingSink, TQStagingSource
@@ -16,9 +17,9 @@ from workers.reassembler.config import default_actor_config
 staging = pytest.importorskip("nemo_gym.token_id_capture.staging", reason="nemo-gym 0.7.0 is not installed")
 
 
-def _captured(tq_store, group_id, n, *, fail=False):
+def _captured(tq_store, group_id, n, *, fail=False, sink=None):
     capture = staging.RolloutTokenCapture(
-        sink=TQStagingSink(tq_store), weight_version_fn=lambda: 2, adapter=SyntheticEngineAdapter()
+        sink=sink or TQStagingSink(tq_store), weight_version_fn=lambda: 2, adapter=SyntheticEngineAdapter()
     )
     out = []
     for i in range(n):
@@ -50,11 +51,15 @@ def test_actor_finalizes_nemo_gym_receipt_dicts(tq_session, tq_store, unique):
     )
     try:
         group_id = f"rpc-gym-{unique}"
-        receipts = _captured(tq_store, group_id, 3)
+        sink = RecordingSink(TQStagingSink(tq_store))
+        receipts = _captured(tq_store, group_id, 3, sink=sink)
         source = TQStagingSource(tq_store)
+        # NeMo Gym's verifier on the records as its capture built them, and the same on rlstream's source.
         expected = [
-            staging.verify_and_linearize(r, source.fetch([c.staging_key for c in r.manifest])) for r in receipts
+            staging.verify_and_linearize(r, sink.as_built([c.staging_key for c in r.manifest])) for r in receipts
         ]
+        for r, want in zip(receipts, expected):
+            assert staging.verify_and_linearize(r, source.fetch([c.staging_key for c in r.manifest])) == want
         result = ray.get(actor.finalize.remote(_request(group_id, receipts)))
         assert result.valid_row_count == 3 and result.group_min_wv == 2 and result.group_max_wv == 3
         rows = tq_store.get(TRAIN, list(result.sample_ids), select=["input_ids", "generation_logprobs"])

@@ -13,6 +13,7 @@ import torch
 from schemas.multimodal import PackedRows
 from streams.tq import STAGING
 from tests.integration.helpers import SMALL, drive, finalized_records, publish_groups, setup_topics
+from tests.unit.workers.adapters.gym_sinks import RecordingSink
 from workers.adapters.nemo_gym_capture import EngineTurn, SyntheticEngineAdapter, capture_rollout, gym_receipt
 from workers.adapters.nemo_gym_staging import TQStagingSink, TQStagingSource
 from workers.reassembler.config import ReassemblerConfig
@@ -55,11 +56,18 @@ def _turns(i):
     return turns
 
 
+def _verified(receipt, snapshots):
+    try:
+        return staging.verify_and_linearize(receipt, snapshots)
+    except staging.ReceiptVerificationError as exc:
+        return exc.code
+
+
 def test_nemo_gym_receipts_flow_beside_rlstream_receipts_to_the_trainer(kafka, tq_store, unique):
     names = setup_topics(kafka, f"ng-{unique}", partitions=2)
     group_id = f"ng-{unique}-g0"
-    sink = TQStagingSink(tq_store)
-    assert isinstance(sink, staging.StagingSink)
+    assert isinstance(TQStagingSink(tq_store), staging.StagingSink)
+    sink = RecordingSink(TQStagingSink(tq_store))
     capture = staging.RolloutTokenCapture(sink=sink, weight_version_fn=lambda: 0, adapter=SyntheticEngineAdapter())
     source = TQStagingSource(tq_store)
     receipts, expected = [], {}
@@ -72,11 +80,10 @@ def test_nemo_gym_receipts_flow_beside_rlstream_receipts_to_the_trainer(kafka, t
             rows["manifest"][-1]["digest"] = "0" * 64
             theirs = staging.RolloutReceipt.model_validate(rows)
         keys = [r.staging_key for r in theirs.manifest]
-        # What NeMo Gym's own verifier makes of each receipt, from the rows as rlstream's source gives them.
-        try:
-            expected[i] = staging.verify_and_linearize(theirs, source.fetch(keys))
-        except staging.ReceiptVerificationError as exc:
-            expected[i] = exc.code
+        # What NeMo Gym's own verifier makes of each receipt, from the records as NeMo Gym's capture
+        # built them (before rlstream's sink), and the same from the rows as rlstream's source gives them.
+        expected[i] = _verified(theirs, sink.as_built(keys))
+        assert _verified(theirs, source.fetch(keys)) == expected[i]
         receipts.append(
             gym_receipt(
                 theirs,
@@ -138,7 +145,9 @@ def test_nemo_gym_receipts_flow_beside_rlstream_receipts_to_the_trainer(kafka, t
         assert all(tags[i]["rollout_environment"] == "vision" for i in gym_rows)
         pixels = PackedRows.from_wire(batch["pixel_values"], tags, "pixel_values")
         (segment,) = pixels.rows[gym_rows[1]]
+        staged = sink.attachments[receipts[1].manifest[-1].staging_key]
         assert segment.dtype == torch.bfloat16 and torch.equal(segment.view(torch.int16), _pixels(1).view(torch.int16))
+        assert torch.equal(segment.view(torch.int16), staged["pixel_values"].view(torch.int16))
         assert all(not pixels.rows[i] for i in (gym_rows[0], *gym_rows[2:]))
         sizes = PackedRows.from_wire(batch["imgs_sizes"], tags, "imgs_sizes")
         assert sizes.rows[gym_rows[1]][0].tolist() == [[4, 24]]

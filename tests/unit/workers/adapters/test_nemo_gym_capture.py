@@ -13,6 +13,7 @@ from schemas.multimodal import PackedRows
 from schemas.payload import unpack_payload
 from streams.tq import TRAIN
 from tests.unit.memory_store import InMemoryStore
+from tests.unit.workers.adapters.gym_sinks import RecordingSink
 from workers.adapters.nemo_gym_capture import EngineTurn, SyntheticEngineAdapter, capture_rollout, gym_receipt
 from workers.adapters.nemo_gym_staging import TQStagingSink, TQStagingSource
 from workers.reassembler.config import default_actor_config
@@ -42,9 +43,9 @@ def turns(i: int, *, vlm: bool = False, fail: bool = False, attachments=None) ->
     ]
 
 
-def captured_group(store, group_id, specs):
+def captured_group(store, group_id, specs, *, sink=None):
     capture = staging.RolloutTokenCapture(
-        sink=TQStagingSink(store), weight_version_fn=lambda: 0, adapter=SyntheticEngineAdapter()
+        sink=sink or TQStagingSink(store), weight_version_fn=lambda: 0, adapter=SyntheticEngineAdapter()
     )
     group = OpenGroup(group_id, 0, len(specs), 9, 0, len(specs) - 1, 0)
     theirs = []
@@ -62,7 +63,8 @@ def captured_group(store, group_id, specs):
 
 def test_rows_equal_nemo_gyms_verified_rows_and_the_vlm_media_is_bit_exact():
     store = InMemoryStore()
-    group, theirs = captured_group(store, "g", [{}, {"vlm": True}, {"fail": True}])
+    sink = RecordingSink(TQStagingSink(store))
+    group, theirs = captured_group(store, "g", [{}, {"vlm": True}, {"fail": True}], sink=sink)
     (outcome,) = finalize_groups(store, [group], default_actor_config(), receipts_topic="t", now_ms=0)
     record = outcome.finalized
     assert record is not None and record.rejection_reasons == (None, None, "rollout_failed")
@@ -70,7 +72,11 @@ def test_rows_equal_nemo_gyms_verified_rows_and_the_vlm_media_is_bit_exact():
     rows = unpack_payload(fields, record.tags, pad_value_dict={"input_ids": 0})
     source = TQStagingSource(store)
     for i in (0, 1):
-        want = staging.verify_and_linearize(theirs[i], source.fetch([r.staging_key for r in theirs[i].manifest]))
+        keys = [r.staging_key for r in theirs[i].manifest]
+        # NeMo Gym's verifier on the records as NeMo Gym's capture built them, before rlstream's sink;
+        # and on what rlstream's source reads back: the same row both ways.
+        want = staging.verify_and_linearize(theirs[i], sink.as_built(keys))
+        assert staging.verify_and_linearize(theirs[i], source.fetch(keys)) == want
         n = len(want.token_ids)
         assert rows["input_ids"][i, :n].tolist() == want.token_ids
         assert rows["token_mask"][i, :n].tolist() == [m == 1.0 for m in want.token_mask]
@@ -78,7 +84,9 @@ def test_rows_equal_nemo_gyms_verified_rows_and_the_vlm_media_is_bit_exact():
         assert record.tags[i]["rollout_environment"] == "vision"
     media = PackedRows.from_wire(rows["pixel_values"], record.tags, "pixel_values")
     assert [len(r) for r in media.rows] == [0, 1, 0]
-    assert torch.equal(media.rows[1][0].view(torch.int16), PIXELS.view(torch.int16))
+    staged = sink.attachments[theirs[1].manifest[-1].staging_key]["pixel_values"]
+    assert torch.equal(media.rows[1][0].view(torch.int16), staged.view(torch.int16))
+    assert torch.equal(staged.view(torch.int16), PIXELS.view(torch.int16))
     with pytest.raises(staging.ReceiptVerificationError, match="rollout_failed"):
         staging.verify_and_linearize(theirs[2], [])
 
