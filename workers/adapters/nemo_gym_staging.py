@@ -71,8 +71,9 @@ class TQStagingSink:
             key = staging_key(record.rollout_id, record.model_call_id)
             if attachments is not None and not isinstance(attachments, Mapping):
                 raise TypeError(f"attachments must be a mapping, got {type(attachments).__name__}")
-            if any(t > _INT64_MAX for t in record.token_ids_delta):
-                raise ValueError("a token id does not fit the int64 rows TQ staging holds")
+            if any(type(t) is not int or t > _INT64_MAX for t in record.token_ids_delta):
+                # An int64 row would turn 5.0 into 5, so a record NeMo Gym refuses would then verify.
+                raise ValueError("a token id is not an int that fits the int64 rows TQ staging holds")
             fields, tags = gym_row(
                 record,
                 group_id=self._group_of(record.rollout_id),

@@ -81,16 +81,29 @@ def _delta(rng: random.Random, carry: int, generated: int, top: int) -> tuple[li
     return ids, mask, logprobs
 
 
+# Rollout and call ids beyond ASCII names: unicode, a slash (the key's separator), NUL, long ones.
+ROLLOUT_IDS = ("r0", "ρολ/é", "r\x00x", "g_g0/c0", "🙂" * 30, "a" * 300)
+CALL_PREFIXES = ("c", "调用-", "🙂" * 20, "x" * 200 + "-", "k/")
+
+
 def valid_case(
-    rng: random.Random, rollout_id: str = "r0", *, top_token: int = 2**64 - 1
+    rng: random.Random,
+    rollout_id: str = "r0",
+    *,
+    top_token: int = 2**64 - 1,
+    calls: tuple[int, int] = (1, 6),
+    call_prefix: str = "c",
+    shuffle: bool = False,
 ) -> tuple[dict, list[dict], dict[str, list[int]]]:
     """A receipt dict, its snapshots (in manifest order) and each call's cumulative tokens; token ids
-    go up to `top_token` (NeMo Gym's u64 by default; a TQ row holds int64)."""
-    n = rng.randint(1, 6)
+    go up to `top_token` (NeMo Gym's u64 by default; a TQ row holds int64). `calls` bounds the tree's
+    size, `call_prefix` names its calls, and `shuffle` puts the manifest out of tree order (its
+    snapshots with it)."""
+    n = rng.randint(*calls)
     records, snapshots, cumulative, chain = [], [], {}, {}
     for i in range(n):
-        call_id = f"c{i}"
-        parent = None if i == 0 or rng.random() < 0.15 else f"c{rng.randrange(i)}"
+        call_id = f"{call_prefix}{i}"
+        parent = None if i == 0 or rng.random() < 0.15 else f"{call_prefix}{rng.randrange(i)}"
         carry = rng.randint(0, 8)
         ids, mask, logprobs = _delta(rng, carry, rng.randint(1, 8), top_token)
         prev = len(cumulative[parent]) if parent else 0
@@ -132,6 +145,10 @@ def valid_case(
     parents = {r["parent_call_id"] for r in records}
     leaves = [r["model_call_id"] for r in records if r["model_call_id"] not in parents]
     terminal = rng.choice(leaves) if rng.random() < 0.8 else rng.choice(records)["model_call_id"]
+    if shuffle:
+        order = list(range(n))
+        rng.shuffle(order)
+        records, snapshots = [records[i] for i in order], [snapshots[i] for i in order]
     receipt = {
         "rollout_id": rollout_id,
         "reward": rng.choice((None, 0.5, -1.0)),
@@ -153,7 +170,7 @@ def _restage(snapshots: list[dict], records: list[dict], i: int) -> None:
 def _on_chain(receipt: dict) -> list[int]:
     by_id = {r["model_call_id"]: (i, r) for i, r in enumerate(receipt["manifest"])}
     out, cursor = [], by_id.get(receipt["terminal_model_call_id"])
-    while cursor is not None:
+    while cursor is not None and cursor[0] not in out:  # a first corruption may have made a cycle
         out.append(cursor[0])
         parent = cursor[1]["parent_call_id"]
         cursor = by_id.get(parent) if parent is not None else None
@@ -259,8 +276,9 @@ def _corrupt(rng: random.Random, kind: str, receipt: dict, snaps: list[dict]) ->
             _restage(snaps, records, k)
     elif kind == "cycle":
         if n > 1:
-            # c1 under c0, then c0 under c1 where c1 ends: lengths agree, so only the walk finds the cycle.
-            for k, parent in ((1, "c0"), (0, "c1")):
+            # b under a, then a under b where b ends: lengths agree, so only the walk finds the cycle.
+            a, b = records[0]["model_call_id"], records[1]["model_call_id"]
+            for k, parent in ((1, a), (0, b)):
                 s = snaps[k]
                 s["parent_call_id"], s["mode"] = parent, "token_in"
                 s["prev_len"] = records[1]["cum_len"] if k == 0 else max(1, s["prev_len"])
@@ -316,7 +334,40 @@ KINDS = (
 )
 
 
-def make_case(rng: random.Random, kind: str, *, rollout_id: str = "r0", top_token: int = 2**64 - 1) -> Case:
-    receipt, snaps, _ = valid_case(rng, rollout_id, top_token=top_token)
-    _corrupt(rng, kind, receipt, snaps)
+def make_case(
+    rng: random.Random, kind: str, *, rollout_id: str | None = None, top_token: int = 2**64 - 1, varied: bool = True
+) -> Case:
+    """A case of corruption `kind` ("a+b": both, in turn). `varied` draws the ids (`ROLLOUT_IDS`,
+    `CALL_PREFIXES`; `rollout_id` fixes the rollout's), trees of up to 24 calls at times, and
+    manifests out of tree order; without it, `r0`'s calls `c0..c5` in tree order."""
+    shape = {}
+    if varied:
+        shape = {
+            "calls": (1, 6) if rng.random() < 0.85 else (7, 24),
+            "call_prefix": rng.choice(CALL_PREFIXES),
+            "shuffle": rng.random() < 0.4,
+        }
+        rollout_id = rollout_id if rollout_id is not None else rng.choice(ROLLOUT_IDS)
+    receipt, snaps, _ = valid_case(rng, rollout_id or "r0", top_token=top_token, **shape)
+    # Those that change how many snapshots there are go last; once they differ from the manifest's
+    # rows, no corruption by position follows. A later corruption the earlier one left no room for
+    # (a restaging of a snapshot made undigestable, say) is not applied.
+    for n, one in enumerate(sorted(kind.split("+"), key=lambda k: k in _RECOUNT)):
+        if receipt["manifest"] and len(snaps) == len(receipt["manifest"]):
+            before = copy.deepcopy((receipt, snaps))
+            try:
+                _corrupt(rng, one, receipt, snaps)
+            except ValueError:
+                if n == 0:
+                    raise
+                receipt, snaps = before
     return Case(kind, receipt, snaps)
+
+
+_RECOUNT = frozenset({"empty_manifest", "duplicate_row", "duplicate_staging_key", "missing_snapshot", "extra_snapshot"})
+
+
+def mixed_kind(rng: random.Random) -> str:
+    """One corruption kind, or two applied in turn (a third of the time)."""
+    first = rng.choice(KINDS)
+    return first if rng.random() < 2 / 3 else f"{first}+{rng.choice(KINDS)}"

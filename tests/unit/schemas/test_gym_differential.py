@@ -1,9 +1,11 @@
 """rlstream's `schemas.gym_verify.verify_and_linearize` against NeMo Gym's own, on generated cases.
 
-Each case is a random call tree (text roots, token_in children, branches and several roots), staged
-and receipted as NeMo Gym does, then corrupted one way (`gym_cases.KINDS`: digests, chain and
-cumulative hashes, masks, lengths, parents, cycles, terminals, versions, reordered, missing,
-duplicated and foreign snapshots, poisoned and failed receipts). Both implementations must return
+Each case is a random call tree (text roots, token_in children, branches and several roots; up to
+24 calls at times; unicode, NUL, slashed and long rollout and call ids; manifests out of tree
+order), staged and receipted as NeMo Gym does, then corrupted one way or two in turn
+(`gym_cases.KINDS`: digests, chain and cumulative hashes, masks, lengths, parents, cycles,
+terminals, versions, reordered, missing, duplicated and foreign snapshots, poisoned and failed
+receipts). Both implementations must return
 the same row, or refuse with the same code (and the same class, RebuildError or not).
 
 Two ways in: *constructed*, where both sides get the case unvalidated (NeMo Gym's `model_construct`),
@@ -95,8 +97,12 @@ def check(case: Case) -> tuple:
     return theirs
 
 
+# One corruption, or two applied in turn ("a+b").
+_KIND = st.one_of(st.sampled_from(KINDS), st.tuples(st.sampled_from(KINDS), st.sampled_from(KINDS)).map("+".join))
+
+
 @settings(max_examples=CASES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(seed=st.integers(0, 2**32 - 1), kind=st.sampled_from(KINDS))
+@given(seed=st.integers(0, 2**32 - 1), kind=_KIND)
 def test_same_rows_or_same_refusal_on_generated_cases(seed, kind):
     check(make_case(random.Random(seed), kind))
 

@@ -129,6 +129,20 @@ def test_an_attachment_named_like_a_row_field_rejects_the_call_naming_it(name):
     assert store.list(STAGING) == {}
 
 
+@pytest.mark.parametrize("token", [5.0, True, "5"])
+def test_a_record_with_a_token_id_that_is_not_an_int_is_refused_not_converted(token):
+    """A record built without NeMo Gym's validation (`model_construct`) could hold 5.0: an int64 row
+    would store 5, and the digest NeMo Gym refuses (invalid_snapshot) would then verify."""
+    good = root_record()
+    record = staging.StagedCallRecord.model_construct(
+        **{**good.model_dump(), "token_ids_delta": [token, *good.token_ids_delta[1:]]}
+    )
+    store = InMemoryStore()
+    result = TQStagingSink(store).stage(record)
+    assert not result.ok and "token id" in result.error
+    assert store.list(STAGING) == {}
+
+
 def test_a_rollout_whose_group_cannot_be_named_is_rejected_with_the_reason():
     result = TQStagingSink(InMemoryStore()).stage(root_record(rollout_id="rollout-1"))
     assert not result.ok and "is not '{group_id}_g{i}'" in result.error
