@@ -87,6 +87,10 @@ class PartitionStarts:
     def due(self) -> bool:
         return bool(self._waiting) and self._clock() >= self._next_try
 
+    def marks(self) -> dict[int, PartitionMark]:
+        """The restored checkpoint's marks of the partitions waiting: a state cut meanwhile must keep them."""
+        return {p: mark for p, mark in self._waiting.items() if mark is not None}
+
     def restored(self, partition: int) -> bool:
         """Whether a restored checkpoint's mark decides where the partition starts."""
         return self._waiting.get(partition) is not None

@@ -106,3 +106,30 @@ def test_a_cooperative_consumer_assigns_incrementally_and_waits_for_its_commits_
     second = pipe.consumer(version=60, client_settings={"partition.assignment.strategy": "cooperative-sticky"})
     assert sorted(_drain(pipe, second)) == ["g1", "g3"]
     assert second.counts.reread == 1 and _handed_back(pipe) == []
+
+
+def _trained_three_of_four_then_killed(pipe: Pipeline) -> dict:
+    """g0-g2 trained by a checkpointed trainer whose state was saved but never declared durable: the commit lags."""
+    pipe.finalize([group(f"g{i}") for i in range(4)])
+    first = pipe.consumer(checkpointed=True)
+    assert sorted(train(first, 3)) == ["g0", "g1", "g2"]
+    state = first.state_dict()
+    first.close()
+    return state
+
+
+def test_a_state_saved_while_a_restored_partition_waits_for_its_commit_keeps_the_partition_s_mark():
+    """The mark moved out of the restored marks into the waiting partition's start: a state cut then left it out,
+    and a trainer restored from that state read the partition from the lagging commit and trained g0-g2 again."""
+    pipe = Pipeline()
+    s1 = _trained_three_of_four_then_killed(pipe)
+    pipe.broker.faults.committed = 1_000  # the coordinator does not answer
+    second = pipe.consumer(checkpointed=True)
+    second.load_state_dict(s1)
+    assert _drain(pipe, second, rounds=3) == []  # assigned, waiting for its commit
+    s2 = second.state_dict()  # the trainer checkpoints meanwhile
+    second.close()
+    pipe.broker.faults.committed = 0
+    third = pipe.consumer(checkpointed=True)
+    third.load_state_dict(s2)
+    assert _drain(pipe, third) == ["g3"] and _handed_back(pipe) == []
