@@ -329,7 +329,7 @@ class ExperienceConsumer(FinalizedIntake):
         st = decode_state(state, topic=self.config.finalized_topic, consumer_group=self.config.consumer_group)
         if not self._clears.deferred:
             raise InvalidArgument("load_state_dict needs ConsumerConfig(checkpointed=True)")
-        if self._pending.positions:
+        if self._pending.positions or len(self._starts):  # assigned: their marks were taken (or not) then
             raise InvalidArgument("load_state_dict must come before the first select, next_batch or poll")
         self._restored = dict(st.partitions)
         self.version = max(self.version, st.version)

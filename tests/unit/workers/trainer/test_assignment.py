@@ -9,6 +9,9 @@ real broker.
 
 from __future__ import annotations
 
+import pytest
+
+from schemas.errors import InvalidArgument
 from schemas.regenerate import Regenerate
 from tests.unit.workers.trainer.trainer_kafka import NAMES, Pipeline, group, train
 
@@ -133,3 +136,14 @@ def test_a_state_saved_while_a_restored_partition_waits_for_its_commit_keeps_the
     third = pipe.consumer(checkpointed=True)
     third.load_state_dict(s2)
     assert _drain(pipe, third) == ["g3"] and _handed_back(pipe) == []
+
+
+def test_a_state_loaded_once_partitions_are_assigned_is_refused_even_while_they_wait_for_their_commits():
+    """Accepted, it was ignored: the waiting partition had taken its (absent) mark at assignment."""
+    pipe = Pipeline()
+    s1 = _trained_three_of_four_then_killed(pipe)
+    pipe.broker.faults.committed = 1_000
+    second = pipe.consumer(checkpointed=True)
+    second.poll(0)  # assigned, its commit unknown
+    with pytest.raises(InvalidArgument, match="before the first"):
+        second.load_state_dict(s1)
