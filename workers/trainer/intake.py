@@ -168,8 +168,6 @@ class FinalizedIntake:
                 named.ranges[part] = []
             else:
                 unread[part] = reason
-        if unread:
-            self._starts.failed(sorted(unread), "; ".join(sorted(set(unread.values()))))
         started = []
         for tp in read:
             if tp.partition in unread:
@@ -185,9 +183,13 @@ class FinalizedIntake:
                 except KafkaException as exc:  # not where its position says: it waits, and is asked again
                     self._pending.revoke(tp.partition)
                     self._starts.add(tp.partition, start.restored)
-                    self._starts.failed([tp.partition], f"seek to {start.offset}: {exc.args[0].str()}")
+                    unread[tp.partition] = f"seek to {start.offset}: {exc.args[0].str()}"
                     continue
             started.append(TopicPartition(topic, tp.partition))
+        if unread:
+            self._starts.failed(sorted(unread), "; ".join(sorted(set(unread.values()))))
+        else:
+            self._starts.settled()
         if self._paused:  # backpressure holds the whole assignment: they resume with it
             self._paused |= {tp.partition for tp in started}
         elif started:

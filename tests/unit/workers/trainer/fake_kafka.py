@@ -6,7 +6,7 @@ member per consumer group holds every partition of its topic (assigned at its fi
 again after `rebalance`), commits keep their metadata, and acknowledged records land in the log at
 once. As librdkafka does, a rebalance callback that does not assign is followed by an assignment
 of the partitions offered, and an assignment starts its partitions unpaused. `Faults` makes calls
-fail (the first committed() calls, commits, acknowledged sends), and every commit is noted in
+fail (the first committed() calls, commits, seeks, acknowledged sends), and every commit is noted in
 `events` in order, beside whatever a test's store notes there, so tests can check what came first.
 It is not evidence that the trainer works against Kafka; the integration tests are.
 """
@@ -70,6 +70,7 @@ class Faults:
     commits: int = 0  # commit() calls that raise, the first ones
     commits_land: bool = False  # whether those land all the same (a timeout after the broker took them)
     sends: int = 0  # acknowledged sends that raise, the first ones
+    seeks: int = 0  # seek() calls that raise, the first ones
     # Topics whose acknowledged sends always fail (the broker does not know them, say).
     unknown_topics: set[str] = field(default_factory=set)
     committed_calls: int = 0  # how many committed() calls were made
@@ -238,6 +239,9 @@ class FakeConsumer:
         self.paused -= {tp.partition for tp in partitions}
 
     def seek(self, tp: TopicPartition) -> None:
+        if self.broker.faults.seeks > 0:
+            self.broker.faults.seeks -= 1
+            raise _error(KafkaError._STATE, f"seek of {tp.topic}[{tp.partition}] refused by the test")
         if tp.partition not in self.positions:
             raise _error(KafkaError._STATE, f"seek of {tp.topic}[{tp.partition}], which is not assigned")
         self.positions[tp.partition] = tp.offset

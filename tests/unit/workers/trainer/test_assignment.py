@@ -147,3 +147,20 @@ def test_a_state_loaded_once_partitions_are_assigned_is_refused_even_while_they_
     second.poll(0)  # assigned, its commit unknown
     with pytest.raises(InvalidArgument, match="before the first"):
         second.load_state_dict(s1)
+
+
+def test_a_seek_that_keeps_failing_is_asked_again_less_and_less_often():
+    """A failed seek put its partition back to wait, but the commit read just before had reset the backoff:
+    committed() and a read of the progress topic every 0.5 s for as long as the seek failed."""
+    pipe = Pipeline()
+    _first_trainer_resolves_g0_and_g2(pipe)
+    pipe.broker.faults.seeks = 1_000
+    before = pipe.broker.faults.committed_calls
+    second = pipe.consumer(version=60)
+    for _ in range(40):  # 24 s in steps of 0.6 s: 0.5, 1, 2, 4, 8 (and 16) s apart is six asks at most
+        pipe.clock.now += 0.6
+        second.poll(0)
+    assert 3 <= pipe.broker.faults.committed_calls - before <= 6
+    assert second.counts.reread == 0 and _handed_back(pipe) == []  # never read meanwhile
+    pipe.broker.faults.seeks = 0
+    assert sorted(_drain(pipe, second)) == ["g1", "g3"] and _handed_back(pipe) == []
