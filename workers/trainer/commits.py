@@ -11,14 +11,17 @@ entry was not acknowledged is not made.
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
+from workers.trainer.backoff import Backoff
 from workers.trainer.clears import RowClears
 from workers.trainer.outbox import Outbox
 from workers.trainer.pending import PendingGroups
 from workers.trainer.progress import ProgressCarrier, ProgressUnavailable
-from workers.trainer.starts import COMMITTED_TIMEOUT_S
+from workers.trainer.starts import COMMITTED_TIMEOUT_S, RETRY_FIRST_S, RETRY_MAX_S
 
 log = logging.getLogger("rlstream.trainer")
 
@@ -47,6 +50,7 @@ class Commits:
         clears: RowClears,
         outbox: Outbox,
         carrier: ProgressCarrier,
+        clock: Callable[[], float] = time.monotonic,
     ):
         self._consumer = consumer
         self._topic = topic
@@ -58,6 +62,8 @@ class Commits:
         self._naming: list[Point] = []
         self._release_cut: int | None = None
         self._durable: list[Point] = []
+        # A read of the standing commit blocks up to COMMITTED_TIMEOUT_S: while it fails, not on every commit.
+        self._standing = Backoff(clock, RETRY_FIRST_S, RETRY_MAX_S)
 
     def round(self) -> None:
         """Commit what is resolved; rows waiting for a commit naming their records go after it, and the
@@ -94,8 +100,7 @@ class Commits:
         if not points:
             return True
         try:
-            for part in {p for p, _, _ in points if self._carrier.attempts_full(p)}:
-                self._reconcile(part)
+            self._reconcile(sorted({p for p, _, _ in points if self._carrier.attempts_full(p)}))
             # Each point's ranges inline, or an entry naming them written (and acknowledged) first.
             metadata = [self._carrier.metadata(part, offset, ranges) for part, offset, ranges in points]
         except ProgressUnavailable as exc:
@@ -118,17 +123,33 @@ class Commits:
             self._carrier.committed(part, m)
         return True
 
-    def _reconcile(self, partition: int) -> None:
-        """Commits of the partition raised often enough to leave `MAX_ATTEMPTS` entries: the standing commit
-        says which landed (a commit that timed out may have), so the others can go."""
+    def _reconcile(self, partitions: list[int]) -> None:
+        """Commits of these partitions raised often enough to leave `MAX_ATTEMPTS` entries each: the standing
+        commits say which landed (a commit that timed out may have), so the others can go. One read for all,
+        asked again after a delay while it fails."""
+        if not partitions:
+            return
+        where = f"{self._topic}{partitions}"
+        if not self._standing.due():
+            raise ProgressUnavailable(f"{where}: standing commits unreadable, asked again later")
         try:
-            (tp,) = self._consumer.committed([TopicPartition(self._topic, partition)], timeout=COMMITTED_TIMEOUT_S)
+            tps = [TopicPartition(self._topic, p) for p in partitions]
+            standing = self._consumer.committed(tps, timeout=COMMITTED_TIMEOUT_S)
         except KafkaException as exc:
             if exc.args[0].fatal():
                 raise
-            raise ProgressUnavailable(f"{self._topic}[{partition}]: committed offset unreadable ({exc})") from exc
-        if tp.error is not None:
-            raise ProgressUnavailable(f"{self._topic}[{partition}]: committed offset unreadable ({tp.error.str()})")
-        landed = self._carrier.reconcile(partition, tp.metadata)
-        if landed is not None:
-            self._pending.committed(partition, *landed)
+            delay = self._standing.failed()
+            raise ProgressUnavailable(
+                f"{where}: standing commits unreadable ({exc}), next try in {delay:.1f}s"
+            ) from exc
+        errors = [f"[{tp.partition}] {tp.error.str()}" for tp in standing if tp.error is not None]
+        if errors:
+            delay = self._standing.failed()
+            raise ProgressUnavailable(
+                f"{where}: standing commits unreadable ({'; '.join(errors)}), next try in {delay:.1f}s"
+            )
+        self._standing.succeeded()
+        for tp in standing:
+            landed = self._carrier.reconcile(tp.partition, tp.metadata)
+            if landed is not None:
+                self._pending.committed(tp.partition, *landed)

@@ -124,7 +124,7 @@ class FinalizedIntake:
         topic, group = config.finalized_topic, config.consumer_group
         self._progress = ProgressCarrier(self._clients, config.topics.trainer_progress, group, topic, self._run, clock)
         self._commits = Commits(
-            self._consumer, config.finalized_topic, self._pending, self._clears, self._outbox, self._progress
+            self._consumer, config.finalized_topic, self._pending, self._clears, self._outbox, self._progress, clock
         )
         self._consumer.subscribe(
             [config.finalized_topic], on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_revoke

@@ -194,3 +194,36 @@ def test_commits_that_time_out_after_the_broker_took_them_keep_the_entry_the_sta
     assert second.counts.reread == 1_000 and _handed_back(pipe) == [] and second.counts.missing_rows == 0
     assert sorted(again) == sorted(g.group_id for g in groups[1::2])
     assert not pipe.present(groups)  # the successor cleared what the first left
+
+
+def _carrying_trainer(pipe: Pipeline):
+    """A trainer whose commit names a progress entry: 1,200 alternating records, 950 of those usable trained."""
+    _alternating(pipe, 2_400)
+    first = pipe.consumer(version=0, max_poll_records=5_000, max_waiting_groups=5_000)
+    for _ in range(3):
+        first.poll(0)
+    first.ack(first.select(0, min_groups=950, max_groups=950, timeout_s=0.0))
+    assert carried(pipe.broker.committed(GROUP, NAMES.finalized, 0)[1]) is not None
+    return first
+
+
+def test_while_the_coordinator_is_away_the_standing_commit_is_asked_for_with_backoff_not_on_every_ack():
+    """Past MAX_ATTEMPTS entries a commit asks the broker for the standing commit; that call blocks up to 5 s,
+    and it was made again on every poll and every ack while the coordinator did not answer."""
+    pipe = Pipeline()
+    first = _carrying_trainer(pipe)
+    pipe.broker.faults.commits = pipe.broker.faults.committed = 10**6
+    before = pipe.broker.faults.committed_calls
+    for _ in range(30):  # one ack a round, no time passing
+        first.ack(first.select(0, min_groups=1, max_groups=1, timeout_s=0.0))
+        first.poll(0)
+    assert pipe.broker.faults.committed_calls - before == 1
+    pipe.clock.now += 0.6  # past the first delay: asked once more
+    first.poll(0)
+    first.poll(0)
+    assert pipe.broker.faults.committed_calls - before == 2
+    pipe.broker.faults.commits = pipe.broker.faults.committed = 0  # back: the commits go through
+    pipe.clock.now += 60
+    first.poll(0)
+    assert pipe.broker.committed(GROUP, NAMES.finalized, 0)[0] == 1 and len(_live_entries(pipe)) == 1
+    first.close()
