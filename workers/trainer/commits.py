@@ -20,7 +20,7 @@ from workers.trainer.backoff import Backoff
 from workers.trainer.clears import RowClears
 from workers.trainer.outbox import Outbox
 from workers.trainer.pending import PendingGroups
-from workers.trainer.progress import ProgressCarrier, ProgressUnavailable
+from workers.trainer.progress import NotAskedYet, ProgressCarrier, ProgressUnavailable
 from workers.trainer.starts import COMMITTED_TIMEOUT_S, RETRY_FIRST_S, RETRY_MAX_S
 
 log = logging.getLogger("rlstream.trainer")
@@ -72,8 +72,10 @@ class Commits:
             self._durable_steps()
             return
         what = f"{self._topic} offsets"
-        if not self.commit(self._pending.commit_points(self._outbox.offsets, self._clears.held), what):
+        points = self._pending.commit_points(self._outbox.offsets, self._clears.held)
+        if points and len(self.commit(points, what)) == len(points):
             return
+        # The rows of records a commit landed naming (per partition: another's may still wait) go now.
         if self._clears.release_named(self._pending.named):
             self.commit(self._pending.commit_points(self._outbox.offsets, self._clears.held), what)
 
@@ -86,27 +88,45 @@ class Commits:
 
     def _durable_steps(self) -> None:
         what = f"{self._topic} offsets of a durable checkpoint"
-        if self._naming and not self.commit(self._naming, what):
-            return
-        self._naming = []
+        # Each step keeps only the points not committed yet, partition by partition: a partition's rows go
+        # once its naming commit landed, and its mark is committed once its rows are gone.
+        self._naming = self.commit(self._naming, what)
+        waiting = {part for part, _, _ in self._naming}
         if self._release_cut is not None:
-            self._clears.release_through(self._release_cut)
-            self._release_cut = None
-        if self._durable and self.commit(self._durable, what):
-            self._durable = []
+            self._clears.release_through(self._release_cut, waiting)
+            if not waiting:
+                self._release_cut = None
+        later = [point for point in self._durable if point[0] in waiting]
+        self._durable = later + self.commit([point for point in self._durable if point[0] not in waiting], what)
 
-    def commit(self, points: list[Point], what: str) -> bool:
-        """Commit the points, each naming its resolved ranges; False, logged, when that cannot be done now."""
+    def commit(self, points: list[Point], what: str) -> list[Point]:
+        """Commit the points, each naming its resolved ranges; the points that could not be committed now
+        (logged), to be tried again. A partition whose ranges need an entry that cannot be written (or whose
+        standing commit must be read first and cannot be) waits alone: the others are committed."""
         if not points:
-            return True
+            return []
+        held: dict[int, ProgressUnavailable] = {}
+        full = sorted({p for p, _, _ in points if self._carrier.attempts_full(p)})
         try:
-            self._reconcile(sorted({p for p, _, _ in points if self._carrier.attempts_full(p)}))
-            # Each point's ranges inline, or an entry naming them written (and acknowledged) first.
-            metadata = [self._carrier.metadata(part, offset, ranges) for part, offset, ranges in points]
+            self._reconcile(full)
         except ProgressUnavailable as exc:
-            log.warning("commit of %s waits: %s", what, exc)
-            return False
-        carried = [(part, offset, ranges, m) for (part, offset, ranges), m in zip(points, metadata, strict=True)]
+            held.update(dict.fromkeys(full, exc))
+        carried = []
+        for part, offset, ranges in points:
+            if part in held:
+                continue
+            try:
+                # The ranges inline, or an entry naming them written (and acknowledged) first.
+                carried.append((part, offset, ranges, self._carrier.metadata(part, offset, ranges)))
+            except ProgressUnavailable as exc:
+                held[part] = exc
+        for exc in {id(e): e for e in held.values()}.values():
+            log.log(
+                logging.DEBUG if isinstance(exc, NotAskedYet) else logging.WARNING, "commit of %s waits: %s", what, exc
+            )
+        waiting = [point for point in points if point[0] in held]
+        if not carried:
+            return waiting
         offsets = [TopicPartition(self._topic, part, offset, metadata=m) for part, offset, _, m in carried]
         try:
             self._consumer.commit(offsets=offsets, asynchronous=False)
@@ -117,11 +137,11 @@ class Commits:
             # Retried by the next call; a record read again meanwhile is known to be resolved.
             level = logging.DEBUG if err.code() in _RETRY_COMMIT else logging.WARNING
             log.log(level, "commit of %s failed, retrying later: %s", what, err.str())
-            return False
+            return points
         for part, offset, ranges, m in carried:
             self._pending.committed(part, offset, ranges)
             self._carrier.committed(part, m)
-        return True
+        return waiting
 
     def _reconcile(self, partitions: list[int]) -> None:
         """Commits of these partitions raised often enough to leave `MAX_ATTEMPTS` entries each: the standing
@@ -131,7 +151,7 @@ class Commits:
             return
         where = f"{self._topic}{partitions}"
         if not self._standing.due():
-            raise ProgressUnavailable(f"{where}: standing commits unreadable, asked again later")
+            raise NotAskedYet(f"{where}: standing commits unreadable, asked again later")
         try:
             tps = [TopicPartition(self._topic, p) for p in partitions]
             standing = self._consumer.committed(tps, timeout=COMMITTED_TIMEOUT_S)

@@ -51,6 +51,10 @@ class ProgressUnavailable(Exception):
     """The progress entry a commit needs could not be written, or one a commit names could not be read."""
 
 
+class NotAskedYet(ProgressUnavailable):
+    """The call failed a moment ago (said then, at WARNING) and is not made again before its delay has passed."""
+
+
 @dataclass(frozen=True)
 class CommitRanges:
     """What the commits read on assignment name: per partition its resolved ranges, or why they are unknown."""
@@ -122,7 +126,7 @@ class ProgressCarrier:
         if len(attempts) >= MAX_ATTEMPTS:
             raise ProgressUnavailable(f"{self._topic}[{partition}]: {len(attempts)} commits not known to have landed")
         if self._clock() < self._next_try:
-            raise ProgressUnavailable(f"{self.progress_topic}: waiting before writing again after a failed write")
+            raise NotAskedYet(f"{self.progress_topic}: waiting before writing again after a failed write")
         self._seq += 1
         token = f"{self._run[:16]}.{self._seq:x}"
         now_ms = int(time.time() * 1000)

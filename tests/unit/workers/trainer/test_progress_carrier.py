@@ -8,6 +8,7 @@ does it on the real broker.
 
 from __future__ import annotations
 
+import pytest
 from confluent_kafka import TopicPartition
 
 from schemas.regenerate import Regenerate
@@ -227,3 +228,29 @@ def test_while_the_coordinator_is_away_the_standing_commit_is_asked_for_with_bac
     first.poll(0)
     assert pipe.broker.committed(GROUP, NAMES.finalized, 0)[0] == 1 and len(_live_entries(pipe)) == 1
     first.close()
+
+
+
+@pytest.mark.parametrize("checkpointed", [False, True])
+def test_a_partition_whose_entry_cannot_be_written_holds_back_only_its_own_commit(checkpointed):
+    """One ProgressUnavailable returned False for the whole batch: every partition's commit waited for one
+    partition's progress entry."""
+    pipe = Pipeline(partitions=2)
+    _alternating(pipe, 2_000)  # partition 0: its commit needs an entry
+    pipe.finalize([group(f"b{i}", rows=1) for i in range(10)], partition=1)  # partition 1: inline
+    pipe.broker.faults.unknown_topics = {NAMES.trainer_progress}
+    consumer = pipe.consumer(version=0, checkpointed=checkpointed)
+    _train_all(pipe, consumer, 0)
+    if checkpointed:
+        consumer.checkpoint_durable(consumer.state_dict())
+    assert pipe.broker.committed(GROUP, NAMES.finalized, 1) == (10, "")  # past all ten, rows cleared
+    assert not pipe.present([group(f"b{i}", rows=1) for i in range(10)])
+    standing = pipe.broker.committed(GROUP, NAMES.finalized, 0)
+    # Partition 0 waits for its entry: never a commit naming fewer ranges than it resolved.
+    assert standing is None or (standing[0] <= 1 and carried(standing[1]) is None)
+    pipe.broker.faults.unknown_topics = set()
+    pipe.clock.now += 60
+    consumer.poll(0)
+    offset, metadata = pipe.broker.committed(GROUP, NAMES.finalized, 0)
+    assert offset == 1 and len(decode_ranges(offset, metadata) if carried(metadata) is None else [0] * 999) == 999
+    consumer.close()
