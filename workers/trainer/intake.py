@@ -140,7 +140,9 @@ class FinalizedIntake:
             consumer.incremental_assign(partitions)
         else:
             consumer.assign(partitions)
-        # After the assignment: librdkafka starts a partition assigned unpaused, whatever it was before.
+        # After the assignment: librdkafka keeps an application's pause across assignments (it belongs to the
+        # partition), but a partition of a topic the consumer has not been assigned yet cannot be paused
+        # before it is, and one it never paused starts fetching as soon as it is assigned.
         consumer.pause(partitions)
         for tp in partitions:
             self._starts.add(tp.partition, self._restored.pop(tp.partition, None))

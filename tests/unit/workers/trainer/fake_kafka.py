@@ -5,7 +5,9 @@ restarts with no broker, through its `TrainerClients` factory (`workers/trainer/
 member per consumer group holds every partition of its topic (assigned at its first consume, or
 again after `rebalance`), commits keep their metadata, and acknowledged records land in the log at
 once. As librdkafka does, a rebalance callback that does not assign is followed by an assignment
-of the partitions offered, and an assignment starts its partitions unpaused. `Faults` makes calls
+of the partitions offered. As librdkafka keeps it, an application's pause belongs to the partition, not
+to the assignment: it survives a revocation and the next assignment, and only `resume` lifts it (a
+partition of a topic the consumer has not been assigned yet cannot be paused). `Faults` makes calls
 fail (the first committed() calls, commits, seeks, acknowledged sends), and every commit is noted in
 `events` in order, beside whatever a test's store notes there, so tests can check what came first.
 It is not evidence that the trainer works against Kafka; the integration tests are.
@@ -185,7 +187,7 @@ class FakeConsumer:
             return
         if self.generation is not None and self.positions:
             self.callbacks["revoke"](self, self.assignment())
-            self.positions, self.paused = {}, set()
+            self.positions = {}
         self.generation = current
         offered = [TopicPartition(self.topic, p) for p in range(self.broker.partitions[self.topic])]
         self._assigned_in_callback = False
@@ -212,7 +214,7 @@ class FakeConsumer:
     def assign(self, partitions) -> None:
         if self.cooperative and self._in_callback:  # librdkafka refuses it, as here
             raise _error(KafkaError._STATE, "Changes to the current assignment must be made using incremental_assign()")
-        self.positions, self.paused = {}, set()
+        self.positions = {}
         self._add(partitions)
 
     def incremental_assign(self, partitions) -> None:
@@ -225,15 +227,16 @@ class FakeConsumer:
         for tp in partitions:
             commit = self.broker.committed(self.group, tp.topic, tp.partition)
             start = tp.offset if tp.offset >= 0 else (commit[0] if commit is not None else 0)
-            self.positions[tp.partition] = start
-            self.paused.discard(tp.partition)  # an assignment starts unpaused
+            self.positions[tp.partition] = start  # paused still if it was: the flag is the partition's
 
     def assignment(self) -> list[TopicPartition]:
         return [TopicPartition(self.topic, p) for p in sorted(self.positions)]
 
     def pause(self, partitions) -> None:
-        # Pausing a partition not assigned does nothing (the assignment that follows starts it unpaused).
-        self.paused |= {tp.partition for tp in partitions if tp.partition in self.positions}
+        # Kept across assignments; before the consumer knows the topic (its first assignment) there is no
+        # partition to pause, and librdkafka skips it.
+        if self.generation is not None:
+            self.paused |= {tp.partition for tp in partitions}
 
     def resume(self, partitions) -> None:
         self.paused -= {tp.partition for tp in partitions}

@@ -230,7 +230,6 @@ def test_while_the_coordinator_is_away_the_standing_commit_is_asked_for_with_bac
     first.close()
 
 
-
 @pytest.mark.parametrize("checkpointed", [False, True])
 def test_a_partition_whose_entry_cannot_be_written_holds_back_only_its_own_commit(checkpointed):
     """One ProgressUnavailable returned False for the whole batch: every partition's commit waited for one
