@@ -192,6 +192,7 @@ class FinalizedIntake:
             self._starts.failed(sorted(unread), "; ".join(sorted(set(unread.values()))))
         else:
             self._starts.settled()
+            self._progress.forget()  # what the read of the progress topic found served every start
         if self._paused:  # backpressure holds the whole assignment: they resume with it
             self._paused |= {tp.partition for tp in started}
         elif started:

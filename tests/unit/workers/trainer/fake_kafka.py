@@ -138,6 +138,7 @@ class FakeClients:
     def __init__(self, broker: FakeBroker, consumer_settings: dict[str, Any] | None = None):
         self.broker = broker
         self.consumers: list[FakeConsumer] = []
+        self.reads: list[str] = []  # the topics read whole, in order (`read`)
         self._settings = dict(consumer_settings or {})
 
     def consumer(self, consumer_group: str, settings: dict[str, Any]) -> FakeConsumer:
@@ -156,6 +157,7 @@ class FakeClients:
         return FakeProducer(self.broker)
 
     def read(self, topic: str) -> list[Record]:
+        self.reads.append(topic)
         return [
             Record(m.topic(), m.partition(), m.offset(), m.key(), m.value(), (), m._ts)
             for m in self.broker.records(topic)
