@@ -146,6 +146,7 @@ class FinalizedIntake:
         consumer.pause(partitions)
         for tp in partitions:
             self._starts.add(tp.partition, self._restored.pop(tp.partition, None))
+        self.sensor.on_partitions_waiting(len(self._starts))
 
     def _settle_starts(self) -> None:
         """Read the commits of partitions assigned since, and start each from its own; retried while they fail."""
@@ -159,6 +160,7 @@ class FinalizedIntake:
         except KafkaException as exc:
             if exc.args[0].fatal():
                 raise
+            self.sensor.on_commit_reads_failed(len(waiting))
             self._starts.failed(waiting, exc.args[0].str())
             return
         unread = {tp.partition: tp.error.str() for tp in committed if tp.error is not None}
@@ -188,7 +190,9 @@ class FinalizedIntake:
                     unread[tp.partition] = f"seek to {start.offset}: {exc.args[0].str()}"
                     continue
             started.append(TopicPartition(topic, tp.partition))
+        self.sensor.on_partitions_waiting(len(self._starts))
         if unread:
+            self.sensor.on_commit_reads_failed(len(unread))
             self._starts.failed(sorted(unread), "; ".join(sorted(set(unread.values()))))
         else:
             self._starts.settled()
@@ -199,6 +203,10 @@ class FinalizedIntake:
             self._consumer.resume(started)
 
     def _on_revoke(self, consumer, partitions) -> None:
+        self._revoke(partitions)
+        self.sensor.on_partitions_waiting(len(self._starts))
+
+    def _revoke(self, partitions) -> None:
         for tp in partitions:
             mark = self._starts.revoke(tp.partition)
             if mark is not None:  # never started: the mark applies at the partition's next assignment

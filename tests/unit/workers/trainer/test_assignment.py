@@ -14,6 +14,7 @@ import pytest
 from schemas.errors import InvalidArgument
 from schemas.regenerate import Regenerate
 from tests.unit.workers.trainer.trainer_kafka import NAMES, Pipeline, group, train
+from workers.telemetry.sensors import TrainerSensor
 
 
 def _handed_back(pipe: Pipeline) -> list[str]:
@@ -164,3 +165,30 @@ def test_a_seek_that_keeps_failing_is_asked_again_less_and_less_often():
     assert second.counts.reread == 0 and _handed_back(pipe) == []  # never read meanwhile
     pipe.broker.faults.seeks = 0
     assert sorted(_drain(pipe, second)) == ["g1", "g3"] and _handed_back(pipe) == []
+
+
+class _Waiting(TrainerSensor):
+    def __init__(self) -> None:
+        self.waiting: list[int] = []
+        self.failed = 0
+
+    def on_partitions_waiting(self, n: int) -> None:
+        if not self.waiting or self.waiting[-1] != n:
+            self.waiting.append(n)
+
+    def on_commit_reads_failed(self, n: int = 1) -> None:
+        self.failed += n
+
+
+def test_partitions_waiting_for_their_commits_and_each_failed_read_reach_the_sensor():
+    """A partition whose entry is gone waits for good with only a WARNING line: an alert needs a reading."""
+    pipe = Pipeline(partitions=2)
+    _first_trainer_resolves_g0_and_g2(pipe)
+    pipe.broker.faults.unreadable = {1}
+    sensor = _Waiting()
+    second = pipe.consumer(version=60, sensor=sensor)
+    trained = _drain(pipe, second, rounds=4)
+    assert sensor.waiting == [2, 1] and sensor.failed == 4  # both assigned, partition 0 started, 1 asked 4 times
+    pipe.broker.faults.unreadable = set()
+    assert sorted(trained + _drain(pipe, second)) == ["g1", "g3"]
+    assert sensor.waiting == [2, 1, 0] and sensor.failed == 4
