@@ -7,7 +7,9 @@ again after `rebalance`), commits keep their metadata, and acknowledged records 
 once. As librdkafka does, a rebalance callback that does not assign is followed by an assignment
 of the partitions offered. As librdkafka keeps it, an application's pause belongs to the partition, not
 to the assignment: it survives a revocation and the next assignment, and only `resume` lifts it (a
-partition of a topic the consumer has not been assigned yet cannot be paused). `Faults` makes calls
+partition of a topic the consumer has not been assigned yet cannot be paused). A commit is checked
+against the member's generation only, as the classic protocol's coordinator does: a commit of a
+partition the member is not assigned lands (checked on the real broker). `Faults` makes calls
 fail (the first committed() calls, commits, seeks, acknowledged sends), and every commit is noted in
 `events` in order, beside whatever a test's store notes there, so tests can check what came first.
 It is not evidence that the trainer works against Kafka; the integration tests are.
@@ -276,9 +278,10 @@ class FakeConsumer:
         faults.commits = max(0, faults.commits - 1)
         if failing and not faults.commits_land:
             raise _error(KafkaError._TRANSPORT, "commit refused by the test")
-        for tp in offsets:
-            if tp.partition not in self.positions:
-                raise _error(KafkaError.UNKNOWN_MEMBER_ID, "commit of a partition not assigned")
+        # As the classic protocol's coordinator does, the member's generation is checked, not whether it is
+        # assigned the partitions it commits: a commit of another member's partition lands.
+        if self.generation is not None and self.generation != self.broker.generations.get(self.group, 0):
+            raise _error(KafkaError.ILLEGAL_GENERATION, "commit of a generation the group has left behind")
         for tp in offsets:
             self.broker.commits[(self.group, tp.topic, tp.partition)] = (tp.offset, tp.metadata or "")
             self.broker.events.append(("commit", self.group, tp.partition, tp.offset, tp.metadata or ""))
