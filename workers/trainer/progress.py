@@ -268,6 +268,9 @@ class ProgressCarrier:
             for part, (offset, token, count) in wanted.items():
                 try:
                     ranges[part] = self._join(part, offset, token, count)
+                    # Live (found now, or only after the partition was first looked at): tombstoned once
+                    # a later commit needs it no more.
+                    self._live.setdefault(part, {})[token] = set(range(count))
                 except SchemaError as exc:
                     unreadable[part] = f"the progress entry its commit names: {exc}"
             if not unreadable or fresh or attempt:

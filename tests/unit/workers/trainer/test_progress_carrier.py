@@ -126,6 +126,7 @@ def test_a_partition_whose_commit_names_an_entry_gone_missing_is_not_read_until_
     assert _train_all(pipe, second, 5) == [] and second.counts.reread == 0 and _handed_back(pipe) == []
     log[:] = kept
     assert len(_train_all(pipe, second, 5)) == 1_000 and second.counts.reread == 999 and _handed_back(pipe) == []
+    assert _live_entries(pipe) == {}  # the entry found late is tombstoned too once a commit needs it no more
 
 
 def test_a_commit_whose_entry_is_not_acknowledged_waits_and_is_never_made_with_fewer_ranges():
