@@ -209,6 +209,7 @@ class ReassemblerWorker:
                     now_ms=now_ms,
                     lease_refusal=self._lease_refusal,
                     runtime=self.runtime,
+                    placeholder_groups=self.config.placeholder_groups,
                     may_hold_earlier_attempt=lambda g: self._tasks[g.partition].may_hold_earlier_attempt,
                 )
                 if ready
