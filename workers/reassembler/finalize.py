@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -222,10 +222,7 @@ def finalize_groups(
         store, config.staging_partition, keys, routed_experts=config.router_replay_enabled, tags=tags
     )
     fetch_ms = (time.perf_counter() - t0) * 1000.0
-    results = [
-        _build_or_letter(group, owned[group.group_id], fetched, config, gone=_staging_gone(group, tags))
-        for group in groups
-    ]
+    results = [_build_or_letter(group, owned[group.group_id], fetched, config, present=tags.keys()) for group in groups]
     builds = [r[1] for r in results if not isinstance(r, GroupOutcome)]
     put_ms = _put_rows(store, config.partition_id, builds, lease_refusal) / max(1, len(builds))
     outcomes = []
@@ -250,18 +247,40 @@ def finalize_groups(
 _Built = tuple[OpenGroup, GroupBuild, tuple[str, ...], float]  # group, its rows, staging keys, build ms
 
 
-def _staging_gone(group: OpenGroup, tags: dict[str, dict[str, Any]]) -> bool:
-    """Whether not one staging key the group claims exists in TQ at all (under any owner)."""
-    return not any(k in tags for k in group.staging_keys())
+# A group with no valid row whose rows were lost with TQ (every other reason is the group's own): handed back.
+_LOST_WITH_TQ = {MISSING_STAGING_ROW, "rollout_failed", "missing_receipt"}
+
+
+def _staging_lost(group: OpenGroup, build: GroupBuild, present: Collection[str]) -> bool:
+    """Whether the group's missing rows were lost with TQ rather than refused: every rollout is either
+    missing its staged rows, failed, or never sent a receipt (a group cut short by the crash), at least
+    one is missing rows, and not one staging key of those exists in TQ at all (under any owner).
+
+    Only the rollouts missing rows are looked at: a failed rollout stages nothing, or rows of its own
+    (which a spill may have put back), and says nothing about whether the others' staging survived. A
+    group of failed rollouts alone is no loss: it is dead-lettered as before.
+    """
+    reasons = build.rejection_reasons
+    if not set(reasons) <= _LOST_WITH_TQ or MISSING_STAGING_ROW not in reasons:
+        return False
+    receipts = group.by_index()
+    missing = [receipts[i] for i, reason in enumerate(reasons) if reason == MISSING_STAGING_ROW]
+    return not any(c.staging_key in present for r in missing if r is not None for c in r.manifest)
 
 
 def _build_or_letter(
-    group: OpenGroup, mine: set[str], fetched: Segments, config: RolloutReassemblerActorConfig, *, gone: bool
+    group: OpenGroup,
+    mine: set[str],
+    fetched: Segments,
+    config: RolloutReassemblerActorConfig,
+    *,
+    present: Collection[str],
 ) -> GroupOutcome | _Built:
     """The group's rows, or its dead-letter outcome when it has no valid row or its build fails.
 
-    `gone`: none of the group's staging keys exist in TQ (a whole-job restart emptied it), so the
-    group is handed back. A group whose keys exist but belong to another group is hostile input and
+    `present`: the staging keys that exist in TQ (under any owner). A group none of whose valid rows is
+    left because its staging was lost (a whole-job restart emptied TQ; `_staging_lost`) is handed back,
+    failed siblings or not. A group whose keys exist but belong to another group is hostile input and
     is dead-lettered like any other group without a valid row.
     """
     t1 = time.perf_counter()
@@ -277,10 +296,12 @@ def _build_or_letter(
         return GroupOutcome(group, None, INCONSISTENT_GROUP, message, staging)
     if build.valid_row_count == 0:
         reasons = sorted({r for r in build.rejection_reasons if r})
-        if reasons == [MISSING_STAGING_ROW] and gone and regeneration_of(group.group_id)[1] < MAX_REGENERATIONS:
-            # Not one row of the group is left, and no rollout failed: its staging was lost (a whole-job
-            # restart emptied TQ), not refused. Generating the prompt again is the only way to train it.
-            message = f"group {group.group_id}: none of its staged rows are in TQ; handed back for regeneration"
+        if _staging_lost(group, build, present) and regeneration_of(group.group_id)[1] < MAX_REGENERATIONS:
+            # Generating the prompt again is the only way to train it.
+            message = (
+                f"group {group.group_id}: none of its staged rows are in TQ ({', '.join(reasons)});"
+                " handed back for regeneration"
+            )
             return GroupOutcome(group, None, None, message, staging, handed_back=True)
         kind = ALL_ROLLOUTS_FAILED if reasons == ["rollout_failed"] else INCONSISTENT_GROUP
         return GroupOutcome(group, None, kind, f"group {group.group_id}: no valid row ({', '.join(reasons)})", staging)
