@@ -20,7 +20,8 @@ from typing import Any
 from streams.tq import STAGING, KVStore
 from workers.trainer.consumer import ExperienceConsumer
 from workers.trainer.errors import SpillError
-from workers.trainer.spill import SPILL_FILE, Spill, SpillSummary, read_spill, spill_rows
+from workers.trainer.spill import SPILL_FILE, SpillSummary, spill_rows
+from workers.trainer.spill_read import Spill, read_spill
 
 STATE_FILE = "rlstream-consumer.json"
 

@@ -41,7 +41,7 @@ from workers.trainer.checkpoint import PartitionMark, decode_state
 from workers.trainer.checkpoint_dir import load_from_checkpoint
 from workers.trainer.config import ConsumerConfig
 from workers.trainer.position import decode_ranges
-from workers.trainer.spill import Spill
+from workers.trainer.spill_read import Spill
 
 
 @dataclass
@@ -161,11 +161,20 @@ def resume(
     row still needed is lost). Raises SpillError for a checkpoint whose state or spill is unusable.
     """
     state, spill = load_from_checkpoint(checkpoint) if checkpoint is not None else (None, None)
+    try:
+        return _resume(kafka, store, config, checkpoint, state, spill, reassembler_consumer_group)
+    finally:
+        if spill is not None:
+            spill.close()
+
+
+def _resume(kafka, store, config, checkpoint, state, spill: Spill | None, reassembler_consumer_group) -> ResumeReport:
     report = ResumeReport(checkpoint=str(checkpoint) if checkpoint is not None else "none")
     names = config.topics
     marks = _trained_marks(kafka, config, state)
     kept = spill.keys(config.train_partition) if spill is not None else set()
     first: dict[str, tuple[int, int, bool]] = {}  # group id -> its first record, resolved before the cut
+    restore: list[str] = []  # train rows to put back, in one pass over the spill
     for part, offset, group in _finalized(kafka, config.finalized_topic):
         gid = group.group_id
         resolved = _is_trained(marks, part, offset)
@@ -181,10 +190,12 @@ def resume(
         if resolved:
             report.trained += 1
         elif spill is not None and kept.issuperset(group.sample_ids):
-            report.restored_rows += spill.restore(store, config.train_partition, group.sample_ids)
+            restore.extend(group.sample_ids)
             report.restored += 1
         else:
             report.hand_back_finalized += 1
+    if restore:
+        report.restored_rows += spill.restore(store, config.train_partition, restore)
     states = _latest_states(kafka, names.state)
     for gid, entry in states.items():
         if entry.status != CLOSED:
@@ -200,17 +211,19 @@ def resume(
 
 def _restore_open(kafka, store, receipts_topic, consumer_group, states, spill: Spill | None, report) -> None:
     held = spill.keys(STAGING) if spill is not None else set()
+    restore: list[str] = []
     for gid, receipts in _open_receipts(kafka, receipts_topic, consumer_group).items():
         entry = states.get(gid)
         if entry is not None and entry.status == CLOSED:
             continue
         keys = [c.staging_key for r in receipts for c in r.manifest]
         have = [k for k in keys if k in held]
-        if have:
-            report.staging_rows += spill.restore(store, STAGING, have)
+        restore.extend(have)
         if keys and len(have) == len(keys):
             report.open_restored += 1
         elif have:
             report.open_partial += 1
         elif keys:
             report.open_hand_back += 1
+    if restore:
+        report.staging_rows += spill.restore(store, STAGING, restore)

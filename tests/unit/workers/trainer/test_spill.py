@@ -10,7 +10,8 @@ from streams.errors import MissingKeysError
 from streams.tq import STAGING, TRAIN
 from tests.unit.memory_store import InMemoryStore
 from workers.trainer.errors import SpillError
-from workers.trainer.spill import SPILL_FILE, read_spill, spill_rows
+from workers.trainer.spill import SPILL_FILE, spill_rows
+from workers.trainer.spill_read import read_spill
 
 
 def _stage(store: InMemoryStore) -> None:
@@ -84,3 +85,121 @@ def test_a_spill_cut_short_missing_or_of_another_checkpoint_is_refused(tmp_path)
     path.unlink()
     with pytest.raises(SpillError, match="cannot read"):
         read_spill(tmp_path, binding="ckpt-3")
+
+
+# ----- issue 30 item 5: a spill that was written reads back, whatever its rows' sizes ----------------
+
+MiB = 1 << 20
+
+
+def _big_rows(store: InMemoryStore, sizes: dict[str, int]) -> None:
+    """Train rows of about `sizes[key]` bytes each (one int64 field), tagged with their size."""
+    for key, size in sizes.items():
+        n = max(1, size // 8)
+        fields = TensorDict({"input_ids": (torch.arange(n, dtype=torch.int64) * 7 + len(key))[None]}, batch_size=[1])
+        store.put(TRAIN, [key], fields, [{"size": size}])
+
+
+def _frames(path) -> list[int]:
+    """The length of every framed message of a spill file."""
+    data = path.read_bytes()
+    out, pos = [], 0
+    while pos + 8 <= len(data):
+        n = int.from_bytes(data[pos : pos + 8], "big")
+        if pos + 8 + n > len(data):
+            break  # a format-2 spill's trailing position of its end record
+        out.append(n)
+        pos += 8 + n
+    return out
+
+
+def _same(a: InMemoryStore, b: InMemoryStore, partition: str, keys) -> bool:
+    return all(torch.equal(_row(a, partition, k)["input_ids"], _row(b, partition, k)["input_ids"]) for k in keys)
+
+
+def test_no_spill_message_holds_more_than_64_mib_of_rows_however_large_the_rows(tmp_path):
+    # Before: chunks of 16 rows whatever their size, so 16 long-context MoE rows of 64 MiB made a
+    # message past the 1 GiB a reader accepts, and the checkpoint could never be read back. Here 17
+    # rows of 4 MiB (one chunk of 16 was 64 MiB and more) and one row of 70 MiB (split into parts).
+    sizes = {f"g{i:02d}_g0": 4 * MiB for i in range(17)} | {"huge_g0": 70 * MiB}
+    before = InMemoryStore()
+    _big_rows(before, sizes)
+    summary = spill_rows(before, tmp_path, binding="b", partitions=(TRAIN,))
+    assert summary.rows == {TRAIN: len(sizes)}
+    assert max(_frames(tmp_path / SPILL_FILE)) <= 64 * MiB + 64 * 1024
+    after = InMemoryStore()
+    with read_spill(tmp_path, binding="b") as spill:
+        assert spill.restore(after, TRAIN, list(sizes)) == len(sizes)
+    assert _same(before, after, TRAIN, sizes)
+    assert after.tags(TRAIN, ["huge_g0"]) == {"huge_g0": {"size": 70 * MiB}}
+
+
+def test_rows_of_any_size_against_the_message_limit_read_back_whole(tmp_path, monkeypatch):
+    # The limit a reader accepts shrunk to 1 MiB, so rows of a few hundred KiB stand for rows of tens
+    # of MiB against the real 1 GiB: small rows, rows at a chunk's size, rows of several parts.
+    monkeypatch.setattr("schemas.spill.MAX_SPILL_MESSAGE_BYTES", MiB)
+    sizes = {f"s{i}_g0": 1000 + i for i in range(40)} | {"edge_g0": MiB // 16, "many_g0": 5 * MiB // 2}
+    sizes |= {f"mid{i}_g0": 300_000 for i in range(7)}
+    before = InMemoryStore()
+    _big_rows(before, sizes)
+    spill_rows(before, tmp_path, binding="b", partitions=(TRAIN,))
+    assert max(_frames(tmp_path / SPILL_FILE)) <= MiB
+    after = InMemoryStore()
+    with read_spill(tmp_path, binding="b") as spill:
+        assert spill.keys(TRAIN) == set(sizes)
+        assert spill.restore(after, TRAIN, sorted(sizes)) == len(sizes)
+    assert _same(before, after, TRAIN, sizes)
+
+
+def test_restoring_chosen_rows_reads_only_the_messages_that_hold_them(tmp_path, monkeypatch):
+    # Streaming: a reader that held the whole spill (about three times the file) would also decode
+    # the rows nobody asked for. Spoil every chunk but the one holding the row asked for: still restored.
+    monkeypatch.setattr("schemas.spill.MAX_SPILL_MESSAGE_BYTES", MiB)
+    sizes = {f"r{i:02d}_g0": 40_000 for i in range(30)}
+    before = InMemoryStore()
+    _big_rows(before, sizes)
+    spill_rows(before, tmp_path, binding="b", partitions=(TRAIN,))
+    path = tmp_path / SPILL_FILE
+    data = bytearray(path.read_bytes())
+    frames, pos = [], 0
+    for n in _frames(path):
+        frames.append((pos, n))
+        pos += 8 + n
+    chunks = [(at, n) for at, n in frames if b"spill_chunk" in data[at + 8 : at + 8 + 64]]
+    assert len(chunks) > 2
+    keep_at = None
+    with read_spill(tmp_path, binding="b") as spill:
+        keep_at = spill._where[(TRAIN, "r29_g0")]
+    for at, n in chunks:
+        if at != keep_at:
+            data[at + 8] = 0xC1  # msgpack's never-used byte: the message cannot be decoded
+    path.write_bytes(bytes(data))
+    after = InMemoryStore()
+    with read_spill(tmp_path, binding="b") as spill:
+        assert spill.restore(after, TRAIN, ["r29_g0"]) == 1
+        with pytest.raises(SpillError, match="at byte"):
+            spill.restore(after, TRAIN, ["r00_g0"])
+    assert _same(before, after, TRAIN, ["r29_g0"])
+
+
+def test_a_spill_of_the_first_format_is_still_read(tmp_path):
+    # Written as issue 24's spill wrote it: header without a format, chunks of whole rows, the end record.
+    from schemas.spill import FRAME, SpillChunk, SpillEnd, SpillHeader
+    from workers.trainer.spill import _packed
+
+    store = InMemoryStore()
+    _stage(store)
+    messages = [SpillHeader(binding="old", partitions=(TRAIN,), created_ms=1)]
+    keys = sorted(store.list(TRAIN))
+    values, offsets = _packed(TRAIN, keys, dict(store.get(TRAIN, keys).items()))
+    tags = tuple(store.list(TRAIN)[k] for k in keys)
+    messages.append(
+        SpillChunk(partition=TRAIN, keys=tuple(keys), tags=tags, offsets=tuple(offsets), data=bytes(values))
+    )
+    messages.append(SpillEnd(chunks=1, rows=len(keys)))
+    (tmp_path / SPILL_FILE).write_bytes(b"".join(FRAME.pack(len(m.to_bytes())) + m.to_bytes() for m in messages))
+    after = InMemoryStore()
+    with read_spill(tmp_path, binding="old") as spill:
+        assert spill.header.format == 1 and spill.keys(TRAIN) == set(keys)
+        assert spill.restore(after, TRAIN, keys) == len(keys)
+    assert after.list(TRAIN) == store.list(TRAIN)
