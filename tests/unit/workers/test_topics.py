@@ -49,3 +49,15 @@ def test_bad_sizes_are_refused_by_name():
 def test_two_replicas_keep_writing_with_one_broker_down():
     specs = pipeline_topics(TopicNames("p"), 4, replication_factor=2)
     assert {s.config["min.insync.replicas"] for s in specs} == {"1"}
+
+
+def test_the_topics_a_resume_reads_past_what_was_consumed_never_expire_unless_the_user_says_so():
+    # Receipts past the reassemblers' offsets, finalized records past the trainer's cut and hand-backs past
+    # the rollout workers' feed are what a restarted job still needs, however long it was down; with the
+    # broker's default (7 days) a job down a week lost them (issue 30).
+    specs = {s.name: s for s in pipeline_topics(TopicNames("p"), 2)}
+    kept = {"p.rollout.receipts", "p.experience.finalized", "p.rollout.regenerate"}
+    assert {n for n, s in specs.items() if s.config.get("retention.ms") == "-1"} == kept
+    assert "retention.ms" not in specs["p.reassembler.state"].config  # compacted: entries stay until tombstoned
+    mine = {s.name: s for s in pipeline_topics(TopicNames("p"), 2, config={"retention.ms": "86400000"})}
+    assert {mine[n].config["retention.ms"] for n in kept} == {"86400000"}
