@@ -140,3 +140,27 @@ class SpillEnd(Message, frozen=True, tag="spill_end"):
         at_least("spill_end.parts", self.parts, 0)
         at_least("spill_end.index_at", self.index_at, -1)
         at_least("spill_end.index_messages", self.index_messages, 0)
+
+
+class ResolvedGroups(Message, frozen=True, tag="resolved_groups"):
+    """Groups a trainer had resolved (trained, evicted, handed back) when its checkpoint was cut, and where
+    their records lie: what a restored trainer drops duplicates against, as the one checkpointed did.
+
+    A checkpoint's `rlstream-resolved` file is a run of these, the last one with `last` set.
+    """
+
+    binding: str  # the consumer state it was cut with, as a spill's
+    group_ids: tuple[str, ...]
+    partitions: tuple[int, ...]
+    offsets: tuple[int, ...]
+    last: bool = False
+
+    def _validate(self) -> None:
+        non_empty("resolved_groups.binding", self.binding)
+        n = len(self.group_ids)
+        if len(self.partitions) != n or len(self.offsets) != n:
+            raise SchemaError(
+                "resolved_groups", f"{n} group ids, {len(self.partitions)} partitions, {len(self.offsets)} offsets"
+            )
+        for i, gid in enumerate(self.group_ids):
+            non_empty(f"resolved_groups.group_ids[{i}]", gid)

@@ -31,7 +31,7 @@ class PartitionMark(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     trained: list[tuple[int, int]] = []
 
 
-class ConsumerState(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+class ConsumerState(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
     """What `ExperienceConsumer.state_dict()` returns, as plain builtins (torch.save, JSON, msgpack)."""
 
     schema_version: int
@@ -41,6 +41,10 @@ class ConsumerState(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     cut: int  # acks up to this sequence number are covered by the checkpoint
     partitions: dict[int, PartitionMark]
     run: str = ""  # the consumer instance that cut it; its cut numbers mean nothing to another
+    # (group id, partition, offset) of groups resolved before the cut, whose later duplicates the restored
+    # consumer drops: `checkpoint_dir.load_state` fills it from the checkpoint's resolved file (issue 30);
+    # `state_dict` leaves it empty, so the state stays small.
+    resolved: list[tuple[str, int, int]] = []
 
 
 def encode_state(state: ConsumerState) -> dict[str, Any]:
