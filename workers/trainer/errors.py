@@ -61,3 +61,7 @@ class PollErrors:
 
 class SpillError(RlstreamError):
     """A checkpoint's spill of TQ rows that cannot be used: missing, cut short, undecodable, or another checkpoint's."""
+
+
+class OpenTransaction(RlstreamError):
+    """A transaction stayed open on a topic `resume` must read, past its wait (`open_transactions.py`)."""

@@ -1,47 +1,61 @@
 """After a whole-job restart: put back what TQ lost that the checkpoint kept, and account for every group.
 
 Kafka kept the receipts, the reassemblers' state and the finalized records; TQ (inside Ray) came back
-empty. `resume` runs once, after TQ is up and before the reassemblers and the trainer start, with the
-trainer checkpoint the job restarts from (`checkpoint_dir.py`). It reads the topics and sorts every
-prompt group into one of:
+empty. `resume` runs once, after TQ is up and before the reassemblers, the trainer and the rollout
+workers start, with the trainer checkpoint the job restarts from (`checkpoint_dir.py`). First no
+transaction of the dead job may stay open on the topics it reads (`open_transactions.py`: aborted
+under the dead workers' ids when they are known, else waited out). Then it reads each topic from
+where it is still needed (`resume_reads.py`) and sorts every prompt group into one of:
 
-- **resolved**: its finalized record is before the checkpoint's cut or named resolved past it (trained,
-  evicted as stale, or handed back already);
+- **resolved**: its finalized record is before the checkpoint's cut (not read) or named resolved past it
+  (trained, evicted as stale, or handed back already); a duplicate past the cut of a group the
+  checkpoint remembers resolved (`resolved.py`) is resolved with it by the restored trainer;
 - **restored**: finalized, not trained, every train row in the spill: put back into TQ, trained after the restart;
 - **to hand back (train rows lost)**: finalized, not trained, rows not all in the spill: the trainer hands
   it back when it reads the record (`lost_rows.py`);
 - **open, restored / partly restored / to hand back**: receipts past the reassemblers' committed
   offsets and no closing state: the staged rows the spill has are put back; a reassembler completes
   the group from them, with masked placeholders for rows lost, or hands it back if none survived;
-- **closed without a record**: dead-lettered or handed back already (their records say so).
+- **closed without a record**: dead-lettered or handed back already (their records say so);
+- **expired**: records a topic's retention deleted before they were read (counted apart: lost).
 
-A group the state topic says was finalized but whose record is missing from the finalized topic is
-**unaccounted for**: the report names it and `rlstream resume` exits non-zero. Restoring only what a
-record past the cut still needs means nothing trained before the checkpoint comes back: no group is
-trained twice. The cost is one read of the receipts, state and finalized topics.
+A group the state topic says was finalized after the cut whose record is missing is **unaccounted
+for**: the report names it and `rlstream resume` exits non-zero. Hand-backs the rollout workers
+generated already are settled on their feed (`workers/rollout/regenerate_settle.py`). Restoring
+only what a record past the cut still needs means nothing trained before the checkpoint comes
+back. The cost follows what is still needed: the finalized topic from the cut, the state topic from
+its restore points, the receipts from the reassemblers' offsets, the spill's index and the rows put
+back (`bench/resume.py`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import logging
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from confluent_kafka import Consumer, TopicPartition
-
-from schemas.errors import SchemaError
-from schemas.finalized import FinalizedGroup
-from schemas.receipt import Receipt
-from schemas.state import CLOSED, FINALIZED, GroupState, decode_state_entry
+from schemas.state import CLOSED, FINALIZED
 from streams.config import KafkaConfig
-from streams.consumer import partitions_of, read_topic
+from streams.consumer import partitions_of
+from streams.partitioner import partition_of
 from streams.tq import STAGING, KVStore
 from workers.reassembler.config import DEFAULT_CONSUMER_GROUP
+from workers.rollout.regenerate_settle import FeedSettled, pending_hand_backs, settle_feed
 from workers.trainer.checkpoint import PartitionMark, decode_state
-from workers.trainer.checkpoint_dir import load_from_checkpoint
+from workers.trainer.checkpoint_dir import load_from_checkpoint, spill_binding
 from workers.trainer.config import ConsumerConfig
+from workers.trainer.open_transactions import DEFAULT_WAIT_S, abort_transactions, stable_committed, wait_for_stable
 from workers.trainer.position import decode_ranges
+from workers.trainer.resolved import has_resolved, read_resolved, write_resolved
+from workers.trainer.resume_reads import Expired, latest_states, open_receipts, read_finalized, retention_warnings
 from workers.trainer.spill_read import Spill
+
+log = logging.getLogger("rlstream.trainer")
+# A finalized record is produced after its group's state entry says when it was finalized, by the same
+# worker; records of one partition are not in timestamp order across workers and transactions, so a
+# group finalized this long before the first record read may lie before it.
+CLOCK_MARGIN_MS = 300_000
 
 
 @dataclass
@@ -52,6 +66,7 @@ class ResumeReport:
     restored: int = 0
     restored_rows: int = 0
     hand_back_finalized: int = 0
+    duplicates: int = 0
     open_restored: int = 0
     open_partial: int = 0
     open_hand_back: int = 0
@@ -59,44 +74,57 @@ class ResumeReport:
     closed_without_record: int = 0
     unaccounted: list[str] = field(default_factory=list)
     checkpoint: str = "none"
-    # (group id, partition, offset) of originals resolved before the cut that have a duplicate past it:
-    # for `ExperienceConsumer.remember_resolved` of the restored trainer.
+    read_whole: bool = False  # the finalized topic read from its start (a checkpoint without resolved groups)
+    finalized_read: int = 0
+    state_read: int = 0
+    expired: Expired = field(default_factory=Expired)
+    waited_s: float = 0.0
+    feed: FeedSettled | None = None
+    # (group id, partition, offset) of originals resolved before the cut that have a duplicate past it,
+    # found by reading from the start; written into the checkpoint for the restored trainer.
     resolved_originals: list[tuple[str, int, int]] = field(default_factory=list)
+    # Every group id resume saw: finalized past the cut, remembered by the reassemblers, open, handed back.
+    known_groups: set[str] = field(default_factory=set)
 
     def lines(self) -> list[str]:
-        return [
+        whence = "its start (the checkpoint has no resolved groups)" if self.read_whole else "the checkpoint's cut"
+        out = [
             f"checkpoint: {self.checkpoint}",
-            f"finalized groups resolved before the checkpoint (trained, evicted or handed back): {self.trained}",
+            f"finalized records read from {whence}: {self.finalized_read}; state records from the restore points:"
+            f" {self.state_read}",
+            f"finalized groups resolved before the checkpoint (trained, evicted or handed back): {self.trained}"
+            + ("" if self.read_whole else " read past the cut, the rest not read"),
             f"finalized groups restored ({self.restored_rows} train rows back in TQ): {self.restored}",
             f"finalized groups whose train rows are lost, to be handed back (or dead-lettered) by the trainer:"
             f" {self.hand_back_finalized}",
-            f"duplicates past the checkpoint of groups resolved before it: {len(self.resolved_originals)}"
-            + (" (give them to the trainer: ExperienceConsumer.remember_resolved)" if self.resolved_originals else ""),
+            f"duplicates past the checkpoint of groups resolved before it (resolved by the trainer): {self.duplicates}",
             f"open groups restored whole: {self.open_restored}, partly (completed with placeholders):"
             f" {self.open_partial}, lost (to be handed back by a reassembler): {self.open_hand_back}"
             f" ({self.staging_rows} staged rows back in TQ)",
             f"groups closed without a finalized record (dead-lettered or handed back): {self.closed_without_record}",
-            f"unaccounted for: {len(self.unaccounted)}"
-            + (f" (e.g. {', '.join(self.unaccounted[:5])})" if self.unaccounted else ""),
         ]
+        if self.expired.ranges:
+            out.append(f"records expired before they were read (lost to the topics' retention): {self.expired.where()}")
+        if self.feed is not None:
+            out.append(
+                f"hand-backs owed to the rollout workers: {self.feed.owed} ({self.feed.generated} generated already,"
+                f" settled; {self.feed.requeued} put again)"
+            )
+        out.append(
+            f"unaccounted for: {len(self.unaccounted)}"
+            + (f" (e.g. {', '.join(self.unaccounted[:5])})" if self.unaccounted else "")
+        )
+        return out
 
 
-def _trained_marks(kafka: KafkaConfig, config: ConsumerConfig, state: dict | None) -> dict[int, PartitionMark]:
+def _trained_marks(kafka, config: ConsumerConfig, state: dict | None, wait_s: float, say) -> dict[int, PartitionMark]:
     """Per finalized partition, the first record not trained and the trained ranges past it."""
     topic = config.finalized_topic
     if state is not None:
         return dict(decode_state(state, topic=topic, consumer_group=config.consumer_group).partitions)
     # No checkpoint: the trainer's commits (and their metadata) are its place.
-    c = Consumer(kafka.consumer(config.consumer_group))
-    try:
-        parts = [TopicPartition(topic, p) for p in partitions_of(c, topic)]
-        marks = {}
-        for tp in c.committed(parts, timeout=30):
-            if tp.offset >= 0:
-                marks[tp.partition] = PartitionMark(tp.offset, decode_ranges(tp.offset, tp.metadata))
-        return marks
-    finally:
-        c.close()
+    committed = stable_committed(kafka, config.consumer_group, topic, wait_s=wait_s, log=say)
+    return {p: PartitionMark(o, decode_ranges(o, meta)) for p, (o, meta) in committed.items()}
 
 
 def _is_trained(marks: dict[int, PartitionMark], partition: int, offset: int) -> bool:
@@ -106,47 +134,6 @@ def _is_trained(marks: dict[int, PartitionMark], partition: int, offset: int) ->
     return offset < mark.offset or any(first <= offset <= last for first, last in mark.trained)
 
 
-def _latest_states(kafka: KafkaConfig, topic: str) -> dict[str, GroupState]:
-    latest: dict[str, GroupState] = {}
-    for r in read_topic(kafka, topic):
-        if r.value is None:
-            latest.pop(r.key.decode(errors="replace"), None)  # a tombstone: forgotten behind the horizon
-            continue
-        try:
-            entry = decode_state_entry(r.value)
-        except SchemaError:
-            continue
-        if isinstance(entry, GroupState):
-            latest[entry.group_id] = entry
-    return latest
-
-
-def _open_receipts(kafka: KafkaConfig, topic: str, consumer_group: str) -> dict[str, list[Receipt]]:
-    """Receipts from the reassemblers' committed offsets on, by group (offsets never pass an open group)."""
-    c = Consumer(kafka.consumer(consumer_group))
-    try:
-        parts = [TopicPartition(topic, p) for p in partitions_of(c, topic)]
-        start = {tp.partition: tp.offset for tp in c.committed(parts, timeout=30) if tp.offset >= 0}
-    finally:
-        c.close()
-    groups: dict[str, list[Receipt]] = {}
-    for r in read_topic(kafka, topic, start=start):
-        try:
-            receipt = Receipt.from_bytes(r.value)
-        except SchemaError:
-            continue  # a reassembler dead-letters it again
-        groups.setdefault(receipt.group_id, []).append(receipt)
-    return groups
-
-
-def _finalized(kafka: KafkaConfig, topic: str) -> Iterable[tuple[int, int, FinalizedGroup]]:
-    for r in read_topic(kafka, topic):
-        try:
-            yield r.partition, r.offset, FinalizedGroup.from_bytes(r.value)
-        except SchemaError:
-            continue  # the trainer dead-letters it as undecodable
-
-
 def resume(
     kafka: KafkaConfig,
     store: KVStore,
@@ -154,69 +141,160 @@ def resume(
     checkpoint: str | Path | None,
     *,
     reassembler_consumer_group: str = DEFAULT_CONSUMER_GROUP,
+    rollout_consumer_group: str | None = None,
+    reassembler_worker_ids: Sequence[str] = (),
+    transaction_wait_s: float = DEFAULT_WAIT_S,
+    say: Callable[[str], None] | None = None,
 ) -> ResumeReport:
     """Put back the rows the checkpoint's spill kept that groups past it still need; account for every group.
 
-    Run before the reassemblers and the trainer start; `checkpoint` None means no checkpoint (every
-    row still needed is lost). Raises SpillError for a checkpoint whose state or spill is unusable.
+    Run before the reassemblers, the trainer and the rollout workers start; `checkpoint` None means no
+    checkpoint (every row still needed is lost). `reassembler_worker_ids`: the dead job's reassemblers,
+    whose open transactions are aborted at once (others are waited out, `transaction_wait_s` at most).
+    `rollout_consumer_group`: the rollout workers' `RegenerateFeed` group, settled past hand-backs
+    generated already. Raises SpillError for a checkpoint whose state or spill is unusable,
+    OpenTransaction for a transaction that outlived the wait. `say` gets progress lines.
     """
-    state, spill = load_from_checkpoint(checkpoint) if checkpoint is not None else (None, None)
+    say = say or log.info
+    state, spill = load_from_checkpoint(checkpoint, resolved=False) if checkpoint is not None else (None, None)
     try:
-        return _resume(kafka, store, config, checkpoint, state, spill, reassembler_consumer_group)
+        return _resume(
+            kafka, store, config, checkpoint, state, spill, reassembler_consumer_group, rollout_consumer_group,
+            reassembler_worker_ids, transaction_wait_s, say,
+        )  # fmt: skip
     finally:
         if spill is not None:
             spill.close()
 
 
-def _resume(kafka, store, config, checkpoint, state, spill: Spill | None, reassembler_consumer_group) -> ResumeReport:
+def _resume(
+    kafka, store, config, checkpoint, state, spill: Spill | None, reassemblers, rollouts, worker_ids, wait_s, say
+) -> ResumeReport:
     report = ResumeReport(checkpoint=str(checkpoint) if checkpoint is not None else "none")
     names = config.topics
-    marks = _trained_marks(kafka, config, state)
-    kept = spill.keys(config.train_partition) if spill is not None else set()
-    first: dict[str, tuple[int, int, bool]] = {}  # group id -> its first record, resolved before the cut
-    restore: list[str] = []  # train rows to put back, in one pass over the spill
-    for part, offset, group in _finalized(kafka, config.finalized_topic):
+    abort_transactions(kafka, [f"{reassemblers}.{w}" for w in worker_ids], say)
+    report.waited_s = wait_for_stable(
+        kafka, [names.finalized, names.state, names.receipts, names.regenerate], wait_s=wait_s, log=say
+    )
+    retention_warnings(kafka, [names.receipts, names.finalized, names.regenerate], say)
+    marks = _trained_marks(kafka, config, state, wait_s, say)
+    # A checkpoint written before its resolved groups were kept: read from the start to find them.
+    report.read_whole = state is not None and not has_resolved(checkpoint)
+    start = {} if report.read_whole else {p: m.offset for p, m in marks.items()}
+    finalized = read_finalized(kafka, config.finalized_topic, start, report.expired)
+    report.finalized_read = len(finalized.records)
+    state_parts = _partitions(kafka, names.state)
+    states, report.state_read = latest_states(kafka, names.state, state_parts)
+    receipts_from = {
+        p: o for p, (o, _) in stable_committed(kafka, reassemblers, names.receipts, wait_s=wait_s, log=say).items()
+    }
+    receipts = open_receipts(kafka, names.receipts, receipts_from, report.expired)
+    feed_from, pending = {}, {}
+    if rollouts is not None:
+        feed_from = {
+            p: o for p, (o, _) in stable_committed(kafka, rollouts, names.regenerate, wait_s=wait_s, log=say).items()
+        }
+        pending = pending_hand_backs(kafka, names, feed_from)
+
+    # Which of the groups seen the checkpoint remembers resolved: one pass over its resolved groups.
+    seen = {g.group_id for _, _, g in finalized.records}
+    owed = {b.new_group_id for backs in pending.values() for _, _, b in backs}
+    remembered: set[str] = set()
+    if state is not None and not report.read_whole:
+        remembered = {g for g, _, _ in read_resolved(checkpoint, spill_binding(state)) if g in seen or g in owed}
+
+    first = _sort_finalized(report, finalized.records, marks, remembered, store, spill, config.train_partition)
+    _account_states(report, states, first, remembered, finalized, _partitions(kafka, config.finalized_topic))
+    _restore_open(report, store, receipts, states, spill)
+    report.known_groups = (
+        set(first) | set(states) | set(receipts) | {b.group_id for v in pending.values() for _, _, b in v} | owed
+    )
+    if rollouts is not None:
+        ends = {p: v[-1][0] + 1 for p, v in pending.items()}
+        generated = set(states) | set(receipts) | set(first) | remembered
+        report.feed = settle_feed(
+            kafka, names, rollouts, feed_from, pending, generated.__contains__, ends, wait_s=wait_s, log=say
+        )
+    if report.read_whole and report.resolved_originals:
+        # For the restored trainer's load path (`checkpoint_dir.load_state`).
+        write_resolved(checkpoint, spill_binding(state), report.resolved_originals)
+        say(f"resume: {len(report.resolved_originals)} resolved group(s) with duplicates written into {checkpoint}")
+    return report
+
+
+def _partitions(kafka: KafkaConfig, topic: str) -> list[int]:
+    from confluent_kafka import Consumer
+
+    c = Consumer(kafka.consumer("rlstream-resume-metadata"))
+    try:
+        return partitions_of(c, topic)
+    finally:
+        c.close()
+
+
+def _sort_finalized(report, records, marks, remembered: set[str], store, spill: Spill | None, train: str) -> dict:
+    """Sort the finalized records read; put back the train rows of those restored. Returns each group's first."""
+    kept = spill.keys(train) if spill is not None else set()
+    first: dict[str, tuple[int, int, bool]] = {}  # group id -> its first record read, and whether it is resolved
+    restore: list[str] = []
+    for part, offset, group in records:
         gid = group.group_id
         resolved = _is_trained(marks, part, offset)
         if gid in first:
-            # A duplicate. Past the cut, of an original before it, the restored trainer never reads that
-            # original again: told of it (`remember_resolved`), it resolves the duplicate with it instead
-            # of taking it for a group whose rows are lost, and handing it back to be trained again.
+            # A duplicate. Past the cut, of an original before it (read from the start), the restored trainer
+            # never reads that original again: told of it (`remember_resolved`), it resolves the duplicate
+            # with it instead of taking it for a group whose rows are lost, and handing it back.
             o_part, o_offset, o_resolved = first[gid]
             if o_resolved and not resolved:
                 report.resolved_originals.append((gid, o_part, o_offset))
+                report.duplicates += 1
             continue
         first[gid] = (part, offset, resolved)
         if resolved:
             report.trained += 1
+        elif gid in remembered:
+            report.duplicates += 1  # of a group resolved before the cut: the checkpoint remembers it
         elif spill is not None and kept.issuperset(group.sample_ids):
             restore.extend(group.sample_ids)
             report.restored += 1
         else:
             report.hand_back_finalized += 1
     if restore:
-        report.restored_rows += spill.restore(store, config.train_partition, restore)
-    states = _latest_states(kafka, names.state)
+        report.restored_rows += spill.restore(store, train, restore)
+    return first
+
+
+def _account_states(report, states, first, remembered, finalized, parts: list[int]) -> None:
+    """Closed groups: dead-lettered or handed back, or finalized with their record read, or before the cut.
+
+    A group finalized whose record was not read is accounted for when its record may lie before where
+    the partition was read from (the cut, or its log start): it was finalized no later than the first
+    record read there (with the clock margin). One finalized later is unaccounted for.
+    """
     for gid, entry in states.items():
         if entry.status != CLOSED:
             continue
-        if entry.outcome == FINALIZED:
-            if gid not in first:
-                report.unaccounted.append(gid)
-        else:
+        if entry.outcome != FINALIZED:
             report.closed_without_record += 1
-    _restore_open(kafka, store, names.receipts, reassembler_consumer_group, states, spill, report)
-    return report
+            continue
+        if gid in first or gid in remembered:
+            continue
+        part = partition_of(gid.encode(), len(parts))
+        begun = finalized.begin.get(part, 0)
+        first_ms = finalized.first_ms.get(part)
+        before = begun > 0 and (first_ms is None or entry.finalized_at_ms <= first_ms + CLOCK_MARGIN_MS)
+        if not before:
+            report.unaccounted.append(gid)
 
 
-def _restore_open(kafka, store, receipts_topic, consumer_group, states, spill: Spill | None, report) -> None:
+def _restore_open(report, store, receipts, states, spill: Spill | None) -> None:
     held = spill.keys(STAGING) if spill is not None else set()
     restore: list[str] = []
-    for gid, receipts in _open_receipts(kafka, receipts_topic, consumer_group).items():
+    for gid, rs in receipts.items():
         entry = states.get(gid)
         if entry is not None and entry.status == CLOSED:
             continue
-        keys = [c.staging_key for r in receipts for c in r.manifest]
+        keys = [c.staging_key for r in rs for c in r.manifest]
         have = [k for k in keys if k in held]
         restore.extend(have)
         if keys and len(have) == len(keys):
@@ -227,3 +305,6 @@ def _restore_open(kafka, store, receipts_topic, consumer_group, states, spill: S
             report.open_hand_back += 1
     if restore:
         report.staging_rows += spill.restore(store, STAGING, restore)
+
+
+__all__ = ["ResumeReport", "resume"]

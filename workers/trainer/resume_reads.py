@@ -1,0 +1,123 @@
+"""What `resume` reads of Kafka, each from where it is still needed, not from the start (issue 30).
+
+- the finalized topic from each partition's cut (the checkpoint's marks, else the trainer's commits):
+  what lies before was resolved by the checkpoint and is never read again;
+- the state topic from each partition's restore point, as a reassembler's restore reads it
+  (`workers/reassembler/changelog.py`): the groups the reassemblers still remember;
+- the receipts topic from the reassemblers' committed offsets: the groups still open.
+
+Records a topic's retention deleted before anyone read them (the job was down longer than
+`retention.ms`) are counted apart (`Expired`), never waited for: their groups are lost, and resume
+goes on. `retention_warnings` names the topics resume needs that keep records for a limited time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from confluent_kafka.admin import AdminClient, ConfigResource
+
+from schemas.errors import SchemaError
+from schemas.finalized import FinalizedGroup
+from schemas.receipt import Receipt
+from schemas.state import GroupState
+from streams.config import KafkaConfig
+from streams.consumer import end_offsets, read_topic
+from workers.reassembler.changelog import read_changelog
+
+
+@dataclass
+class Expired:
+    """Offsets a topic's retention deleted before they were read: (topic, partition, first, end)."""
+
+    ranges: list[tuple[str, int, int, int]] = field(default_factory=list)
+
+    def add(self, topic: str, start: dict[int, int], lows: dict[int, int]) -> dict[int, int]:
+        """Note the partitions whose log starts past `start`; returns where each is read from."""
+        begin = {}
+        for part, low in lows.items():
+            want = start.get(part, 0)
+            if low > want:
+                self.ranges.append((topic, part, want, low))
+            begin[part] = max(want, low)
+        return begin
+
+    def where(self) -> str:
+        return ", ".join(f"{t}[{p}] offsets {a}..{b - 1}" for t, p, a, b in self.ranges)
+
+
+@dataclass
+class FinalizedRead:
+    """The finalized records from the cut on: (partition, offset, group) in log order per partition, and
+    the timestamp of the first one read in each partition (None where none was)."""
+
+    records: list[tuple[int, int, FinalizedGroup]] = field(default_factory=list)
+    first_ms: dict[int, int | None] = field(default_factory=dict)
+    begin: dict[int, int] = field(default_factory=dict)
+
+
+def read_finalized(kafka: KafkaConfig, topic: str, start: dict[int, int], expired: Expired) -> FinalizedRead:
+    lows = {p: low for p, (low, _) in end_offsets(kafka, topic).items()}
+    out = FinalizedRead(begin=expired.add(topic, start, lows))
+    out.first_ms = dict.fromkeys(lows)
+    for r in read_topic(kafka, topic, start=out.begin):
+        if out.first_ms.get(r.partition) is None:
+            out.first_ms[r.partition] = r.timestamp_ms
+        try:
+            out.records.append((r.partition, r.offset, FinalizedGroup.from_bytes(r.value)))
+        except SchemaError:
+            continue  # the trainer dead-letters it as undecodable
+    return out
+
+
+def latest_states(kafka: KafkaConfig, topic: str, partitions: list[int]) -> tuple[dict[str, GroupState], int]:
+    """Each remembered group's latest state entry, read from each state partition's restore point; and how
+    many state records that was."""
+    latest: dict[str, GroupState] = {}
+    read = 0
+    for part in partitions:
+        changelog = read_changelog(kafka, topic, part)
+        read += len(changelog.entries)
+        for e in changelog.entries:
+            if e.entry is None:
+                latest.pop(e.key.decode(errors="replace"), None)  # a tombstone: forgotten behind the horizon
+            elif isinstance(e.entry, GroupState):
+                latest[e.entry.group_id] = e.entry
+    return latest, read
+
+
+def open_receipts(kafka: KafkaConfig, topic: str, start: dict[int, int], expired: Expired) -> dict[str, list[Receipt]]:
+    """Receipts from the reassemblers' committed offsets on, by group (offsets never pass an open group)."""
+    lows = {p: low for p, (low, _) in end_offsets(kafka, topic).items()}
+    begin = expired.add(topic, start, lows)
+    groups: dict[str, list[Receipt]] = {}
+    for r in read_topic(kafka, topic, start=begin):
+        try:
+            receipt = Receipt.from_bytes(r.value)
+        except SchemaError:
+            continue  # a reassembler dead-letters it again
+        groups.setdefault(receipt.group_id, []).append(receipt)
+    return groups
+
+
+def retention_warnings(kafka: KafkaConfig, topics: list[str], log: Callable[[str], None]) -> None:
+    """A line for each topic resume needs whose records expire (`retention.ms` not -1): a job down longer
+    than that loses the records it had not read. Topics created before rlstream set -1 keep the default."""
+    admin = AdminClient(kafka.admin())
+    try:
+        futures = admin.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, t) for t in topics])
+        for resource, fut in futures.items():
+            entry = fut.result(timeout=30).get("retention.ms")
+            if entry is None or entry.value in (None, "-1"):
+                continue
+            days = int(entry.value) / 86_400_000
+            log(
+                f"resume: {resource.name} keeps records {days:.1f} days (retention.ms={entry.value}): a job down"
+                " longer loses what it had not read (`kafka-configs.sh --alter --entity-type topics --entity-name"
+                f" {resource.name} --add-config retention.ms=-1` keeps them)"
+            )
+    except Exception as exc:  # noqa: BLE001 - a warning's lookup must not stop a resume (ACLs may refuse it)
+        log(f"resume: could not read the topics' retention ({exc})")
+    finally:
+        admin.poll(0)
