@@ -11,6 +11,9 @@
 
 Every produced group must end in exactly one of these; `lost` counts those that end in none,
 `trained twice` the groups (or prompts, across their regenerations) in the journal more than once.
+The drill produces no bad input, so a dead letter is a failure too (a group with a failed rollout
+whose staging was lost is handed back, not dead-lettered); `handed back with a failed rollout`
+counts such groups, and `duplicate` names the group whose finalized record the drill published again.
 """
 
 from __future__ import annotations
@@ -42,6 +45,8 @@ class Audit:
     dead_lettered: int = 0
     evicted: int = 0
     lost: list[str] = field(default_factory=list)
+    handed_back_with_failed: int = 0
+    duplicate: str | None = None
     killed_at_step: int = 0
     first_batch_s: float | None = None
     rewards: tuple[float, float] | None = None
@@ -52,6 +57,8 @@ class Audit:
             out.append(f"{len(self.lost)} lost (e.g. {self.lost[:3]})")
         if self.trained_twice or self.prompts_trained_twice:
             out.append(f"trained twice: groups {self.trained_twice[:3]}, prompts {self.prompts_trained_twice[:3]}")
+        if self.dead_lettered:
+            out.append(f"{self.dead_lettered} dead-lettered: the drill's input is all good")
         accounted = self.trained_once + self.handed_back + self.dead_lettered + self.evicted
         if accounted != self.produced:
             out.append(f"trained once + handed back + dead-lettered + evicted = {accounted}, produced {self.produced}")
@@ -67,6 +74,8 @@ class Audit:
             f" ({by}), regenerated and trained {self.regenerated_and_trained}, dead-lettered"
             f" {self.dead_lettered}, evicted {self.evicted}, lost {len(self.lost)}, trained twice"
             f" {len(self.trained_twice) + len(self.prompts_trained_twice)}",
+            f"handed back with a failed rollout {self.handed_back_with_failed}; duplicate past the cut:"
+            f" {self.duplicate or 'none'}",
         ]
 
 
@@ -79,12 +88,15 @@ def audit_run(kafka: KafkaConfig, prefix: str, checkpoints: Path) -> Audit:
     names = TopicNames(prefix)
     result = Audit(prefix)
     produced: dict[str, int] = {}
+    failed: set[str] = set()
     for r in read_topic(kafka, names.receipts):
         try:
             receipt = Receipt.from_bytes(r.value)
         except SchemaError:
             continue
         produced.setdefault(receipt.group_id, receipt.prompt_idx)
+        if receipt.failure_reason is not None:
+            failed.add(receipt.group_id)
     backs: dict[str, Regenerate] = {}
     for r in read_topic(kafka, names.regenerate):
         back = Regenerate.from_bytes(r.value)
@@ -103,6 +115,7 @@ def audit_run(kafka: KafkaConfig, prefix: str, checkpoints: Path) -> Audit:
     result.handed_back = sum(1 for g in produced if g in backs)
     result.handed_back_by = dict(Counter("trainer" if b.worker_id.startswith("trainer") else "reassembler"
                                          for g, b in backs.items() if g in produced))  # fmt: skip
+    result.handed_back_with_failed = sum(1 for g in failed if g in backs)
     result.dead_lettered = sum(1 for g in produced if g in dead and g not in trained and g not in backs)
     result.evicted = sum(1 for g in produced if g in evicted and g not in trained)
 
