@@ -170,7 +170,7 @@ def test_restoring_chosen_rows_reads_only_the_messages_that_hold_them(tmp_path, 
     keep_at = None
     with read_spill(tmp_path, binding="b") as spill:
         keep_at = spill._where[(TRAIN, "r29_g0")]
-    for at, n in chunks:
+    for at, _ in chunks:
         if at != keep_at:
             data[at + 8] = 0xC1  # msgpack's never-used byte: the message cannot be decoded
     path.write_bytes(bytes(data))
