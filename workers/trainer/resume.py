@@ -92,8 +92,12 @@ class ResumeReport:
             f"checkpoint: {self.checkpoint}",
             f"finalized records read from {whence}: {self.finalized_read}; state records from the restore points:"
             f" {self.state_read}",
-            f"finalized groups resolved before the checkpoint (trained, evicted or handed back): {self.trained}"
-            + ("" if self.read_whole else " read past the cut, the rest not read"),
+            (
+                f"finalized groups resolved before the checkpoint (trained, evicted or handed back): {self.trained}"
+                if self.read_whole
+                else f"finalized groups past the cut resolved already (trained, evicted or handed back): {self.trained}"
+                " (those before the cut are not read)"
+            ),
             f"finalized groups restored ({self.restored_rows} train rows back in TQ): {self.restored}",
             f"finalized groups whose train rows are lost, to be handed back (or dead-lettered) by the trainer:"
             f" {self.hand_back_finalized}",

@@ -1,0 +1,61 @@
+"""How `resume` accounts for the groups it reads from the cut (issue 30): pure parts, no broker."""
+
+from __future__ import annotations
+
+from schemas.finalized import FinalizedGroup
+from schemas.state import CLOSED, DEAD_LETTERED, FINALIZED, GroupState
+from streams.partitioner import partition_of
+from workers.trainer.checkpoint import PartitionMark
+from workers.trainer.resume import CLOCK_MARGIN_MS, ResumeReport, _account_states, _sort_finalized
+from workers.trainer.resume_reads import FinalizedRead
+
+
+def _closed(gid: str, finalized_at_ms: int, outcome: str = FINALIZED) -> GroupState:
+    return GroupState(gid, CLOSED, 0, 0, 0, 1, outcome=outcome, finalized_at_ms=finalized_at_ms)
+
+
+def _in(partition: int, parts: int, stem: str) -> str:
+    return next(f"{stem}{i}" for i in range(1000) if partition_of(f"{stem}{i}".encode(), parts) == partition)
+
+
+def test_a_group_finalized_before_where_its_partition_was_read_is_accounted_for_and_a_later_one_is_not():
+    # Partition 0 read from its cut (offset 40), its first record written at t=1,000,000 ms.
+    read = FinalizedRead(first_ms={0: 1_000_000, 1: None}, begin={0: 40, 1: 0})
+    early, late, margin = _in(0, 2, "early"), _in(0, 2, "late"), _in(0, 2, "edge")
+    states = {
+        early: _closed(early, 900_000),  # before the cut: trained, its record not read
+        margin: _closed(margin, 1_000_000 + CLOCK_MARGIN_MS),  # clocks differ: may still lie before
+        late: _closed(late, 1_000_000 + CLOCK_MARGIN_MS + 1),  # after the first record read: must be read
+        "dead": _closed("dead", 5, outcome=DEAD_LETTERED),
+    }
+    report = ResumeReport()
+    _account_states(report, states, first={}, remembered=set(), finalized=read, parts=[0, 1])
+    assert report.unaccounted == [late] and report.closed_without_record == 1
+
+
+def test_a_finalized_group_of_a_partition_read_from_its_start_is_unaccounted_for_unless_its_record_was_read():
+    read = FinalizedRead(first_ms={0: None, 1: None}, begin={0: 0, 1: 0})
+    gid, found, known = _in(1, 2, "g"), _in(1, 2, "found"), _in(1, 2, "known")
+    states = {gid: _closed(gid, 1), found: _closed(found, 1), known: _closed(known, 1)}
+    report = ResumeReport()
+    _account_states(report, states, first={found: (1, 3, False)}, remembered={known}, finalized=read, parts=[0, 1])
+    assert report.unaccounted == [gid]
+
+
+def _group(gid: str, rows: int = 2) -> FinalizedGroup:
+    return FinalizedGroup(
+        group_id=gid, prompt_idx=0, partition_id="rlstream.train", sample_ids=tuple(f"{gid}_g{i}" for i in range(rows)),
+        tags=({},) * rows, group_min_wv=0, group_max_wv=0, canonical_output_tokens=0, valid_row_count=rows,
+        total_row_count=rows, rejection_reasons=(None,) * rows, dropped=False, drop_reason=None, metrics={},
+        source=None,
+    )  # fmt: skip
+
+
+def test_records_past_the_cut_are_trained_restored_handed_back_or_duplicates_of_a_group_resolved_before():
+    marks = {0: PartitionMark(10, [(12, 12)])}
+    records = [(0, 11, _group("new")), (0, 12, _group("done")), (0, 13, _group("dup")), (0, 14, _group("new"))]
+    report = ResumeReport()
+    first = _sort_finalized(report, records, marks, {"dup"}, store=None, spill=None, train="rlstream.train")
+    assert set(first) == {"new", "done", "dup"}
+    # "new" has no spill: handed back by the trainer; its second record is the trainer's own duplicate.
+    assert (report.trained, report.hand_back_finalized, report.duplicates, report.restored) == (1, 1, 1, 0)
