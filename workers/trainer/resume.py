@@ -31,6 +31,7 @@ back (`bench/resume.py`).
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -85,6 +86,7 @@ class ResumeReport:
     resolved_originals: list[tuple[str, int, int]] = field(default_factory=list)
     # Every group id resume saw: finalized past the cut, remembered by the reassemblers, open, handed back.
     known_groups: set[str] = field(default_factory=set)
+    took: dict[str, float] = field(default_factory=dict)  # seconds per part, after the wait for transactions
 
     def lines(self) -> list[str]:
         whence = "its start (the checkpoint has no resolved groups)" if self.read_whole else "the checkpoint's cut"
@@ -114,6 +116,8 @@ class ResumeReport:
                 f"hand-backs owed to the rollout workers: {self.feed.owed} ({self.feed.generated} generated already,"
                 f" settled; {self.feed.requeued} put again)"
             )
+        if self.took:
+            out.append("took: " + ", ".join(f"{what} {s:.1f} s" for what, s in self.took.items()))
         out.append(
             f"unaccounted for: {len(self.unaccounted)}"
             + (f" (e.g. {', '.join(self.unaccounted[:5])})" if self.unaccounted else "")
@@ -185,31 +189,40 @@ def _resume(
     # A checkpoint written before its resolved groups were kept: read from the start to find them.
     report.read_whole = state is not None and not has_resolved(checkpoint)
     start = {} if report.read_whole else {p: m.offset for p, m in marks.items()}
-    finalized = read_finalized(kafka, config.finalized_topic, start, report.expired)
-    report.finalized_read = len(finalized.records)
-    state_parts = _partitions(kafka, names.state)
-    states, report.state_read = latest_states(kafka, names.state, state_parts)
+    took = _Took(report)
+    finalized = read_finalized(
+        kafka, config.finalized_topic, start, report.expired, lambda p, o: _is_trained(marks, p, o)
+    )
+    took("finalized")
+    report.finalized_read = finalized.records
+    states, report.state_read = latest_states(kafka, names.state, _partitions(kafka, names.state))
+    took("state")
     receipts_from = {
         p: o for p, (o, _) in stable_committed(kafka, reassemblers, names.receipts, wait_s=wait_s, log=say).items()
     }
     receipts = open_receipts(kafka, names.receipts, receipts_from, report.expired)
+    took("receipts")
     feed_from, pending = {}, {}
     if rollouts is not None:
         feed_from = {
             p: o for p, (o, _) in stable_committed(kafka, rollouts, names.regenerate, wait_s=wait_s, log=say).items()
         }
         pending = pending_hand_backs(kafka, names, feed_from)
+        took("hand-backs")
 
     # Which of the groups seen the checkpoint remembers resolved: one pass over its resolved groups.
-    seen = {g.group_id for _, _, g in finalized.records}
+    seen = finalized.first
     owed = {b.new_group_id for backs in pending.values() for _, _, b in backs}
     remembered: set[str] = set()
     if state is not None and not report.read_whole:
         remembered = {g for g, _, _ in read_resolved(checkpoint, spill_binding(state)) if g in seen or g in owed}
+        took("resolved groups")
 
-    first = _sort_finalized(report, finalized.records, marks, remembered, store, spill, config.train_partition)
+    first = finalized.first
+    _sort_finalized(report, finalized, remembered, store, spill, config.train_partition)
     _account_states(report, states, first, remembered, finalized, _partitions(kafka, config.finalized_topic))
     _restore_open(report, store, receipts, states, spill)
+    took("restore")
     report.known_groups = (
         set(first) | set(states) | set(receipts) | {b.group_id for v in pending.values() for _, _, b in v} | owed
     )
@@ -219,6 +232,7 @@ def _resume(
         report.feed = settle_feed(
             kafka, names, rollouts, feed_from, pending, generated.__contains__, ends, wait_s=wait_s, log=say
         )
+        took("feed")
     if report.read_whole and report.resolved_originals:
         # For the restored trainer's load path (`checkpoint_dir.load_state`).
         write_resolved(checkpoint, spill_binding(state), report.resolved_originals)
@@ -236,36 +250,35 @@ def _partitions(kafka: KafkaConfig, topic: str) -> list[int]:
         c.close()
 
 
-def _sort_finalized(report, records, marks, remembered: set[str], store, spill: Spill | None, train: str) -> dict:
-    """Sort the finalized records read; put back the train rows of those restored. Returns each group's first."""
+def _sort_finalized(report, read, remembered: set[str], store, spill: Spill | None, train: str) -> None:
+    """Sort the finalized records read that the cut did not resolve; put back the train rows of those restored."""
+    report.trained = read.resolved
+    report.resolved_originals = list(read.originals)
+    report.duplicates = len(read.originals)
     kept = spill.keys(train) if spill is not None else set()
-    first: dict[str, tuple[int, int, bool]] = {}  # group id -> its first record read, and whether it is resolved
     restore: list[str] = []
-    for part, offset, group in records:
-        gid = group.group_id
-        resolved = _is_trained(marks, part, offset)
-        if gid in first:
-            # A duplicate. Past the cut, of an original before it (read from the start), the restored trainer
-            # never reads that original again: told of it (`remember_resolved`), it resolves the duplicate
-            # with it instead of taking it for a group whose rows are lost, and handing it back.
-            o_part, o_offset, o_resolved = first[gid]
-            if o_resolved and not resolved:
-                report.resolved_originals.append((gid, o_part, o_offset))
-                report.duplicates += 1
-            continue
-        first[gid] = (part, offset, resolved)
-        if resolved:
-            report.trained += 1
-        elif gid in remembered:
+    for gid, _, _, sample_ids in read.untrained:
+        if gid in remembered:
             report.duplicates += 1  # of a group resolved before the cut: the checkpoint remembers it
-        elif spill is not None and kept.issuperset(group.sample_ids):
-            restore.extend(group.sample_ids)
+        elif spill is not None and kept.issuperset(sample_ids):
+            restore.extend(sample_ids)
             report.restored += 1
         else:
             report.hand_back_finalized += 1
     if restore:
         report.restored_rows += spill.restore(store, train, restore)
-    return first
+
+
+class _Took:
+    """Seconds each part of a resume took, for its report."""
+
+    def __init__(self, report: ResumeReport):
+        self._report, self._t = report, time.monotonic()
+
+    def __call__(self, what: str) -> None:
+        now = time.monotonic()
+        self._report.took[what] = now - self._t
+        self._t = now
 
 
 def _account_states(report, states, first, remembered, finalized, parts: list[int]) -> None:

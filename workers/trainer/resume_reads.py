@@ -49,15 +49,44 @@ class Expired:
 
 @dataclass
 class FinalizedRead:
-    """The finalized records from the cut on: (partition, offset, group) in log order per partition, and
-    the timestamp of the first one read in each partition (None where none was)."""
+    """The finalized records read, sorted as they stream by (none is kept whole: a read from the start
+    of a topic of 1M groups would hold them all): each group's first record and whether the cut
+    resolved it; the records not resolved, with their sample ids; the duplicates of resolved groups;
+    and per partition where reading began and the timestamp of the first record read (None: none)."""
 
-    records: list[tuple[int, int, FinalizedGroup]] = field(default_factory=list)
+    first: dict[str, tuple[int, int, bool]] = field(default_factory=dict)
+    untrained: list[tuple[str, int, int, tuple[str, ...]]] = field(default_factory=list)
+    resolved: int = 0
+    # (group id, partition, offset) of a resolved original with a duplicate past the cut.
+    originals: list[tuple[str, int, int]] = field(default_factory=list)
+    records: int = 0
     first_ms: dict[int, int | None] = field(default_factory=dict)
     begin: dict[int, int] = field(default_factory=dict)
 
+    def take(self, partition: int, offset: int, group: FinalizedGroup, resolved: bool) -> None:
+        """One record, in log order per partition; `resolved`: the cut's marks resolve it."""
+        self.records += 1
+        gid = group.group_id
+        first = self.first.get(gid)
+        if first is not None:
+            # A duplicate. Past the cut, of an original before it (read from the start), the restored trainer
+            # never reads that original again: told of it (the checkpoint's resolved groups), it resolves the
+            # duplicate with it instead of taking it for a group whose rows are lost, and handing it back.
+            if first[2] and not resolved:
+                self.originals.append((gid, first[0], first[1]))
+            return
+        self.first[gid] = (partition, offset, resolved)
+        if resolved:
+            self.resolved += 1
+        else:
+            self.untrained.append((gid, partition, offset, group.sample_ids))
 
-def read_finalized(kafka: KafkaConfig, topic: str, start: dict[int, int], expired: Expired) -> FinalizedRead:
+
+def read_finalized(
+    kafka: KafkaConfig, topic: str, start: dict[int, int], expired: Expired, is_trained: Callable[[int, int], bool]
+) -> FinalizedRead:
+    """Read `topic` from `start` (from its log start where retention deleted more), sorting records by
+    `is_trained(partition, offset)`: the cut's marks."""
     lows = {p: low for p, (low, _) in end_offsets(kafka, topic).items()}
     out = FinalizedRead(begin=expired.add(topic, start, lows))
     out.first_ms = dict.fromkeys(lows)
@@ -65,9 +94,10 @@ def read_finalized(kafka: KafkaConfig, topic: str, start: dict[int, int], expire
         if out.first_ms.get(r.partition) is None:
             out.first_ms[r.partition] = r.timestamp_ms
         try:
-            out.records.append((r.partition, r.offset, FinalizedGroup.from_bytes(r.value)))
+            group = FinalizedGroup.from_bytes(r.value)
         except SchemaError:
             continue  # the trainer dead-letters it as undecodable
+        out.take(r.partition, r.offset, group, is_trained(r.partition, r.offset))
     return out
 
 

@@ -6,7 +6,7 @@ from schemas.finalized import FinalizedGroup
 from schemas.state import CLOSED, DEAD_LETTERED, FINALIZED, GroupState
 from streams.partitioner import partition_of
 from workers.trainer.checkpoint import PartitionMark
-from workers.trainer.resume import CLOCK_MARGIN_MS, ResumeReport, _account_states, _sort_finalized
+from workers.trainer.resume import CLOCK_MARGIN_MS, ResumeReport, _account_states, _is_trained, _sort_finalized
 from workers.trainer.resume_reads import FinalizedRead
 
 
@@ -51,11 +51,26 @@ def _group(gid: str, rows: int = 2) -> FinalizedGroup:
     )  # fmt: skip
 
 
-def test_records_past_the_cut_are_trained_restored_handed_back_or_duplicates_of_a_group_resolved_before():
+def test_records_are_sorted_as_they_stream_by_and_only_the_unresolved_ones_are_kept():
     marks = {0: PartitionMark(10, [(12, 12)])}
-    records = [(0, 11, _group("new")), (0, 12, _group("done")), (0, 13, _group("dup")), (0, 14, _group("new"))]
+    records = [(11, _group("new")), (12, _group("done")), (13, _group("dup")), (14, _group("new")), (9, _group("old"))]
+    read = FinalizedRead()
+    for offset, group in records:
+        read.take(0, offset, group, _is_trained(marks, 0, offset))
+    assert [u[0] for u in read.untrained] == ["new", "dup"] and read.records == 5
     report = ResumeReport()
-    first = _sort_finalized(report, records, marks, {"dup"}, store=None, spill=None, train="rlstream.train")
-    assert set(first) == {"new", "done", "dup"}
-    # "new" has no spill: handed back by the trainer; its second record is the trainer's own duplicate.
-    assert (report.trained, report.hand_back_finalized, report.duplicates, report.restored) == (1, 1, 1, 0)
+    _sort_finalized(report, read, {"dup"}, store=None, spill=None, train="rlstream.train")
+    # "done" and "old" resolved by the cut; "dup" remembered resolved by the checkpoint; "new" has no
+    # spill: handed back by the trainer, its second record the trainer's own duplicate.
+    assert (report.trained, report.hand_back_finalized, report.duplicates, report.restored) == (2, 1, 1, 0)
+
+
+def test_a_duplicate_read_from_the_start_of_a_group_resolved_before_the_cut_names_its_original():
+    marks = {0: PartitionMark(10, [])}
+    read = FinalizedRead()
+    for offset, gid in ((3, "a"), (4, "b"), (11, "a"), (12, "c"), (13, "c")):
+        read.take(0, offset, _group(gid), _is_trained(marks, 0, offset))
+    assert read.originals == [("a", 0, 3)] and read.resolved == 2  # "c" twice past the cut: the trainer's own
+    report = ResumeReport()
+    _sort_finalized(report, read, set(), store=None, spill=None, train="rlstream.train")
+    assert report.resolved_originals == [("a", 0, 3)] and report.duplicates == 1 and report.hand_back_finalized == 1
