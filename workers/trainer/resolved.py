@@ -14,8 +14,9 @@ start, and writes the file for the restored trainer.
 
 from __future__ import annotations
 
+import itertools
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from schemas.errors import SchemaError
@@ -27,26 +28,30 @@ RESOLVED_FILE = "rlstream-resolved"
 _PER_MESSAGE = INDEX_ENTRIES
 
 
-def write_resolved(directory: str | Path, binding: str, groups: Sequence[tuple[str, int, int]]) -> int:
+def write_resolved(directory: str | Path, binding: str, groups: Iterable[tuple[str, int, int]]) -> int:
     """Write `groups` (group id, partition, offset) into `directory`'s resolved file, replaced whole; bytes written."""
     path = Path(directory) / RESOLVED_FILE
     tmp = path.with_name(path.name + ".tmp")
     written = 0
+    it = iter(groups)
     with open(tmp, "wb") as f:
-        starts = range(0, max(1, len(groups)), _PER_MESSAGE)
-        for n, i in enumerate(starts):
-            part = groups[i : i + _PER_MESSAGE]
+        part = list(itertools.islice(it, _PER_MESSAGE))
+        while True:
+            following = list(itertools.islice(it, _PER_MESSAGE))
             msg = ResolvedGroups(
                 binding=binding,
                 group_ids=tuple(g for g, _, _ in part),
                 partitions=tuple(p for _, p, _ in part),
                 offsets=tuple(o for _, _, o in part),
-                last=n == len(starts) - 1,
+                last=not following,
             )
             data = msg.to_bytes()
             f.write(FRAME.pack(len(data)))
             f.write(data)
             written += FRAME.size + len(data)
+            if not following:
+                break
+            part = following
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
