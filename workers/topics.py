@@ -20,6 +20,7 @@ from schemas.finalized import FinalizedGroup
 from schemas.receipt import Receipt
 from schemas.regenerate import Regenerate
 from schemas.state import GroupState, PartitionProgress
+from schemas.trainer_progress import TrainerProgress
 from schemas.trainer_version import TrainerVersion
 from streams.admin import TopicSpec
 
@@ -31,6 +32,8 @@ TRAINER_DEADLETTER = "trainer.deadletter"
 STATE = "reassembler.state"
 # The trainer's current weight version, keyed by trainer id (compacted): what admission gates read.
 TRAINER_VERSION = "trainer.version"
+# The resolved records past a trainer's commit that its metadata cannot hold (compacted, one key a chunk).
+TRAINER_PROGRESS = "trainer.progress"
 # Prompt groups handed back for regeneration (their tensors were lost with the job), keyed by group id.
 REGENERATE = "rollout.regenerate"
 REPLAY_PREFIX = "replay."
@@ -70,6 +73,10 @@ class TopicNames:
         return self._p(TRAINER_VERSION)
 
     @property
+    def trainer_progress(self) -> str:
+        return self._p(TRAINER_PROGRESS)
+
+    @property
     def regenerate(self) -> str:
         return self._p(REGENERATE)
 
@@ -88,9 +95,9 @@ def pipeline_topics(
     replication_factor: int = 1,
     config: Mapping[str, str] | None = None,
 ) -> list[TopicSpec]:
-    """Receipts, finalized, the two dead-letter topics, the trainer's version (compacted, one partition),
-    the hand-backs for regeneration and the state changelog (compacted, co-partitioned with receipts);
-    the changelog comes last.
+    """Receipts, finalized, the two dead-letter topics, the trainer's version and progress (compacted, one
+    partition each), the hand-backs for regeneration and the state changelog (compacted, co-partitioned
+    with receipts); the changelog comes last.
 
     `config` applies to every topic. With 3 or more replicas, `min.insync.replicas` defaults to 2, so
     an acknowledged write (acks=all) survives the loss of any one broker; with 2 replicas it is 1.
@@ -117,6 +124,7 @@ def pipeline_topics(
         TopicSpec(names.deadletter, 1, dict(common), replication_factor=replication_factor),
         TopicSpec(names.trainer_deadletter, 1, dict(common), replication_factor=replication_factor),
         TopicSpec(names.trainer_version, 1, dict(compacted), replication_factor=replication_factor),
+        TopicSpec(names.trainer_progress, 1, dict(compacted), replication_factor=replication_factor),
         TopicSpec(names.regenerate, partitions, dict(kept), replication_factor=replication_factor),
         TopicSpec(names.state, partitions, compacted, replication_factor=replication_factor),
     ]
@@ -124,6 +132,7 @@ def pipeline_topics(
 
 RECEIPTS_ROLE, FINALIZED_ROLE, DEADLETTER_ROLE, STATE_ROLE = "receipts", "finalized", "deadletter", "state"
 TRAINER_VERSION_ROLE = "trainer_version"
+TRAINER_PROGRESS_ROLE = "trainer_progress"
 REGENERATE_ROLE = "regenerate"
 _SUFFIXES = {
     RECEIPTS: RECEIPTS_ROLE,
@@ -132,6 +141,7 @@ _SUFFIXES = {
     TRAINER_DEADLETTER: DEADLETTER_ROLE,
     STATE: STATE_ROLE,
     TRAINER_VERSION: TRAINER_VERSION_ROLE,
+    TRAINER_PROGRESS: TRAINER_PROGRESS_ROLE,
     REGENERATE: REGENERATE_ROLE,
 }
 # The state topic holds two kinds (a prompt group's entry and its partition's progress); the first
@@ -142,6 +152,7 @@ _BY_ROLE: dict[str, tuple[type[Message], ...]] = {
     DEADLETTER_ROLE: (DeadLetter,),
     STATE_ROLE: (GroupState, PartitionProgress),
     TRAINER_VERSION_ROLE: (TrainerVersion,),
+    TRAINER_PROGRESS_ROLE: (TrainerProgress,),
     REGENERATE_ROLE: (Regenerate,),
 }
 _BY_KIND: dict[str, type[Message]] = {cls.kind(): cls for kinds in _BY_ROLE.values() for cls in kinds}
@@ -159,7 +170,8 @@ def is_replay_topic(topic: str) -> bool:
 
 
 def topic_role(topic: str) -> str | None:
-    """Role from the name: receipts, finalized, deadletter, state, trainer_version, regenerate; else None."""
+    """Role from the name: receipts, finalized, deadletter, state, trainer_version, trainer_progress, regenerate;
+    else None."""
     if is_replay_topic(topic):
         return None
     for suffix, role in _SUFFIXES.items():

@@ -15,6 +15,7 @@ from schemas.receipt import CallRecord, Receipt
 from schemas.request import ReassemblyRequest, RolloutReassemblerActorConfig
 from schemas.state import GroupState, PartitionProgress
 from schemas.regenerate import STAGING_LOST, Regenerate
+from schemas.trainer_progress import TrainerProgress
 from schemas.trainer_version import TrainerVersion
 
 HERE = Path(__file__).resolve().parent
@@ -125,6 +126,18 @@ EXAMPLES = {
         time_ms=1_764_000_000_456,
         lost_groups=3,
         run="5f0c2a9e1b7d4c63",
+    ),
+    "trainer_progress": TrainerProgress(
+        consumer_group="trainers",
+        topic="run1.experience.finalized",
+        partition=3,
+        offset=1_204,
+        token="5f0c2a9e1b7d4c63.2a",
+        chunk=1,
+        chunks=2,
+        base=1_790,
+        ranges=(2, 0, 3, 4, 1, 0),
+        time_ms=1_764_000_000_789,
     ),
     "reassembler_config": RolloutReassemblerActorConfig(
         partition_id="train",

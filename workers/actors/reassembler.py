@@ -54,13 +54,30 @@ class RolloutReassemblerActor:
     from the committed offsets and the state topic, so nothing is lost or emitted twice. `finalize`
     puts rows idempotently under deterministic sample ids; a checkpoint save or load repeats;
     `check_dependencies` and `stop_worker` are idempotent. A call that raised is not retried.
+
+    With `metrics_port`, the actor serves its worker loop's Prometheus metrics on that port (0: a free
+    one, see `metrics_endpoint`) from its construction, so a restarted actor serves them again.
     """
 
-    def __init__(self, dp_config: DataPlaneConfig, config: RolloutReassemblerActorConfig):
+    def __init__(
+        self, dp_config: DataPlaneConfig, config: RolloutReassemblerActorConfig, metrics_port: int | None = None
+    ):
         self.dp_config = dp_config
         self.config = config
         self._store = None
         self._stop = threading.Event()
+        self._metrics: str | None = None
+        if metrics_port is not None:
+            import ray
+
+            from workers.telemetry.prometheus import start_metrics_server
+
+            port = start_metrics_server(metrics_port)
+            self._metrics = f"{ray.util.get_node_ip_address()}:{port}"
+
+    def metrics_endpoint(self) -> str | None:
+        """`host:port` of this actor's /metrics, None when it serves none."""
+        return self._metrics
 
     def _tq(self):
         if self._store is None:
@@ -122,10 +139,15 @@ class RolloutReassemblerActor:
     def run_worker(self, kafka, worker_config) -> dict[str, Any]:
         """Run the Kafka reassembler loop (a `ReassemblerConfig`) in this actor until `stop_worker`."""
         from workers.reassembler.worker import ReassemblerWorker
-        from workers.telemetry.sensors import ReassemblerStats
+        from workers.telemetry.sensors import ReassemblerStats, fan_out
 
         stats = ReassemblerStats()
-        worker = ReassemblerWorker(kafka, self._tq(), worker_config, sensor=stats)
+        sensor = stats
+        if self._metrics is not None:
+            from workers.telemetry.prometheus import PrometheusReassemblerSensor
+
+            sensor = fan_out(stats, PrometheusReassemblerSensor(prefix=worker_config.prefix))
+        worker = ReassemblerWorker(kafka, self._tq(), worker_config, sensor=sensor)
         try:
             worker.run(self._stop)
         finally:
@@ -162,6 +184,7 @@ def create_rollout_reassembler_actors(
     max_restarts: int = MAX_RESTARTS,
     max_task_retries: int = MAX_TASK_RETRIES,
     node_resource: str | None = None,
+    metrics_port: int | None = None,
 ) -> list[Any]:
     """Construct and validate the pool after TQ partitions are registered; all or nothing.
 
@@ -171,7 +194,8 @@ def create_rollout_reassembler_actors(
     `max_task_retries` times (-1: unbounded); `ray.kill(actor)` stops one for good.
     The actors are spread over the Ray nodes (Ray's SPREAD strategy: each on the next node with a free
     CPU, so losing one node loses only its share); with `node_resource`, only over the nodes that
-    offer that custom resource (TQError if none does).
+    offer that custom resource (TQError if none does). With `metrics_port`, actor i serves its worker's
+    Prometheus metrics on `metrics_port + i` (each a free port for 0; `metrics_endpoint` says which).
     """
     if num_workers <= 0:
         raise ValueError(f"num_workers must be > 0, got {num_workers}")
@@ -197,7 +221,8 @@ def create_rollout_reassembler_actors(
     try:
         for i, c in enumerate(configs):
             opts = {"name": f"{name_prefix}-{i}"} if name_prefix else {}
-            actors.append(remote_cls.options(**opts).remote(c, config))
+            served = {} if metrics_port is None else {"metrics_port": metrics_port + i if metrics_port else 0}
+            actors.append(remote_cls.options(**opts).remote(c, config, **served))
         ray.get([a.check_dependencies.remote() for a in actors])
     except BaseException:
         for a in actors:

@@ -80,6 +80,13 @@ class DemoConfig(Settings, frozen=True):
         int,
         Meta(ge=1, le=10_000, description="with admission: groups each producer runs ahead (started, not published)"),
     ] = 32
+    metrics_port: Annotated[
+        Annotated[int, Meta(ge=0, le=65535)] | None,
+        Meta(
+            description="serve Prometheus /metrics: the trainer on this port, reassembler actor i on PORT+1+i, "
+            "and TQ's own exporter (0: free ports; every endpoint is logged)"
+        ),
+    ] = None
     shape: SyntheticShape = msgspec.field(default_factory=demo_shape)
 
     @property

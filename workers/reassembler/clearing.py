@@ -9,17 +9,19 @@ not become true before the rows are gone (a crash in between would leave them be
 
 from __future__ import annotations
 
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Executor, Future
 
 from streams.tq import KVStore
+from workers.runtime import REAL_RUNTIME, Runtime
 
 
 class StagingClearer:
     """At most one clear in flight; `settle` waits for it and raises what it raised."""
 
-    def __init__(self, store: KVStore, partition: str):
+    def __init__(self, store: KVStore, partition: str, *, runtime: Runtime = REAL_RUNTIME):
         self._store, self._partition = store, partition
-        self._pool: ThreadPoolExecutor | None = None
+        self._runtime = runtime
+        self._pool: Executor | None = None
         self._pending: Future | None = None
 
     def submit(self, keys: list[str]) -> None:
@@ -27,7 +29,7 @@ class StagingClearer:
         if not keys:
             return
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="staging-clear")
+            self._pool = self._runtime.executor("staging-clear")
         self._pending = self._pool.submit(self._store.clear, self._partition, keys)
 
     def settle(self) -> None:

@@ -15,6 +15,19 @@ from confluent_kafka import Consumer
 from streams.config import KafkaConfig
 from streams.producer import TransactionalProducer
 from workers.reassembler.changelog import Changelog, read_changelog
+from workers.reassembler.config import ReassemblerConfig
+
+
+def consumer_settings(config: ReassemblerConfig) -> dict[str, Any]:
+    """The librdkafka settings of a worker's receipts consumer, beyond those of its `KafkaConfig`."""
+    return {
+        "session.timeout.ms": config.session_timeout_ms,
+        "heartbeat.interval.ms": max(100, config.session_timeout_ms // 6),
+        "max.poll.interval.ms": config.max_poll_interval_ms,
+        "client.id": config.transactional_id,
+        "partition.assignment.strategy": config.partition_assignment,
+        **({"group.instance.id": config.transactional_id} if config.static_membership else {}),
+    }
 
 
 class WorkerClients(Protocol):

@@ -20,6 +20,7 @@ from streams.tq import KVStore
 from workers.reassembler.errors import LeaseRefused, StagingUnstable
 from workers.reassembler.groups import OpenGroup
 from workers.rollout.publisher import ROUTED_EXPERTS, SEGMENT_FIELDS
+from workers.runtime import REAL_RUNTIME, Runtime
 
 MISSING_STAGING_ROW = "missing_staging_row"  # schemas.linearize's rejection of a receipt whose row is gone
 
@@ -156,7 +157,12 @@ def _source(group: OpenGroup, topic: str) -> SourceRange | None:
 
 
 def _finalized_record(
-    group: OpenGroup, build: GroupBuild, config: RolloutReassemblerActorConfig, topic: str, metrics: Mapping[str, float]
+    group: OpenGroup,
+    build: GroupBuild,
+    config: RolloutReassemblerActorConfig,
+    topic: str,
+    metrics: Mapping[str, float],
+    finalized_at_ms: int,
 ) -> FinalizedGroup:
     return FinalizedGroup(
         group_id=group.group_id,
@@ -174,7 +180,7 @@ def _finalized_record(
         drop_reason=None,
         metrics=dict(metrics),
         source=_source(group, topic),
-        finalized_at_ms=int(time.time() * 1000),
+        finalized_at_ms=finalized_at_ms,
     )
 
 
@@ -203,6 +209,7 @@ def finalize_groups(
     receipts_topic: str,
     now_ms: int,
     lease_refusal: Callable[[int, list[str]], str | None] = lambda put, sample_ids: None,
+    runtime: Runtime = REAL_RUNTIME,
 ) -> list[GroupOutcome]:
     """Finalize ready groups; rows go to TQ train now, staging is cleared by the caller after commit.
 
@@ -210,7 +217,8 @@ def finalize_groups(
     is mostly per call (bench/dataplane). `lease_refusal(i, sample_ids)` is asked before put i and names why
     the caller may no longer own its partitions (None while it does): a zombie's put could overwrite
     rows a successor committed, or recreate rows a trainer already released. Then that put and the
-    rest are not made and `LeaseRefused` is raised.
+    rest are not made and `LeaseRefused` is raised. A record's `finalized_at_ms` is `runtime`'s wall
+    clock; the `metrics` figures are `perf_counter` spans (metrics only, see `workers.runtime`).
     """
     t0 = time.perf_counter()
     owned, tags = owned_keys(store, config.staging_partition, groups) if groups else ({}, {})
@@ -239,7 +247,13 @@ def finalize_groups(
             "open_ms": float(max(0, now_ms - group.first_seen_ms)),
         }
         outcomes.append(
-            GroupOutcome(group, _finalized_record(group, build, config, receipts_topic, metrics), None, None, staging)
+            GroupOutcome(
+                group,
+                _finalized_record(group, build, config, receipts_topic, metrics, runtime.wall_ms()),
+                None,
+                None,
+                staging,
+            )
         )
     return outcomes
 

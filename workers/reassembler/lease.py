@@ -26,8 +26,8 @@ the check and before the put has landed: the length of one bounded TQ call, not 
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable
+
+from workers.runtime import REAL_RUNTIME, Runtime
 
 # The share of max.poll.interval after the last poll past which no put starts.
 SLOW_STEP_SHARE = 0.75
@@ -51,12 +51,12 @@ class Lease:
         max_poll_interval_s: float,
         *,
         tick_s: float = 0.1,
-        clock: Callable[[], float] = time.monotonic,
+        runtime: Runtime = REAL_RUNTIME,
         watch: bool = True,
     ):
         self.session_timeout_s = session_timeout_s
         self.max_poll_interval_s = max_poll_interval_s
-        self._clock = clock
+        self._clock = clock = runtime.monotonic
         self._tick_s = tick_s
         self._last_tick = self._polled = clock()
         self._lock = threading.Lock()
@@ -66,9 +66,8 @@ class Lease:
         self._freeze_s = 0.0
         # Seconds the process spent frozen since the last poll: no step's work (see `slow_step`).
         self._frozen_since_poll = 0.0
-        self._stop = threading.Event()
-        if watch:
-            threading.Thread(target=self._watch, name="rlstream-lease", daemon=True).start()
+        # The watch: a tick every tick_s on a thread of its own (the runtime's).
+        self._watch = runtime.periodic(tick_s, self.tick, name="rlstream-lease") if watch else None
 
     def polled(self) -> None:
         with self._lock:
@@ -88,10 +87,6 @@ class Lease:
             self._unconfirmed = True
             self._freeze_s = max(self._freeze_s, gap)
             self._frozen_since_poll += gap
-
-    def _watch(self) -> None:
-        while not self._stop.wait(self._tick_s):
-            self.tick()
 
     def _check_freeze(self) -> None:
         # A freeze the watch thread has not ticked through yet (the caller woke first). Counted
@@ -152,4 +147,5 @@ class Lease:
         return worked >= self.max_poll_interval_s * SLOW_STEP_SHARE
 
     def close(self) -> None:
-        self._stop.set()
+        if self._watch is not None:
+            self._watch.stop()

@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+
+from workers.runtime import REAL_RUNTIME, Runtime
+from workers.telemetry.sensors import PoolSensor
 
 # How long a pool's children have to stop after a forwarded SIGINT/SIGTERM before they are killed.
 STOP_GRACE_S = 30.0
@@ -63,7 +65,8 @@ class RestartPolicy:
 class Pool:
     """Worker child processes: stop signals forwarded to them, exits reported as they happen, and a
     crashed child started again (with `spawn`, under the same worker id) after a growing delay, or at
-    once by promoting the warm spare (from `spares`) when it is the child's first crash in a row."""
+    once by promoting the warm spare (from `spares`) when it is the child's first crash in a row.
+    `runtime` is its clock and sleep (`workers.runtime`), the process's own by default."""
 
     def __init__(
         self,
@@ -75,8 +78,11 @@ class Pool:
         spawn: Callable[[str], subprocess.Popen] | None = None,
         restart: RestartPolicy = RestartPolicy(),
         spares: SpareSupply | None = None,
+        runtime: Runtime = REAL_RUNTIME,
+        sensor: PoolSensor | None = None,
     ) -> None:
         self.log, self.stop_grace_s, self.poll_s = log, stop_grace_s, poll_s
+        self.sensor = sensor if sensor is not None else PoolSensor()
         self.warn = warn or log
         self.spawn, self.restart = spawn, restart
         self.procs: dict[str, subprocess.Popen] = {}
@@ -90,15 +96,18 @@ class Pool:
         self.spare_proc: subprocess.Popen | None = None
         self.spare_started = -SPARE_RESPAWN_S
         self.to_spare: set[str] = set()  # crashed workers whose restart goes to the spare, until it is done
+        self.runtime = runtime
 
     def add(self, worker_id: str, proc: subprocess.Popen) -> None:
+        if worker_id not in self.started:
+            self.sensor.on_worker(worker_id)
         self.procs[worker_id] = proc
-        self.started[worker_id] = time.monotonic()
+        self.started[worker_id] = self.runtime.monotonic()
         if self.signum is not None:  # the stop arrived while it was starting
             proc.send_signal(self.signum)
 
     def forward(self, signum: int, _frame=None) -> None:
-        self.stop_at = self.stop_at if self.stop_at is not None else time.monotonic()
+        self.stop_at = self.stop_at if self.stop_at is not None else self.runtime.monotonic()
         self.signum = signum
         for proc in [*self.procs.values(), *([self.spare_proc] if self.spare_proc else [])]:
             if proc.poll() is None:
@@ -126,7 +135,8 @@ class Pool:
                 self.pending.clear()
             running.update(self._restart_due())
             self.keep_spare()
-            overdue = self.stop_at is not None and time.monotonic() - self.stop_at > self.stop_grace_s
+            self.sensor.on_running(len(running), spare_ready=self.spare_proc is not None)
+            overdue = self.stop_at is not None and self.runtime.monotonic() - self.stop_at > self.stop_grace_s
             if running and overdue and not killed:
                 killed = True
                 self.log(
@@ -135,7 +145,7 @@ class Pool:
                 for proc in running.values():
                     proc.kill()
             if running or self.pending:
-                time.sleep(self.poll_s)
+                self.runtime.sleep(self.poll_s)
         self._retire_spare()
         return worst
 
@@ -148,8 +158,8 @@ class Pool:
                 f"spare worker process {self.spare_proc.pid} exited with code {exit_status(self.spare_proc.returncode)}"
             )
             self.spare_proc = None
-        if self.spare_proc is None and time.monotonic() - self.spare_started >= SPARE_RESPAWN_S:
-            self.spare_started = time.monotonic()
+        if self.spare_proc is None and self.runtime.monotonic() - self.spare_started >= SPARE_RESPAWN_S:
+            self.spare_started = self.runtime.monotonic()
             try:
                 self.spare_proc = self.spares.spawn()
             except OSError as exc:
@@ -195,8 +205,11 @@ class Pool:
             how = "stopped" if stopped else ("exited" if code == 0 or self.stop_at is not None else "died")
             fenced = " (fenced: a live twin holds its id; not restarted)" if code == FENCED_EXIT else ""
             self.log(f"[{worker_id}] worker process {proc.pid} {how} with exit code {code}{fenced}")
+            final = "fenced" if code == FENCED_EXIT else ("stopped" if stopped or code == 0 else "failed")
+            self.sensor.on_exit(worker_id, final)
             return 0 if stopped or code == 0 else code
-        uptime = time.monotonic() - self.started[worker_id]
+        self.sensor.on_exit(worker_id, "crashed")
+        uptime = self.runtime.monotonic() - self.started[worker_id]
         if uptime >= self.restart.stable_s:
             self.crashes[worker_id] = 0
         self.crashes[worker_id] += 1
@@ -212,7 +225,7 @@ class Pool:
         if spare:
             self.to_spare.add(worker_id)
         delay = 0.0 if spare else self.restart.delay(self.crashes[worker_id])
-        self.pending[worker_id] = (time.monotonic() + delay, code)
+        self.pending[worker_id] = (self.runtime.monotonic() + delay, code)
         how = "handing its id to the spare" if spare else f"restarting it in {delay:g}s"
         self.warn(
             f"[{worker_id}] worker process {proc.pid} died with exit code {code} after {uptime:.1f}s; "
@@ -223,7 +236,7 @@ class Pool:
     def _restart_due(self) -> dict[str, subprocess.Popen]:
         """Start again the crashed children whose delay has passed (not after a stop)."""
         started: dict[str, subprocess.Popen] = {}
-        now = time.monotonic()
+        now = self.runtime.monotonic()
         for worker_id, (due, code) in list(self.pending.items()):
             if due > now or self.stop_at is not None:
                 continue
@@ -236,10 +249,11 @@ class Pool:
             except OSError as exc:  # no process to run it (fork or exec failed): counts as one more crash
                 self.crashes[worker_id] += 1
                 delay = self.restart.delay(self.crashes[worker_id])
-                self.pending[worker_id] = (time.monotonic() + delay, code)
+                self.pending[worker_id] = (self.runtime.monotonic() + delay, code)
                 self.warn(f"[{worker_id}] restarting the worker process failed ({exc}); next try in {delay:g}s")
                 continue
             self.restarts[worker_id] += 1
+            self.sensor.on_restart(worker_id, by_spare=promoted is not None)
             self.add(worker_id, proc)
             how = f"spare pid {proc.pid} took over" if promoted else f"worker process restarted as pid {proc.pid}"
             self.log(f"[{worker_id}] {how} (restart {self.restarts[worker_id]})")

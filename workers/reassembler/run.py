@@ -13,7 +13,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable, Sequence
 from typing import BinaryIO
 
@@ -27,7 +26,8 @@ from workers.reassembler.config import ReassemblerConfig
 from workers.reassembler.faults import NO_FAULTS, Faults
 from workers.reassembler.lease import call_budget_s
 from workers.reassembler.pool import STOP_GRACE_S, Pool, RestartPolicy, SpareSupply
-from workers.telemetry.sensors import ReassemblerSensor, ReassemblerStats, fan_out
+from workers.runtime import REAL_RUNTIME, Runtime
+from workers.telemetry.sensors import PoolSensor, ReassemblerSensor, ReassemblerStats, fan_out
 
 # How a child is started; everything else it needs arrives on its stdin.
 CHILD_ARGS = ("-m", "workers.cli.main", "reassemble", "--config-stdin")
@@ -160,10 +160,9 @@ def await_promotion(spec: WorkerSpec, stdin: BinaryIO, log: Callable[[str], None
 
 
 def rate_line(
-    worker_id: str, stats: ReassemblerStats, prev: tuple[int, int, float]
+    worker_id: str, stats: ReassemblerStats, prev: tuple[int, int, float], *, now: float
 ) -> tuple[str, tuple[int, int, float]]:
-    """One-line summary of a worker's progress since the previous line."""
-    now = time.monotonic()
+    """One-line summary of a worker's progress since the previous line (`now`: its runtime's monotonic clock)."""
     dt = max(now - prev[2], 1e-9)
     dead = sum(stats.dead_letters.values())
     line = (
@@ -185,11 +184,13 @@ def run_worker(
     tick_s: float = 5.0,
     sensor: ReassemblerSensor | None = None,
     faults: Faults = NO_FAULTS,
+    runtime: Runtime = REAL_RUNTIME,
 ) -> ReassemblerStats:
     """Attach to TQ and run one worker in this process until `stop` is set or SIGINT/SIGTERM arrives.
 
     `sensor` (e.g. a Prometheus one) gets every reading as well as the totals behind the rate line;
-    `faults` is for drills only (`tests/tools/drill_worker.py`).
+    `faults` is for drills only (`tests/tools/drill_worker.py`); `runtime` is the worker's clocks and
+    threads (`workers.runtime`), the process's own by default.
     """
     from workers.reassembler.worker import ReassemblerWorker
 
@@ -201,20 +202,25 @@ def run_worker(
             signal.signal(sig, lambda *_: stop.set())
     stats = ReassemblerStats()
     worker = ReassemblerWorker(
-        kafka, TQStore(), config, sensor=stats if sensor is None else fan_out(stats, sensor), faults=faults
+        kafka,
+        TQStore(),
+        config,
+        sensor=stats if sensor is None else fan_out(stats, sensor),
+        faults=faults,
+        runtime=runtime,
     )
     log(
         f"[{config.worker_id}] consuming {config.receipts_topic} on {kafka.bootstrap_servers} "
         f"as consumer group {config.consumer_group!r}"
     )
-    prev = [(0, 0, time.monotonic())]
+    prev = [(0, 0, runtime.monotonic())]
 
     def tick() -> None:
-        line, prev[0] = rate_line(config.worker_id, stats, prev[0])
+        line, prev[0] = rate_line(config.worker_id, stats, prev[0], now=runtime.monotonic())
         log(line)
 
     worker.run(stop, on_tick=tick, tick_s=tick_s)
-    log(rate_line(config.worker_id, stats, prev[0])[0] + " (stopped)")
+    log(rate_line(config.worker_id, stats, prev[0], now=runtime.monotonic())[0] + " (stopped)")
     return stats
 
 
@@ -226,7 +232,7 @@ def serve_worker(
     if metrics_port is not None:
         from workers.telemetry.prometheus import PrometheusReassemblerSensor, start_metrics_server
 
-        sensor = PrometheusReassemblerSensor()
+        sensor = PrometheusReassemblerSensor(prefix=config.prefix)
         log(f"metrics: http://0.0.0.0:{start_metrics_server(metrics_port)}/metrics")
     run_worker(kafka, config, tq, log=log, sensor=sensor)
     return 0
@@ -269,10 +275,12 @@ def run_pool(
     stop_grace_s: float = STOP_GRACE_S,
     restart: RestartPolicy | None = None,
     keep_spare: bool = False,
+    sensor: PoolSensor | None = None,
 ) -> int:
     """Run num_workers child processes (ids `<worker_id>-<i>`) until interrupted; returns the worst exit code.
 
-    With `metrics_port`, child i serves on `metrics_port + i` (or a free port each, for 0). SIGINT and
+    With `metrics_port`, child i serves on `metrics_port + i` (or a free port each, for 0); `sensor` gets
+    the pool's supervision (exits, restarts, the spare; `serve_pool_metrics`). SIGINT and
     SIGTERM are forwarded to the children (the handlers are in place before the first one starts);
     each child's exit is logged when it happens; a child that crashes (a non-zero exit or a signal
     the pool did not forward) is started again with the same worker id after the `restart` policy's
@@ -301,7 +309,9 @@ def run_pool(
 
     warn = warn or logging.getLogger("rlstream.reassemble").warning
     restart = restart or RestartPolicy()
-    pool = Pool(log=log, warn=warn, stop_grace_s=stop_grace_s, spawn=spawn, restart=restart, spares=spares)
+    pool = Pool(
+        log=log, warn=warn, stop_grace_s=stop_grace_s, spawn=spawn, restart=restart, spares=spares, sensor=sensor
+    )
     with pool.forwarding_signals():
         pool.keep_spare()  # before the workers: one that dies at once already finds it
         for worker_id in workers:
@@ -315,6 +325,19 @@ def run_pool(
         counts = ", ".join(f"{w} {n}" for w, n in sorted(pool.restarts.items()))
         log(f"worker processes restarted {pool.restarts.total()} time(s): {counts}")
     return code
+
+
+def serve_pool_metrics(
+    config: ReassemblerConfig, metrics_port: int, num_workers: int, log: Callable[[str], None]
+) -> PoolSensor:
+    """A pool's Prometheus sensor, served from this process on the port after its workers' (`metrics_port`
+    + `num_workers`; a free one for 0)."""
+    from workers.telemetry.prometheus import PrometheusPoolSensor, start_metrics_server
+
+    sensor = PrometheusPoolSensor(prefix=config.prefix)
+    served = start_metrics_server(metrics_port + num_workers if metrics_port else 0)
+    log(f"metrics: http://0.0.0.0:{served}/metrics (the pool: restarts, exits, spare)")
+    return sensor
 
 
 def _spare(

@@ -19,13 +19,13 @@ is rejected as a missing staging row: a bounded age, as the horizon's retention 
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from streams.partitioner import partition_of
 from streams.tq import KVStore
 from workers.reassembler.config import ReassemblerConfig
+from workers.runtime import REAL_RUNTIME, Runtime
 
 log = logging.getLogger("rlstream.reassembler")
 
@@ -36,21 +36,14 @@ STAGED_AT_TAG = "staged_at_ms"
 class StagingSweeper:
     """One worker's periodic sweep of the staging partition, for the receipts partitions it owns."""
 
-    def __init__(
-        self,
-        store: KVStore,
-        config: ReassemblerConfig,
-        *,
-        clock: Callable[[], float] = time.monotonic,
-        wall_ms: Callable[[], int] = lambda: int(time.time() * 1000),
-    ):
+    def __init__(self, store: KVStore, config: ReassemblerConfig, *, runtime: Runtime = REAL_RUNTIME):
         self._store = store
         self._partition = config.actor.staging_partition
         self._age_ms = int(config.staging_sweep_age_s * 1000)
         self._interval_s = config.staging_sweep_interval_s
         self._enabled = config.clear_staging
-        self._clock, self._wall_ms = clock, wall_ms
-        self._next = clock() + self._interval_s
+        self._clock, self._wall_ms = runtime.monotonic, runtime.wall_ms
+        self._next = self._clock() + self._interval_s
         # Rows listed without a staging time, and when this sweeper first saw each (bounded by
         # what the partition holds: keys no longer listed are dropped at each sweep).
         self._first_seen: dict[str, int] = {}

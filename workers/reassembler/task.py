@@ -10,7 +10,6 @@ the committed state, so nothing here needs undoing.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 
 import msgspec
@@ -28,6 +27,7 @@ from workers.reassembler.decode import Limits, Refused, decode_receipt, redrive_
 from workers.reassembler.finalize import GroupOutcome
 from workers.reassembler.groups import Intake, OpenGroup, PromptGroups
 from workers.reassembler.restore import Restored
+from workers.runtime import REAL_RUNTIME
 
 _REFUSED = {
     Intake.DUPLICATE: dl.DUPLICATE_RECEIPT,
@@ -88,13 +88,15 @@ class PartitionTask:
         *,
         committed_offset: int | None = None,
         state_end: int = 0,
+        now_ms: int | None = None,
     ) -> PartitionTask:
         """A task for a restored partition; the staging its predecessor closed but left behind is
-        `restored_staging`, for the worker to clear once it may write to TQ (see there)."""
+        `restored_staging`, for the worker to clear once it may write to TQ (see there). `now_ms` is
+        the worker's wall clock (its runtime's; None: this process's)."""
         task = cls(restored, store, config, committed_offset=committed_offset, state_end=state_end)
         # A first-seen time written by a worker whose clock ran ahead would hold its group open (and
         # the committed offset back) until this clock caught up.
-        now_ms = int(time.time() * 1000)
+        now_ms = REAL_RUNTIME.wall_ms() if now_ms is None else now_ms
         opened = task.groups.restored_open_ms
         for gid, first_seen in opened.items():
             opened[gid] = min(first_seen, now_ms)

@@ -1,36 +1,34 @@
 """The reassembler worker: a consumer-group member that turns receipts into finalized prompt groups exactly once.
 
-Modelled on Kafka Streams' commit cycle: one `PartitionTask` per assigned receipts partition. Each
-step polls, routes every record to its task, finalizes the groups the tasks report ready, lets each
-task prepare its outputs, commits them all with the input offsets in one transaction
-(`workers.reassembler.commit`), then lets each task clean up. Any Kafka failure inside a step aborts
-it and rebuilds every task from the committed offsets and the state topic, so a step either happened
-entirely or not at all.
+Modelled on Kafka Streams' commit cycle: one `PartitionTask` per assigned receipts partition, owned
+by the worker's `TaskManager` (`task_manager.py`: assignment, revocation, restore, rebuild), as a
+StreamThread runs the loop over its TaskManager's tasks. Each step polls, routes every record to its
+task, finalizes the groups the tasks report ready, lets each task prepare its outputs, commits them
+all with the input offsets in one transaction (`workers.reassembler.commit`), then lets each task
+clean up. Any Kafka failure inside a step aborts it and rebuilds every task from the committed
+offsets and the state topic, so a step either happened entirely or not at all.
 
 Unlike a StreamTask's prepareCommit, `PartitionTask.prepare` closes the groups it is handed: an
 aborted step leaves them closed in memory, which is safe only because every abort ends in
-`_rebuild`, which replaces every task with one restored from what was committed.
+`TaskManager.rebuild`, which replaces every task with one restored from what was committed.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
 import threading
-import time
 from collections.abc import Callable
-from typing import TypeVar
 
-from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from confluent_kafka import KafkaError, KafkaException
 
 from schemas.errors import InvalidArgument
 from streams.config import KafkaConfig
 from streams.consumer import Record, partitions_of
-from streams.errors import ReadTimeout, TQError, TQTimeout
+from streams.errors import TQError, TQTimeout
 from streams.producer import TransactionalProducer, is_fatal, is_fenced
 from streams.tq import KVStore, with_call_deadline
 from workers.reassembler.clearing import StagingClearer
-from workers.reassembler.clients import KafkaClients, WorkerClients
+from workers.reassembler.clients import KafkaClients, WorkerClients, consumer_settings
 from workers.reassembler.commit import PartitionCommit, commit_transaction, confirm_membership, dead_letter_counts
 from workers.reassembler.config import ReassemblerConfig
 from workers.reassembler.errors import LeaseRefused, MemberFenced, StepAborted
@@ -40,30 +38,25 @@ from workers.reassembler.finalize import finalize_groups
 from workers.reassembler.groups import OpenGroup
 from workers.reassembler.lease import Lease, call_budget_s
 from workers.reassembler.poll_errors import check_poll_error
-from workers.reassembler.restore import restore_partition
+from workers.reassembler.retry import retrying
 from workers.reassembler.stepsize import StepSize
 from workers.reassembler.sweeper import StagingSweeper
 from workers.reassembler.task import PartitionTask
+from workers.reassembler.task_manager import TaskManager
+from workers.runtime import REAL_RUNTIME, Runtime
 from workers.telemetry.sensors import ReassemblerSensor
 
 log = logging.getLogger("rlstream.reassembler")
-T = TypeVar("T")
-# Longest wait between retries of a Kafka call the worker cannot go on without.
-MAX_RETRY_DELAY_S = 30.0
-
-
-def retry_delay(attempt: int) -> float:
-    """Seconds before retry `attempt` (0-based): 1, 2, 4 ... capped at MAX_RETRY_DELAY_S."""
-    return min(MAX_RETRY_DELAY_S, 2.0 ** min(attempt, 16))
 
 
 class ReassemblerWorker:
     """One consumer-group member; `run` loops `step` until stopped.
 
     `faults` (tests and drills only) is called at fixed points of every step; `clients` makes the
-    Kafka clients (real ones by default); `clock` is the monotonic clock of the lease and of the
-    transaction timing. Every TQ call through `store` is given up at `lease.call_budget_s` (a TQ
-    store gets that deadline here, wherever the worker runs: a pool child, a Ray actor, a thread).
+    Kafka clients (real ones by default); `runtime` gives it every clock, sleep and background thread
+    it uses (`workers.runtime`: the process's own by default, a simulator's virtual ones). Every TQ
+    call through `store` is given up at `lease.call_budget_s` (a TQ store gets that deadline here,
+    wherever the worker runs: a pool child, a Ray actor, a thread).
     """
 
     def __init__(
@@ -75,7 +68,7 @@ class ReassemblerWorker:
         sensor: ReassemblerSensor | None = None,
         faults: Faults = NO_FAULTS,
         clients: WorkerClients | None = None,
-        clock: Callable[[], float] = time.monotonic,
+        runtime: Runtime = REAL_RUNTIME,
     ):
         if not config.worker_id:
             # It names the transactional id: two workers sharing one would fence each other.
@@ -86,53 +79,43 @@ class ReassemblerWorker:
         self.sensor = sensor if sensor is not None else ReassemblerSensor()
         self.faults = faults
         self._clients = clients if clients is not None else KafkaClients(kafka)
-        self._clock = clock
-        self._tasks: dict[int, PartitionTask] = {}
-        self._lease = Lease(config.session_timeout_ms / 1000, config.max_poll_interval_ms / 1000, clock=clock)
-        self._paused = False
-        self._clearer = StagingClearer(self.store, config.actor.staging_partition)
-        self._sweeper = StagingSweeper(self.store, config, clock=clock)
+        self.runtime = runtime
+        self._clock = runtime.monotonic
+        self._lease = Lease(config.session_timeout_ms / 1000, config.max_poll_interval_ms / 1000, runtime=runtime)
+        self._clearer = StagingClearer(self.store, config.actor.staging_partition, runtime=runtime)
+        # The partition tasks, by partition (a mapping), and their assignment, restore and rebuild.
+        self._tasks = TaskManager(config, self.store, self._clients, self._clearer, sensor=self.sensor, runtime=runtime)
+        self._sweeper = StagingSweeper(self.store, config, runtime=runtime)
         self._warned: dict[int, float] = {}
         self._step = StepSize(config.worker_id, config.max_poll_records, config.max_poll_interval_ms)
         # When the open transaction began (None: none open): a fence after its timeout is the
         # coordinator aborting it, not a twin.
         self._txn_began: float | None = None
-        self._closing = False
         self._twins = TwinWatch(
             config.worker_id,
             config.transactional_id,
             session_timeout_s=config.session_timeout_ms / 1000,
             transaction_timeout_s=config.transaction_timeout_ms / 1000,
-            clock=clock,
+            clock=runtime.monotonic,
         )
         self._producer = self._new_producer()
         self._consumer = self._new_consumer()
 
     def _new_consumer(self):
-        config = self.config
-        consumer = self._clients.consumer(
-            config.consumer_group,
-            {
-                "session.timeout.ms": config.session_timeout_ms,
-                "heartbeat.interval.ms": max(100, config.session_timeout_ms // 6),
-                "max.poll.interval.ms": config.max_poll_interval_ms,
-                "client.id": config.transactional_id,
-                "partition.assignment.strategy": config.partition_assignment,
-                **({"group.instance.id": config.transactional_id} if config.static_membership else {}),
-            },
-        )
+        consumer = self._clients.consumer(self.config.consumer_group, consumer_settings(self.config))
+        self._tasks.consumer = consumer  # the one its rebalance callbacks restore and rebuild with
+        tasks = self._tasks
         consumer.subscribe(
-            [config.receipts_topic], on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_revoke
+            [self.config.receipts_topic], on_assign=tasks.on_assign, on_revoke=tasks.on_revoke, on_lost=tasks.on_lost
         )
         return consumer
 
     def _rejoin(self, fenced: MemberFenced) -> None:
         """A static member fenced by the coordinator joins again with a new consumer (its partitions
         restore as after any rebalance), unless it has a live twin (`fencing.py`)."""
+        self.sensor.on_fenced("member")
         self._twins.member_fenced(fenced)
-        self._settle_clear()
-        self._tasks = {}
-        self._paused = False
+        self._tasks.reset()
         try:
             self._consumer.close()
         except (KafkaException, RuntimeError):
@@ -142,90 +125,20 @@ class ReassemblerWorker:
     @property
     def paused(self) -> bool:
         """Whether fetching is paused because too many prompt groups are open."""
-        return self._paused
+        return self._tasks.paused
 
     @property
     def open_groups(self) -> int:
-        return sum(len(task.groups.open) for task in self._tasks.values())
+        return self._tasks.open_groups
 
     def _new_producer(self) -> TransactionalProducer:
-        return self._retrying(
+        # Creating a producer needs the brokers: retried while they are down (`retry.py`).
+        return retrying(
             "producer",
             lambda: self._clients.producer(self.config.transactional_id, self.config.transaction_timeout_ms),
-        )
-
-    def _retrying(self, what: str, call: Callable[[], T]) -> T:
-        """`call()`, retried with backoff while Kafka fails it for a reason that can pass (a broker down).
-
-        Restoring a partition and creating a producer need the brokers; a long outage must not end
-        the worker (its supervisor would only start it into the same outage, again and again).
-        """
-        for attempt in itertools.count():
-            try:
-                return call()
-            except (KafkaException, ReadTimeout) as exc:
-                error = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
-                if isinstance(error, KafkaError) and (error.fatal() or is_fenced(exc)):
-                    raise
-                delay = retry_delay(attempt)
-                self.sensor.on_retry(what)
-                reason = error.str() if isinstance(error, KafkaError) else exc
-                log.warning("%s: %s failed (%s); retrying in %.0fs", self.config.worker_id, what, reason, delay)
-                time.sleep(delay)
-        raise AssertionError("unreachable")
-
-    # ----- rebalance -------------------------------------------------------------------------
-
-    def _on_assign(self, consumer, partitions) -> None:
-        if self._closing:
-            # An assignment served while the consumer closes (a rebalance under way): restoring
-            # partitions now is wasted, and the client refuses calls made from it once destroyed.
-            return
-        for tp in partitions:
-            self._tasks[tp.partition] = self._restore_task(tp.partition)
-        # librdkafka keeps a partition's paused state across revoke and re-assign: assign (what the
-        # library would do after this callback) and resume the whole assignment (a cooperative one
-        # keeps partitions paused before), and let the next step pause again if the cap still holds.
-        if self.config.partition_assignment == "cooperative-sticky":
-            consumer.incremental_assign(partitions)  # only these partitions move; the others keep flowing
-        else:
-            consumer.assign(partitions)
-        consumer.resume(consumer.assignment())
-        self._paused = False
-        log.info("%s assigned %s", self.config.worker_id, sorted(tp.partition for tp in partitions))
-
-    def _on_revoke(self, consumer, partitions) -> None:
-        # Before the partitions are given up: their next owner clears what this worker did not
-        # record cleared, and two clears of one key must never overlap (`_settle_clear`).
-        self._settle_clear()
-        for tp in partitions:
-            self._tasks.pop(tp.partition, None)
-        log.info("%s revoked %s", self.config.worker_id, sorted(tp.partition for tp in partitions))
-
-    def _restore_task(self, partition: int) -> PartitionTask:
-        """A task rebuilt from the partition's state changelog; the next step clears its predecessor's leftovers."""
-        return self._retrying(f"restore of partition {partition}", lambda: self._read_task(partition))
-
-    def _read_task(self, partition: int) -> PartitionTask:
-        # A fetch of committed offsets waits until a predecessor's open transaction (holding offsets
-        # for this partition) commits or aborts, so the state read below includes its outcome.
-        (tp,) = self._consumer.committed(
-            [TopicPartition(self.config.receipts_topic, partition)],
-            timeout=self.config.transaction_timeout_ms / 1000 + 30,
-        )
-        changelog = self._clients.changelog(self.config.topics.state, partition)
-        restored = restore_partition(partition, changelog.entries, closed_capacity=self.config.max_closed_groups)
-        log.debug(
-            "%s: partition %d restored from %d state records (offsets %d..%d)",
-            self.config.worker_id,
-            partition,
-            len(changelog.entries),
-            changelog.read_from,
-            changelog.end_offset,
-        )
-        committed = tp.offset if tp.offset >= 0 else None
-        return PartitionTask.resume(
-            restored, self.store, self.config, committed_offset=committed, state_end=changelog.end_offset
+            worker_id=self.config.worker_id,
+            sensor=self.sensor,
+            runtime=self.runtime,
         )
 
     # ----- the step --------------------------------------------------------------------------
@@ -238,7 +151,7 @@ class ReassemblerWorker:
         if msgs and self.config.max_poll_records > 1:
             msgs += self._consumer.consume(self.config.max_poll_records - 1, 0)
         self._lease.polled()
-        now_ms = int(time.time() * 1000)
+        now_ms = self.runtime.wall_ms()
         consumed = 0
         for m in msgs:
             if m.error() is not None:
@@ -256,19 +169,13 @@ class ReassemblerWorker:
             consumed += 1
             task.intake(Record.of(m), now_ms)
         self.sensor.on_receipts(consumed)
-        timeout_ms = int(self.config.group_timeout_s * 1000)
-        ready = [
-            g
-            for part, task in self._tasks.items()
-            for g in task.ready(task.clock(now_ms, caught_up=self._caught_up(part), paused=self._paused), timeout_ms)
-        ]
         # What does not fit this step stays ready for the next one (`PartitionTask.prepare`).
-        ready = ready[: self._step.groups]
-        if ready or any(task.has_work for task in self._tasks.values()):
+        ready = self._tasks.ready(now_ms)[: self._step.groups]
+        if ready or self._tasks.has_work:
             self._commit_step(ready, now_ms)
         self._apply_backpressure()
         self._sweep()
-        self.sensor.on_lag(self.config.receipts_topic, self._lags())
+        self.sensor.on_lag(self.config.receipts_topic, self._tasks.lags())
         return consumed
 
     def _lease_refusal(self, put: int, sample_ids: list[str]) -> str | None:
@@ -278,7 +185,7 @@ class ReassemblerWorker:
 
     def _warn_once(self, error: KafkaError) -> None:
         # A missing topic or a broker down repeats on every poll: one line per error kind a minute.
-        now = time.monotonic()
+        now = self._clock()
         if now - self._warned.get(error.code(), -1e9) >= 60:
             self._warned[error.code()] = now
             log.warning("%s: consumer error, retried by the client: %s", self.config.worker_id, error.str())
@@ -287,7 +194,7 @@ class ReassemblerWorker:
         t0 = self._clock()
         tasks = list(self._tasks.values())
         try:
-            restored = [k for task in tasks for k in task.restored_staging]
+            restored = self._tasks.restored_staging
             if (ready or restored) and self._lease.unconfirmed:
                 self._confirm_membership(tasks)
             outcomes = (
@@ -298,15 +205,16 @@ class ReassemblerWorker:
                     receipts_topic=self.config.receipts_topic,
                     now_ms=now_ms,
                     lease_refusal=self._lease_refusal,
+                    runtime=self.runtime,
                 )
                 if ready
                 else []
             )
             self.faults.after_put()
             # The previous step's clear is done before this transaction records it as done.
-            self._settle_clear(strict=True)
+            self._tasks.settle_clear(strict=True)
             if restored:
-                self._clear_restored(tasks, restored)
+                self._clear_restored(restored)
             by_partition: dict[int, list] = {}
             for o in outcomes:
                 by_partition.setdefault(o.group.partition, []).append(o)
@@ -342,7 +250,7 @@ class ReassemblerWorker:
                 task.post_commit(commit, writes.get(task.partition), staging_to_clear=staging_to_clear)
         except TQError as exc:  # clearing refused receipts' rows: the sweeper finds what is left
             log.warning("%s: after the commit: %s; rebuilding from committed state", self.config.worker_id, exc)
-            self._rebuild()
+            self._tasks.rebuild()
             return
         self._clearer.submit(staging_to_clear)
 
@@ -372,7 +280,7 @@ class ReassemblerWorker:
         self.sensor.on_abort()
         if self._lease.slow_step():  # the same records come back after the rebuild (`stepsize.py`)
             self._step.too_slow(groups)
-        self._rebuild()
+        self._tasks.rebuild()
 
     def _report_commit(self, commits: list[PartitionCommit], seconds: float) -> None:
         self.sensor.on_commit(
@@ -406,14 +314,15 @@ class ReassemblerWorker:
                 else:
                     log.warning("%s: abort failed (%s); starting a new producer", self.config.worker_id, abort_exc)
                     self._producer = self._new_producer()
-        self._rebuild()
+        self._tasks.rebuild()
 
     def _fenced(self, open_s: float) -> None:
         """A fence `open_s` into a transaction: a new producer, unless a live twin holds the id (`fencing.py`)."""
+        self.sensor.on_fenced("producer")
         self._twins.producer_fenced(open_s)
         self._producer = self._new_producer()
 
-    def _clear_restored(self, tasks: list[PartitionTask], keys: list[str]) -> None:
+    def _clear_restored(self, keys: list[str]) -> None:
         """Clear the staging restored partitions' predecessors left, for this step to record cleared.
 
         Here, not in the restore: a restore also follows a step aborted because this worker may be a
@@ -426,95 +335,34 @@ class ReassemblerWorker:
             self.store.clear(self.config.actor.staging_partition, keys)
         except Exception as exc:  # noqa: BLE001 - a TQ failure: the next step clears them again
             raise StepAborted(f"clearing restored staging failed ({type(exc).__name__}: {exc})") from exc
-        for task in tasks:
-            task.restored_staging_cleared()
-
-    def _settle_clear(self, *, strict: bool = False) -> None:
-        """Wait for the background clear; with `strict`, a failed one aborts the step.
-
-        Two clears of one key must never overlap: TQ clears by row index, and a put may reuse the
-        index once the first clear released it, so the second would delete another key's row. Every
-        other clear of staging (a restored partition's, a sweep's) therefore waits for this one
-        first, and so does a revoke: the partition's next owner clears what was not recorded cleared.
-        """
-        try:
-            self._clearer.settle()
-        except Exception as exc:  # noqa: BLE001 - a TQ failure: the restore clears the same keys again
-            if strict:
-                raise StepAborted(f"clearing the last step's staging failed ({type(exc).__name__}: {exc})") from exc
-            log.warning("%s: clearing staging failed (%s); the restore clears it again", self.config.worker_id, exc)
-
-    def _rebuild(self) -> None:
-        """Every task again from the state topic, and the consumer back at the committed offsets."""
-        self._settle_clear()
-        assigned = [tp.partition for tp in self._consumer.assignment()]
-        self._tasks = {part: self._restore_task(part) for part in assigned}
-        committed = self._retrying(
-            "committed offsets",
-            lambda: self._consumer.committed(
-                [TopicPartition(self.config.receipts_topic, p) for p in assigned], timeout=30
-            ),
-        )
-        for tp in committed:
-            tp.offset = tp.offset if tp.offset >= 0 else 0
-            self._consumer.seek(tp)
+        self._tasks.restored_staging_cleared()
 
     def _sweep(self) -> None:
         """Now and then, clear staged rows that no receipt will use (`sweeper.py`)."""
         if not self._sweeper.due() or self._lease.refusal() is not None:
             return  # a worker that may have lost its partitions judges no row of them
-        self._settle_clear()  # never two clears of one key at once
+        self._tasks.settle_clear()  # never two clears of one key at once
         try:
             partitions = len(partitions_of(self._consumer, self.config.receipts_topic))
-            found = self._sweeper.sweep(
-                self._tasks, caught_up={p: self._caught_up(p) for p in self._tasks}, partitions=partitions
-            )
+            found = self._sweeper.sweep(self._tasks, caught_up=self._tasks.caught_up_inputs(), partitions=partitions)
         except Exception as exc:  # noqa: BLE001 - a broker or TQ hiccup: the next sweep tries again
             log.warning("%s: sweeping staging failed (%s); trying again later", self.config.worker_id, exc)
             return
         self.sensor.on_swept(found)
 
-    def _caught_up(self, partition: int) -> bool:
-        """Whether this partition was read to its end (wall-time deadlines) or is behind (event time)."""
-        end = self._end_offset(partition)
-        if end is None:
-            return True
-        # The consumer's position moves past transaction markers, which a record's offset never does:
-        # a partition ending in a commit marker still counts as read to its end.
-        (tp,) = self._consumer.position([TopicPartition(self.config.receipts_topic, partition)])
-        task = self._tasks.get(partition)
-        known = [tp.offset] + ([task.position, task.committed_offset] if task is not None else [])
-        # Before its first fetch a partition has no position: it starts from its commit, else 0.
-        position = next((p for p in known if p is not None and p >= 0), 0)
-        return position >= end
-
-    def _end_offset(self, partition: int) -> int | None:
-        _, high = self._consumer.get_watermark_offsets(
-            TopicPartition(self.config.receipts_topic, partition), cached=True
-        ) or (0, -1)
-        return high if high >= 0 else None
-
-    def _lags(self) -> dict[int, int]:
-        lags = {}
-        for part, task in self._tasks.items():
-            end = self._end_offset(part)
-            if end is not None and task.position is not None:
-                lags[part] = end - task.position
-        return lags
-
     def _apply_backpressure(self) -> None:
         open_groups = self.open_groups
         cap = self.config.max_open_groups
         assignment = self._consumer.assignment()
-        if not self._paused and open_groups >= cap and assignment:
+        if not self._tasks.paused and open_groups >= cap and assignment:
             self._consumer.pause(assignment)
-            self._paused = True
+            self._tasks.paused = True
             log.info("%s: %d open groups >= cap %d, pausing", self.config.worker_id, open_groups, cap)
-        elif self._paused and open_groups < max(1, int(cap * 0.8)):
+        elif self._tasks.paused and open_groups < max(1, int(cap * 0.8)):
             if assignment:
                 self._consumer.resume(assignment)
-            self._paused = False
-        self.sensor.on_open_groups(open_groups, paused=self._paused)
+            self._tasks.paused = False
+        self.sensor.on_open_groups(open_groups, paused=self._tasks.paused)
 
     # ----- lifecycle -------------------------------------------------------------------------
 
@@ -527,19 +375,19 @@ class ReassemblerWorker:
     ) -> None:
         """Step until `should_stop`, calling `on_tick` about every `tick_s` seconds; closes the worker."""
         stop = should_stop.is_set if isinstance(should_stop, threading.Event) else should_stop
-        last = time.monotonic()
+        last = self._clock()
         try:
             while not stop():
                 self.step()
-                if on_tick is not None and time.monotonic() - last >= tick_s:
+                if on_tick is not None and self._clock() - last >= tick_s:
                     on_tick()
-                    last = time.monotonic()
+                    last = self._clock()
         finally:
             self.close()
 
     def close(self) -> None:
         self._lease.close()
-        self._closing = True
+        self._tasks.closing = True
         try:
             self._consumer.close()
         except RuntimeError:

@@ -36,6 +36,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from confluent_kafka import TopicPartition
+
 from schemas.state import CLOSED, FINALIZED
 from streams.config import KafkaConfig
 from streams.consumer import partitions_of
@@ -45,9 +47,11 @@ from workers.reassembler.config import DEFAULT_CONSUMER_GROUP
 from workers.rollout.regenerate_settle import FeedSettled, pending_hand_backs, settle_feed
 from workers.trainer.checkpoint import PartitionMark, decode_state
 from workers.trainer.checkpoint_dir import load_from_checkpoint, spill_binding
+from workers.trainer.clients import KafkaTrainerClients
 from workers.trainer.config import ConsumerConfig
+from workers.trainer.errors import CommitUnreadable
 from workers.trainer.open_transactions import DEFAULT_WAIT_S, abort_transactions, stable_committed, wait_for_stable
-from workers.trainer.position import decode_ranges
+from workers.trainer.progress import ProgressCarrier
 from workers.trainer.resolved import has_resolved, read_resolved, write_resolved
 from workers.trainer.resume_reads import Expired, latest_states, open_receipts, read_finalized, retention_warnings
 from workers.trainer.spill_read import Spill
@@ -130,9 +134,17 @@ def _trained_marks(kafka, config: ConsumerConfig, state: dict | None, wait_s: fl
     topic = config.finalized_topic
     if state is not None:
         return dict(decode_state(state, topic=topic, consumer_group=config.consumer_group).partitions)
-    # No checkpoint: the trainer's commits (and their metadata) are its place.
-    committed = stable_committed(kafka, config.consumer_group, topic, wait_s=wait_s, log=say)
-    return {p: PartitionMark(o, decode_ranges(o, meta)) for p, (o, meta) in committed.items()}
+    # No checkpoint: the trainer's commits (and the resolved ranges they name) are its place, once stable.
+    stable = stable_committed(kafka, config.consumer_group, topic, wait_s=wait_s, log=say)
+    committed = [TopicPartition(topic, p, o, metadata=meta) for p, (o, meta) in sorted(stable.items())]
+    carrier = ProgressCarrier(
+        KafkaTrainerClients(kafka), config.topics.trainer_progress, config.consumer_group, topic, "resume"
+    )
+    named = carrier.read(committed)
+    if named.unreadable:
+        part, reason = next(iter(sorted(named.unreadable.items())))
+        raise CommitUnreadable(f"{topic}[{part}]: the trainer's commit cannot be read whole: {reason}")
+    return {tp.partition: PartitionMark(tp.offset, named.ranges[tp.partition]) for tp in committed}
 
 
 def _is_trained(marks: dict[int, PartitionMark], partition: int, offset: int) -> bool:

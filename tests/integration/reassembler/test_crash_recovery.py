@@ -153,8 +153,14 @@ def test_two_workers_split_partitions_and_a_third_joins_mid_run(kafka, tq_store,
         drive([a, b], lambda: len(finalized_records(kafka, names)) >= 20, timeout_s=120)
         c = mk("c")
         groups.update(publish_groups(kafka, tq_store, names, 60, prefix="second-"))
+        # Until c holds partitions too: a and b alone may finalize every group before c's join completes.
         drive(
-            [a, b, c], lambda: len({r.group_id for r in finalized_records(kafka, names)}) >= len(groups), timeout_s=180
+            [a, b, c],
+            lambda: (
+                bool(c._consumer.assignment())
+                and len({r.group_id for r in finalized_records(kafka, names)}) >= len(groups)
+            ),
+            timeout_s=180,
         )
         assert c._consumer.assignment(), "the third worker never received partitions"
     finally:

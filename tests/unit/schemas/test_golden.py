@@ -11,6 +11,7 @@ from schemas.receipt import Receipt
 from schemas.regenerate import Regenerate
 from schemas.request import ReassemblyRequest, RolloutReassemblerActorConfig
 from schemas.state import GroupState, PartitionProgress
+from schemas.trainer_progress import TrainerProgress
 from schemas.trainer_version import TrainerVersion
 
 GOLDEN = Path(__file__).resolve().parents[3] / "schemas" / "golden"
@@ -26,6 +27,7 @@ KINDS = {
         RolloutReassemblerActorConfig,
         TrainerVersion,
         Regenerate,
+        TrainerProgress,
     )
 }
 

@@ -366,3 +366,38 @@ def test_the_spare_takes_over_from_each_worker_that_dies_in_turn_not_only_the_fi
     assert promoted == [(spares[0].pid, "w-0"), (spares[1].pid, "w-1")]
     assert cold == [] and pool.restarts == {"w-0": 1, "w-1": 1}
     assert pool.procs == {"w-0": spares[0], "w-1": spares[1]}
+
+
+class _Exited:
+    """A child process that has exited with `code`, for a pool on a virtual runtime."""
+
+    def __init__(self, pid: int, code: int):
+        self.pid, self.returncode = pid, code
+
+    def poll(self) -> int:
+        return self.returncode
+
+    def send_signal(self, signum: int) -> None:
+        pass
+
+    def kill(self) -> None:
+        pass
+
+
+def test_a_pool_on_a_virtual_runtime_waits_out_a_restart_delay_in_virtual_time():
+    from tests.unit.manual_runtime import ManualRuntime
+
+    runtime = ManualRuntime(0.0)
+    restarted_at = []
+
+    def spawn(worker_id):
+        restarted_at.append(runtime.now)
+        return _Exited(2, 0)
+
+    pool = Pool(log=lambda _: None, warn=lambda _: None, stop_grace_s=5, poll_s=0.5, spawn=spawn,
+                restart=RestartPolicy(initial_s=4.0), runtime=runtime)  # fmt: skip
+    pool.add("a", _Exited(1, 3))
+    started = time.monotonic()
+    assert pool.wait() == 0
+    assert restarted_at == [4.0] and set(runtime.slept) == {0.5}, "the delay was not the runtime's"
+    assert time.monotonic() - started < 5.0, "the pool waited in real time"

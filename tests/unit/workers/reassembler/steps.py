@@ -1,5 +1,5 @@
-"""Whole reassembler steps with no broker, the helpers: an in-memory Kafka and store, a clock the test
-moves, and the faults several test files inject (objects passed in, as the drills do).
+"""Whole reassembler steps with no broker, the helpers: an in-memory Kafka and store, a runtime whose
+clock the test moves, and the faults several test files inject (objects passed in, as the drills do).
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from schemas.finalized import FinalizedGroup
 from schemas.state import PROGRESS_KEY, GroupState, decode_state_entry
 from streams.partitioner import partition_of
 from streams.tq import TRAIN
+from tests.unit.manual_runtime import ManualRuntime
 from tests.unit.memory_store import InMemoryStore
 from workers.reassembler.config import ReassemblerConfig
 from workers.reassembler.faults import Faults
@@ -25,12 +26,9 @@ NAMES = TopicNames("t")
 GROUP = "reassemblers.t"
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+class Clock(ManualRuntime):
+    """The worker's runtime: a monotonic clock the test moves (`now`), this process's wall clock, and the
+    lease's watch ticking only when the test ticks it (`w._lease.tick`, or `tick()`)."""
 
 
 class RecordingStore(InMemoryStore):
@@ -97,9 +95,10 @@ def publish(broker: FakeBroker, store, group_id: str, *, shape=TINY, seed=0) -> 
 
 
 def worker(broker, store, *, clock=None, faults=None, **settings) -> ReassemblerWorker:
+    """A worker over `broker` and `store`; `clock` (a `Clock`, or any runtime) is its runtime."""
     config = ReassemblerConfig(prefix="t", worker_id="w0", consumer_group=GROUP, **settings)
     clients = broker.clients()
-    return ReassemblerWorker(None, store, config, faults=faults or Faults(), clients=clients, clock=clock or Clock())
+    return ReassemblerWorker(None, store, config, faults=faults or Faults(), clients=clients, runtime=clock or Clock())
 
 
 def finalized(broker) -> list[str]:

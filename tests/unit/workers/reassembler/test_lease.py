@@ -1,22 +1,15 @@
 """The zombie guard: a worker refuses TQ puts after a freeze or a step longer than the poll interval."""
 
+from tests.unit.manual_runtime import ManualRuntime
 from workers.reassembler.lease import Lease
 
 
-class _Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def _lease(clock):
-    return Lease(session_timeout_s=6.0, max_poll_interval_s=60.0, tick_s=0.1, clock=clock, watch=False)
+    return Lease(session_timeout_s=6.0, max_poll_interval_s=60.0, tick_s=0.1, runtime=clock, watch=False)
 
 
 def test_a_running_worker_keeps_its_lease():
-    clock = _Clock()
+    clock = ManualRuntime(100.0)
     lease = _lease(clock)
     for _ in range(100):
         clock.now += 0.1
@@ -25,7 +18,7 @@ def test_a_running_worker_keeps_its_lease():
 
 
 def test_a_freeze_refuses_every_put_until_membership_is_confirmed_however_long_the_worker_runs_after():
-    clock = _Clock()
+    clock = ManualRuntime(100.0)
     lease = _lease(clock)
     clock.now += 10.0  # SIGSTOP for 10 s, then SIGCONT: the watch ticks first
     lease.tick()
@@ -42,7 +35,7 @@ def test_a_freeze_refuses_every_put_until_membership_is_confirmed_however_long_t
 
 
 def test_a_confirmation_during_which_the_worker_froze_again_does_not_count():
-    clock = _Clock()
+    clock = ManualRuntime(100.0)
     lease = _lease(clock)
     clock.now += 10.0
     lease.tick()
@@ -55,14 +48,14 @@ def test_a_confirmation_during_which_the_worker_froze_again_does_not_count():
 
 
 def test_a_freeze_the_watch_has_not_seen_yet_is_caught_by_the_check_itself():
-    clock = _Clock()
+    clock = ManualRuntime(100.0)
     lease = _lease(clock)
     clock.now += 4.0  # shorter than the session, but more than half of it: not trusted
     assert "frozen for 3.9s" in lease.refusal()
 
 
 def test_a_short_gap_is_not_a_freeze():
-    clock = _Clock()
+    clock = ManualRuntime(100.0)
     lease = _lease(clock)
     clock.now += 2.5
     lease.tick()
@@ -70,7 +63,7 @@ def test_a_short_gap_is_not_a_freeze():
 
 
 def test_a_step_longer_than_most_of_the_poll_interval_refuses_puts_until_the_next_poll():
-    clock = _Clock()
+    clock = ManualRuntime(100.0)
     lease = _lease(clock)
     for _ in range(460):  # 46 s of a running, heartbeating, slow step
         clock.now += 0.1

@@ -1,12 +1,10 @@
 """The worker's retry of Kafka calls it cannot go on without: transient failures wait, fatal ones end it."""
 
-from types import SimpleNamespace
-
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from workers.reassembler import worker as worker_module
-from workers.reassembler.worker import ReassemblerWorker, retry_delay
+from tests.unit.manual_runtime import ManualRuntime
+from workers.reassembler.retry import retry_delay, retrying
 from workers.telemetry.sensors import ReassemblerStats
 
 
@@ -15,13 +13,17 @@ def test_the_delay_doubles_from_one_second_up_to_thirty():
     assert retry_delay(10_000) == 30
 
 
-def _owner():
-    return SimpleNamespace(sensor=ReassemblerStats(), config=SimpleNamespace(worker_id="w0"))
+class NoSleep(ManualRuntime):
+    def sleep(self, seconds: float) -> None:
+        pytest.fail(f"slept {seconds}s")
 
 
-def test_a_call_failing_while_the_broker_is_down_is_retried_until_it_succeeds(monkeypatch, caplog):
-    slept = []
-    monkeypatch.setattr(worker_module.time, "sleep", slept.append)
+def _retrying(what, call, *, runtime=None, sensor=None):
+    return retrying(what, call, worker_id="w0", sensor=sensor or ReassemblerStats(), runtime=runtime or ManualRuntime())
+
+
+def test_a_call_failing_while_the_broker_is_down_is_retried_until_it_succeeds(caplog):
+    runtime, sensor = ManualRuntime(), ReassemblerStats()
     failures = iter([KafkaError._TIMED_OUT, KafkaError._TRANSPORT, KafkaError.NOT_COORDINATOR])
 
     def call():
@@ -30,9 +32,8 @@ def test_a_call_failing_while_the_broker_is_down_is_retried_until_it_succeeds(mo
             raise KafkaException(KafkaError(code, "broker down"))
         return "restored"
 
-    owner = _owner()
-    assert ReassemblerWorker._retrying(owner, "restore of partition 3", call) == "restored"
-    assert slept == [1, 2, 4] and owner.sensor.retries == 3
+    assert _retrying("restore of partition 3", call, runtime=runtime, sensor=sensor) == "restored"
+    assert runtime.slept == [1, 2, 4] and sensor.retries == 3, "the backoff is the runtime's sleep"
     assert "w0: restore of partition 3 failed (broker down); retrying in 1s" in caplog.text
 
 
@@ -40,18 +41,15 @@ def test_a_call_failing_while_the_broker_is_down_is_retried_until_it_succeeds(mo
     "error",
     [KafkaError(KafkaError._FATAL, "fatal", fatal=True), KafkaError(KafkaError._FENCED, "fenced")],
 )
-def test_a_fatal_or_fenced_failure_is_not_retried(monkeypatch, error):
-    monkeypatch.setattr(worker_module.time, "sleep", lambda s: pytest.fail("slept"))
-
+def test_a_fatal_or_fenced_failure_is_not_retried(error):
     def call():
         raise KafkaException(error)
 
     with pytest.raises(KafkaException):
-        ReassemblerWorker._retrying(_owner(), "producer", call)
+        _retrying("producer", call, runtime=NoSleep())
 
 
-def test_a_kafka_exception_carrying_only_a_message_is_retried_too(monkeypatch):
-    monkeypatch.setattr(worker_module.time, "sleep", lambda s: None)
+def test_a_kafka_exception_carrying_only_a_message_is_retried_too():
     calls = iter([KafkaException("topic t not found"), None])
 
     def call():
@@ -60,4 +58,4 @@ def test_a_kafka_exception_carrying_only_a_message_is_retried_too(monkeypatch):
             raise exc
         return "ok"
 
-    assert ReassemblerWorker._retrying(_owner(), "restore", call) == "ok"
+    assert _retrying("restore", call) == "ok"

@@ -6,6 +6,7 @@ import pytest
 
 from streams.partitioner import partition_of
 from streams.tq import STAGING
+from tests.unit.manual_runtime import ManualRuntime
 from tests.unit.memory_store import InMemoryStore
 from workers.reassembler.config import ReassemblerConfig
 from workers.reassembler.restore import restore_partition
@@ -20,14 +21,6 @@ TINY = SyntheticShape(group_size=2, calls=(1, 1), prompt_len=(2, 3), answer_len=
 CONFIG = ReassemblerConfig(prefix="t", worker_id="w0", staging_sweep_age_s=600, staging_sweep_interval_s=60)
 PARTS = 4
 HOUR_MS = 3_600_000
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def _group_in(partition: int, start: int = 0) -> str:
@@ -52,18 +45,19 @@ def _task(store, partition):
     return PartitionTask.resume(restore_partition(partition, []), store, CONFIG)
 
 
-def _sweeper(store, clock, wall_ms):
-    return StagingSweeper(store, CONFIG, clock=clock, wall_ms=lambda: wall_ms[0])
+def _runtime() -> ManualRuntime:
+    """Monotonic time from 0, wall time an hour after the epoch."""
+    return ManualRuntime(0.0, wall_now_ms=HOUR_MS)
 
 
 def test_old_rows_nobody_opened_are_swept_by_their_partitions_owner_once_it_is_read_to_the_end():
-    store, clock, wall = InMemoryStore(), Clock(), [HOUR_MS]
+    store, runtime = InMemoryStore(), _runtime()
     orphan = _group_in(0)  # staged, then its publish failed: no receipt ever names its rows
     _stage(store, orphan, staged_at_ms=0)
-    sweeper = _sweeper(store, clock, wall)
+    sweeper = StagingSweeper(store, CONFIG, runtime=runtime)
     tasks = {0: _task(store, 0)}
     assert not sweeper.due()
-    clock.now = 61
+    runtime.now = 61
     assert sweeper.due()
     # Behind its end, a receipt naming the rows may still be unread: nothing is swept.
     assert sweeper.sweep(tasks, caught_up={0: False}, partitions=PARTS) == 0
@@ -72,28 +66,28 @@ def test_old_rows_nobody_opened_are_swept_by_their_partitions_owner_once_it_is_r
 
 
 def test_rows_of_an_open_group_young_rows_and_other_partitions_rows_are_kept():
-    store, clock, wall = InMemoryStore(), Clock(), [HOUR_MS]
+    store, runtime = InMemoryStore(), _runtime()
     open_gid, young, elsewhere = _group_in(0), _group_in(0, 5_000), _group_in(1)
     rollouts = _stage(store, open_gid, staged_at_ms=0)
     _stage(store, young, staged_at_ms=HOUR_MS - 1_000)
     _stage(store, elsewhere, staged_at_ms=0)
     task = _task(store, 0)
     task.intake(record(0, rollouts[0].receipt.to_bytes()), HOUR_MS)  # the group is open, waiting for rollout 1
-    sweeper = _sweeper(store, clock, wall)
+    sweeper = StagingSweeper(store, CONFIG, runtime=runtime)
     assert sweeper.sweep({0: task}, caught_up={0: True}, partitions=PARTS) == 0
     assert len(store.list(STAGING)) == 6
 
 
 def test_a_row_staged_without_a_time_is_aged_from_when_the_sweeper_first_saw_it():
-    store, clock, wall = InMemoryStore(), Clock(), [HOUR_MS]
+    store, runtime = InMemoryStore(), _runtime()
     gid = _group_in(2)
     _stage(store, gid, staged_at_ms=0)
     for key in store.list(STAGING):
         del store._rows[STAGING][key][1]["staged_at_ms"]  # staged by an older publisher
-    sweeper = _sweeper(store, clock, wall)
+    sweeper = StagingSweeper(store, CONFIG, runtime=runtime)
     tasks = {2: _task(store, 2)}
     assert sweeper.sweep(tasks, caught_up={2: True}, partitions=PARTS) == 0
-    wall[0] += 600_000
+    runtime.wall_now_ms += 600_000
     assert sweeper.sweep(tasks, caught_up={2: True}, partitions=PARTS) == 2
 
 

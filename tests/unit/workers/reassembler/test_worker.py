@@ -170,7 +170,7 @@ def test_a_revoke_waits_for_the_background_clear_before_giving_its_partitions_up
     publish(broker, store, "g1")
     held = store.hold_next_clear = threading.Event()
     w.step()  # commits g1; its staging clear runs in the background, held
-    revoke = threading.Thread(target=w._on_revoke, args=(w._consumer, w._consumer.assignment()))
+    revoke = threading.Thread(target=w._tasks.on_revoke, args=(w._consumer, w._consumer.assignment()))
     revoke.start()
     revoke.join(0.5)
     returned_while_clearing = not revoke.is_alive()

@@ -1,12 +1,14 @@
 """The trainer's pending groups (`PendingGroups`): duplicates never yielded twice, never orphaning rows, never
 destroying rows of a group not yet trained; records read again after a rebalance are no duplicates."""
 
+import pytest
 import torch
 from tensordict import TensorDict
 
 from schemas.finalized import FinalizedGroup
 from tests.unit.memory_store import InMemoryStore
-from workers.trainer.pending import DUPLICATE, NEW, REREAD, PendingGroups
+from workers.trainer.errors import IllegalTransition
+from workers.trainer.pending import DUPLICATE, NEW, REREAD, Pending, PendingGroups, PendingState
 
 TRAIN = "train"
 
@@ -54,12 +56,13 @@ def test_a_duplicate_of_a_waiting_group_keeps_the_shared_rows_and_waits_for_it()
     assert _take(groups, bigger, 0, 1) == (DUPLICATE, None)
     assert store.present(TRAIN, list(bigger.sample_ids)) == set(bigger.sample_ids)
     # Neither record is resolved: the commit stays at the original.
-    assert groups.commit_points("t", lambda p: [])[0][:2] == (0, 0)
-    pending.state = "yielded"
+    assert groups.commit_points(lambda p: [])[0][:2] == (0, 0)
+    pending.move(PendingState.READY)
+    pending.move(PendingState.YIELDED)
     store.clear(TRAIN, list(original.sample_ids))  # what release does
     groups.release(original, 0, 0)
     assert store.present(TRAIN, list(bigger.sample_ids)) == set()  # the duplicate's extra row too
-    assert groups.commit_points("t", lambda p: [])[0][:2] == (0, 2)
+    assert groups.commit_points(lambda p: [])[0][:2] == (0, 2)
 
 
 def test_a_duplicate_of_a_released_group_has_its_rows_cleared_at_once():
@@ -70,7 +73,7 @@ def test_a_duplicate_of_a_released_group_has_its_rows_cleared_at_once():
     _put(store, group)  # put again by whoever published the duplicate
     assert _take(groups, group, 1, 9) == (DUPLICATE, None)
     assert store.present(TRAIN, list(group.sample_ids)) == set()
-    assert groups.commit_points("t", lambda p: [])[0][:2] == (1, 10)
+    assert groups.commit_points(lambda p: [])[0][:2] == (1, 10)
 
 
 def test_a_yielded_group_read_again_after_a_rebalance_waits_for_its_release():
@@ -78,14 +81,15 @@ def test_a_yielded_group_read_again_after_a_rebalance_waits_for_its_release():
     group = _group("c")
     _put(store, group)
     _, pending = _take(groups, group, 2, 3)
-    pending.state = "yielded"
+    pending.move(PendingState.READY)
+    pending.move(PendingState.YIELDED)
     groups.revoke(2)
-    groups.assign(2, 3, None)
+    groups.assign(2, 3, [])
     assert _take(groups, group, 2, 3) == (REREAD, None)
-    assert groups.commit_points("t", lambda p: []) == []  # still at 3: the trainer holds the group
+    assert groups.commit_points(lambda p: []) == []  # still at 3: the trainer holds the group
     assert store.present(TRAIN, list(group.sample_ids)) == set(group.sample_ids)
     groups.release(group, 2, 3)
-    assert groups.commit_points("t", lambda p: [])[0][:2] == (2, 4)
+    assert groups.commit_points(lambda p: [])[0][:2] == (2, 4)
 
 
 def test_a_held_group_of_a_revoked_partition_is_taken_in_again_as_new():
@@ -98,13 +102,14 @@ def test_a_held_group_of_a_revoked_partition_is_taken_in_again_as_new():
 
 def test_records_resolved_before_a_restart_are_rereads_and_their_rows_are_not_needed():
     _, groups = _groups()
-    groups.assign(0, 4, None)
+    groups.assign(0, 4, [])
     groups.read(0, 4)
     groups.positions[0].resolve(4)
     groups.read(0, 5)
-    ((part, offset, metadata),) = groups.commit_points("t", lambda p: [5])
+    ((part, offset, ranges),) = groups.commit_points(lambda p: [5])
+    assert (offset, ranges) == (5, [])
     successor = PendingGroups(InMemoryStore(), TRAIN, max_seen_groups=100)
-    successor.assign(part, offset, metadata)
+    successor.assign(part, offset, ranges)
     assert _take(successor, _group("e"), 0, 5)[0] == NEW
     assert successor.read(0, 6) is False
 
@@ -133,3 +138,35 @@ def test_a_waiting_group_is_never_forgotten_so_its_duplicate_is_never_taken_in_a
         groups.group_resolved(group)
     # Three resolved groups came after it, past the memory of two: the waiting one is still known.
     assert _take(groups, waiting, 1, 0)[0] == DUPLICATE
+
+
+def test_a_pending_record_moves_only_where_the_table_allows_and_says_which_move_was_refused():
+    held, ready, yielded, duplicate = PendingState
+    allowed = {
+        held: {held, ready},
+        ready: {held, ready, yielded},
+        yielded: {held, ready},  # withdrawn or given back, decided again
+        duplicate: set(),  # never decided: it leaves with its original
+    }
+    for start, targets in allowed.items():
+        for to in PendingState:
+            p = Pending(_group("m"), 3, 7, start)
+            if to in targets:
+                p.move(to)
+                assert p.state is to
+            else:
+                with pytest.raises(IllegalTransition, match=rf"group m at \[3\]@7: {start.value} -> {to.value}"):
+                    p.move(to)
+                assert p.state is start
+    assert {s for s in PendingState if s.waiting} == {held, ready}
+
+
+def test_a_group_handed_out_cannot_be_handed_out_again_before_it_is_decided_again():
+    _, groups = _groups()
+    _, pending = _take(groups, _group("e"), 0, 0)
+    with pytest.raises(IllegalTransition):
+        pending.move(PendingState.YIELDED)  # held: not usable, never handed out
+    pending.move(PendingState.READY)
+    pending.move(PendingState.YIELDED)
+    with pytest.raises(IllegalTransition):
+        pending.move(PendingState.YIELDED)
