@@ -13,6 +13,8 @@ their rows are still there.
 
 from __future__ import annotations
 
+import bisect
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import msgspec
@@ -29,6 +31,30 @@ class PartitionMark(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # Inclusive offset ranges at or past `offset` of records resolved already (trained, evicted,
     # dead-lettered, duplicates).
     trained: list[tuple[int, int]] = []
+
+    def resolves(self, offset: int) -> bool:
+        """Whether the record at `offset` was resolved at the cut (before the mark, or in a trained range)."""
+        if offset < self.offset:
+            return True
+        i = bisect.bisect_right(self.trained, (offset, float("inf"))) - 1
+        return i >= 0 and self.trained[i][0] <= offset <= self.trained[i][1]
+
+
+def resolved_at_cut(
+    groups: Iterable[tuple[str, int, int]], marks: Mapping[int, PartitionMark]
+) -> Iterator[tuple[str, int, int]]:
+    """The (group id, partition, offset) of `groups` whose record the cut counts resolved.
+
+    A consumer remembers a group resolved as soon as it is done with it, but a group handed back or
+    dead-lettered holds its record back in the cut until its notice is acknowledged; named resolved in
+    a checkpoint, the restored consumer would take its record for one read again and drop it, the
+    notice lost. Groups of partitions the cut does not name are kept: a revoked partition's notices
+    and their groups are forgotten when it goes, so what the consumer remembers there was done.
+    """
+    for gid, part, offset in groups:
+        mark = marks.get(part)
+        if mark is None or mark.resolves(offset):
+            yield gid, part, offset
 
 
 class ConsumerState(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):

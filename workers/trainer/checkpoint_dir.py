@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from streams.tq import STAGING, KVStore
+from workers.trainer.checkpoint import decode_state, resolved_at_cut
 from workers.trainer.consumer import ExperienceConsumer
 from workers.trainer.errors import SpillError
 from workers.trainer.resolved import has_resolved, read_resolved, write_resolved
@@ -91,7 +92,8 @@ def begin_checkpoint(
     directory.mkdir(parents=True, exist_ok=True)
     state = consumer.state_dict()
     binding = spill_binding(state)
-    resolved = consumer.resolved_groups()
+    marks = decode_state(state, topic=state["topic"], consumer_group=state["consumer_group"]).partitions
+    resolved = list(resolved_at_cut(consumer.resolved_groups(), marks))
     tmp = directory / (STATE_FILE + ".tmp")
     tmp.write_text(json.dumps(state, sort_keys=True))
     with open(tmp, "rb") as f:
@@ -134,7 +136,9 @@ def load_state(directory: str | Path, *, resolved: bool = True) -> dict[str, Any
     # JSON keys are strings; the state's partitions are numbered.
     state["partitions"] = {int(p): mark for p, mark in state.get("partitions", {}).items()}
     if resolved and has_resolved(directory):
-        state["resolved"] = list(read_resolved(directory, spill_binding(state)))
+        marks = decode_state(state, topic=state.get("topic"), consumer_group=state.get("consumer_group")).partitions
+        # Also for a file written before it was filtered so (issue 30 review, item 1).
+        state["resolved"] = list(resolved_at_cut(read_resolved(directory, spill_binding(state)), marks))
     return state
 
 

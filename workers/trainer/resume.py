@@ -45,7 +45,7 @@ from streams.partitioner import partition_of
 from streams.tq import STAGING, KVStore
 from workers.reassembler.config import DEFAULT_CONSUMER_GROUP
 from workers.rollout.regenerate_settle import FeedSettled, pending_hand_backs, settle_feed
-from workers.trainer.checkpoint import PartitionMark, decode_state
+from workers.trainer.checkpoint import PartitionMark, decode_state, resolved_at_cut
 from workers.trainer.checkpoint_dir import load_from_checkpoint, spill_binding
 from workers.trainer.clients import KafkaTrainerClients
 from workers.trainer.config import ConsumerConfig
@@ -149,9 +149,13 @@ def _trained_marks(kafka, config: ConsumerConfig, state: dict | None, wait_s: fl
 
 def _is_trained(marks: dict[int, PartitionMark], partition: int, offset: int) -> bool:
     mark = marks.get(partition)
-    if mark is None:
-        return False
-    return offset < mark.offset or any(first <= offset <= last for first, last in mark.trained)
+    return mark is not None and mark.resolves(offset)
+
+
+def _remembered(groups, marks: dict[int, PartitionMark], wanted) -> set[str]:
+    """The ids in `wanted` of the checkpoint's resolved groups the cut counts resolved (a file written before
+    that filter named groups whose hand-back was still unacknowledged; their records are still to resolve)."""
+    return {g for g, _, _ in resolved_at_cut(groups, marks) if g in wanted}
 
 
 def resume(
@@ -227,7 +231,7 @@ def _resume(
     owed = {b.new_group_id for backs in pending.values() for _, _, b in backs}
     remembered: set[str] = set()
     if state is not None and not report.read_whole:
-        remembered = {g for g, _, _ in read_resolved(checkpoint, spill_binding(state)) if g in seen or g in owed}
+        remembered = _remembered(read_resolved(checkpoint, spill_binding(state)), marks, seen.keys() | owed)
         took("resolved groups")
 
     first = finalized.first

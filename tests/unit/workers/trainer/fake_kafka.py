@@ -6,8 +6,9 @@ member per consumer group holds every partition of its topic (assigned at its fi
 again after `rebalance`), commits keep their metadata, and acknowledged records land in the log at
 once. As librdkafka does, a rebalance callback that does not assign is followed by an assignment
 of the partitions offered, and an assignment starts its partitions unpaused. `Faults` makes calls
-fail (the first committed() calls, commits, acknowledged sends), and every commit is noted in
-`events` in order, beside whatever a test's store notes there, so tests can check what came first.
+fail (the first committed() calls, commits, acknowledged sends) or wait (the outbox's deliveries), and
+every commit is noted in `events` in order, beside whatever a test's store notes there, so tests can
+check what came first.
 It is not evidence that the trainer works against Kafka; the integration tests are.
 """
 
@@ -72,6 +73,8 @@ class Faults:
     sends: int = 0  # acknowledged sends that raise, the first ones
     # Topics whose acknowledged sends always fail (the broker does not know them, say).
     unknown_topics: set[str] = field(default_factory=set)
+    # Topics whose records from the outbox's producer wait unacknowledged (queued, no delivery report).
+    held_topics: set[str] = field(default_factory=set)
     committed_calls: int = 0  # how many committed() calls were made
     committed_in_callback: int = 0  # of those, how many from inside a rebalance callback (librdkafka: a stall)
 
@@ -312,7 +315,9 @@ class FakeProducer:
         self._queued.append((topic, key, value, on_delivery))
 
     def poll(self, timeout: float = 0.0) -> int:
-        queued, self._queued = self._queued, []
+        held = self.broker.faults.held_topics
+        queued = [q for q in self._queued if q[0] not in held]
+        self._queued = [q for q in self._queued if q[0] in held]
         for topic, key, value, on_delivery in queued:
             offset = self.broker.append(topic, 0, key, value)
             if on_delivery is not None:

@@ -6,7 +6,14 @@ from schemas.finalized import FinalizedGroup
 from schemas.state import CLOSED, DEAD_LETTERED, FINALIZED, GroupState
 from streams.partitioner import partition_of
 from workers.trainer.checkpoint import PartitionMark
-from workers.trainer.resume import CLOCK_MARGIN_MS, ResumeReport, _account_states, _is_trained, _sort_finalized
+from workers.trainer.resume import (
+    CLOCK_MARGIN_MS,
+    ResumeReport,
+    _account_states,
+    _is_trained,
+    _remembered,
+    _sort_finalized,
+)
 from workers.trainer.resume_reads import FinalizedRead
 
 
@@ -74,3 +81,11 @@ def test_a_duplicate_read_from_the_start_of_a_group_resolved_before_the_cut_name
     report = ResumeReport()
     _sort_finalized(report, read, set(), store=None, spill=None, train="rlstream.train")
     assert report.resolved_originals == [("a", 0, 3)] and report.duplicates == 1 and report.hand_back_finalized == 1
+
+
+def test_a_resolved_group_whose_record_the_cut_holds_back_is_not_remembered():
+    """A hand-back unacknowledged at the cut: named in an old checkpoint's resolved file, its record is not
+    resolved by the marks; resume must count it to be handed back, not as a duplicate of a resolved group."""
+    marks = {0: PartitionMark(3, [(5, 5)])}
+    groups = [("old", 0, 1), ("held", 0, 3), ("past", 0, 5), ("other", 1, 9), ("unwanted", 0, 0)]
+    assert _remembered(groups, marks, {"old", "held", "past", "other"}) == {"old", "past", "other"}
