@@ -4,8 +4,9 @@
 groups still open) to `rows.spill` in a checkpoint directory, as `schemas/spill.py` messages framed
 by an 8-byte length: chunks of whole rows up to `chunk_bytes()` (64 MiB) of data, a row bigger than
 that split into parts of that size, then an index of where each row lies, and the end record.
-Memory stays bounded by a chunk (rows are read from TQ in batches sized by the bytes of the rows
-before them), or by the largest row. `spill_read.py` reads it back and puts chosen rows into TQ.
+Memory stays bounded by a few chunks (a read from TQ of at most a chunk of rows, sized ahead by the
+store's metadata, its packed copy and the chunk being filled), or by the largest row, read alone.
+`spill_read.py` reads it back and puts chosen rows into TQ.
 
 A row cleared or replaced while the spill reads (the pipeline keeps running) is left out: a row not
 spilled is a group handed back after a restart, never a wrong row. The spill costs one read of
@@ -31,8 +32,8 @@ from streams.errors import MissingKeysError
 from streams.tq import STAGING, TRAIN, KVStore
 
 SPILL_FILE = "rows.spill"
-# Rows read from TQ per get at most; fewer when rows are large (the bytes of the rows before decide).
-_MAX_BATCH = 256
+# Keys whose sizes one metadata call looks up, ahead of the reads they size.
+_SIZED = 4096
 
 
 @dataclass
@@ -143,11 +144,35 @@ def _packed(partition: str, keys: list[str], fields: dict[str, torch.Tensor]) ->
     return memoryview(rows.values.numpy()).cast("B"), offsets
 
 
+def _batches(store: KVStore, partition: str, keys: list[str], per_chunk: int) -> Iterator[list[str]]:
+    """`keys` in order, in reads of at most a chunk of row bytes by the store's sizes (metadata, looked
+    up ahead), or of one row alone: one bigger than a chunk, or whose size the store cannot tell."""
+    for i in range(0, len(keys), _SIZED):
+        window = keys[i : i + _SIZED]
+        sizes = store.row_bytes(partition, window)
+        batch: list[str] = []
+        nbytes = 0
+        for key in window:
+            size = sizes.get(key)
+            if size is None or size > per_chunk:
+                if batch:
+                    yield batch
+                    batch, nbytes = [], 0
+                yield [key]
+                continue
+            if batch and (nbytes + size > per_chunk or len(batch) >= fmt.CHUNK_MAX_ROWS):
+                yield batch
+                batch, nbytes = [], 0
+            batch.append(key)
+            nbytes += size
+        if batch:
+            yield batch
+
+
 def _spill_partition(w: _Writer, store: KVStore, partition: str, per_chunk: int) -> int:
     """Every row of `partition` into chunks (and parts); returns how many were listed."""
     listed = store.list(partition)
     keys = sorted(listed)
-    batch, i = 1, 0  # the first get is one row: nothing is known yet of how large they are
     pending: list[tuple[str, memoryview]] = []
     pending_bytes = 0
     pending_kind: tuple = ()  # a chunk holds rows of one field set, as one get returns them
@@ -164,10 +189,7 @@ def _spill_partition(w: _Writer, store: KVStore, partition: str, per_chunk: int)
             w.summary.bytes += len(data)
         pending, pending_bytes = [], 0
 
-    while i < len(keys):
-        asked = keys[i : i + batch]
-        i += len(asked)
-        read = 0
+    for asked in _batches(store, partition, keys, per_chunk):
         for got, fields in _rows(store, partition, asked):
             kind = tuple(sorted((name, str(t.dtype)) for name, t in fields.items()))
             if kind != pending_kind:
@@ -176,7 +198,6 @@ def _spill_partition(w: _Writer, store: KVStore, partition: str, per_chunk: int)
             values, offsets = _packed(partition, got, fields)
             for r, key in enumerate(got):
                 row = values[offsets[r] : offsets[r + 1]]
-                read += len(row)
                 if len(row) > per_chunk:
                     flush()
                     w.big_row(partition, key, dict(listed[key]), row, per_chunk)
@@ -186,9 +207,6 @@ def _spill_partition(w: _Writer, store: KVStore, partition: str, per_chunk: int)
                     flush()
                 pending.append((key, row))
                 pending_bytes += len(row)
-        # The next get holds about a chunk of rows like these.
-        mean = read / max(1, len(asked))
-        batch = max(1, min(_MAX_BATCH, int(per_chunk // max(1.0, mean))))
     flush()
     return len(keys)
 

@@ -203,3 +203,40 @@ def test_a_spill_of_the_first_format_is_still_read(tmp_path):
         assert spill.header.format == 1 and spill.keys(TRAIN) == set(keys)
         assert spill.restore(after, TRAIN, keys) == len(keys)
     assert after.list(TRAIN) == store.list(TRAIN)
+
+
+class _Measured(InMemoryStore):
+    """Notes the bytes of rows each get returns: what the spill holds of TQ at once."""
+
+    def __init__(self):
+        super().__init__()
+        self.gets: list[tuple[int, int]] = []
+
+    def get(self, partition, keys, select=None):
+        td = super().get(partition, keys, select)
+        nbytes = sum(t.numel() * t.element_size() for t in td.values())
+        self.gets.append((len(keys), nbytes))
+        return td
+
+
+def test_no_read_of_tq_holds_more_than_a_chunk_unless_it_is_one_row_when_long_rows_follow_short_ones(
+    tmp_path, monkeypatch
+):
+    # The batch a get asked for came from the mean size of the rows before it: 300 short rows sorted
+    # first made it 256 rows, and the next 256 rows were long (each near a chunk) in one get, 256
+    # chunks at once (15 GiB with rows of 60 MiB). The limit shrunk to 1 MiB: a chunk is 64 KiB.
+    monkeypatch.setattr("schemas.spill.MAX_SPILL_MESSAGE_BYTES", MiB)
+    chunk = MiB // 16
+    sizes = {f"a{i:04d}_g0": 100 for i in range(300)} | {f"b{i:04d}_g0": 60_000 for i in range(256)}
+    sizes |= {"c_huge_g0": 3 * chunk}  # a row bigger than a chunk: read alone
+    before = _Measured()
+    _big_rows(before, sizes)
+    before.gets.clear()
+    summary = spill_rows(before, tmp_path, binding="b", partitions=(TRAIN,))
+    assert summary.rows == {TRAIN: len(sizes)}
+    assert all(nbytes <= chunk or n == 1 for n, nbytes in before.gets), max(before.gets, key=lambda g: g[1])
+    assert max(n for n, _ in before.gets) == 300  # still batched: the short rows in one get
+    after = InMemoryStore()
+    with read_spill(tmp_path, binding="b") as spill:
+        assert spill.restore(after, TRAIN, sorted(sizes)) == len(sizes)
+    assert _same(before, after, TRAIN, sizes)
