@@ -57,10 +57,6 @@ from workers.trainer.resume_reads import Expired, latest_states, open_receipts, 
 from workers.trainer.spill_read import Spill
 
 log = logging.getLogger("rlstream.trainer")
-# A finalized record is produced after its group's state entry says when it was finalized, by the same
-# worker; records of one partition are not in timestamp order across workers and transactions, so a
-# group finalized this long before the first record read may lie before it.
-CLOCK_MARGIN_MS = 300_000
 
 
 @dataclass
@@ -300,9 +296,13 @@ class _Took:
 def _account_states(report, states, first, remembered, finalized, parts: list[int]) -> None:
     """Closed groups: dead-lettered or handed back, or finalized with their record read, or before the cut.
 
-    A group finalized whose record was not read is accounted for when its record may lie before where
-    the partition was read from (the cut, or its log start): it was finalized no later than the first
-    record read there (with the clock margin). One finalized later is unaccounted for.
+    A group's closing state entry and its finalized record are committed in one transaction, and the
+    finalized topic was read from where each partition was read from (the cut, or its log start) to
+    an end no transaction held back: a record not read lies before that, resolved by the cut or
+    expired (`Expired`, counted apart). Only in a partition read from offset 0 is a finalized group
+    whose record was not read unaccounted for (a topic deleted and made again, records removed by
+    hand). No wall clock is compared: one worker's `finalized_at_ms` against another's record
+    timestamps made a skewed clock or a delayed batch a group unaccounted for, and resume refuse.
     """
     for gid, entry in states.items():
         if entry.status != CLOSED:
@@ -313,10 +313,7 @@ def _account_states(report, states, first, remembered, finalized, parts: list[in
         if gid in first or gid in remembered:
             continue
         part = partition_of(gid.encode(), len(parts))
-        begun = finalized.begin.get(part, 0)
-        first_ms = finalized.first_ms.get(part)
-        before = begun > 0 and (first_ms is None or entry.finalized_at_ms <= first_ms + CLOCK_MARGIN_MS)
-        if not before:
+        if finalized.begin.get(part, 0) == 0:
             report.unaccounted.append(gid)
 
 

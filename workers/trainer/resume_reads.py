@@ -52,7 +52,7 @@ class FinalizedRead:
     """The finalized records read, sorted as they stream by (none is kept whole: a read from the start
     of a topic of 1M groups would hold them all): each group's first record and whether the cut
     resolved it; the records not resolved, with their sample ids; the duplicates of resolved groups;
-    and per partition where reading began and the timestamp of the first record read (None: none)."""
+    and per partition where reading began."""
 
     first: dict[str, tuple[int, int, bool]] = field(default_factory=dict)
     untrained: list[tuple[str, int, int, tuple[str, ...]]] = field(default_factory=list)
@@ -60,7 +60,6 @@ class FinalizedRead:
     # (group id, partition, offset) of a resolved original with a duplicate past the cut.
     originals: list[tuple[str, int, int]] = field(default_factory=list)
     records: int = 0
-    first_ms: dict[int, int | None] = field(default_factory=dict)
     begin: dict[int, int] = field(default_factory=dict)
 
     def take(self, partition: int, offset: int, group: FinalizedGroup, resolved: bool) -> None:
@@ -89,10 +88,7 @@ def read_finalized(
     `is_trained(partition, offset)`: the cut's marks."""
     lows = {p: low for p, (low, _) in end_offsets(kafka, topic).items()}
     out = FinalizedRead(begin=expired.add(topic, start, lows))
-    out.first_ms = dict.fromkeys(lows)
     for r in read_topic(kafka, topic, start=out.begin):
-        if out.first_ms.get(r.partition) is None:
-            out.first_ms[r.partition] = r.timestamp_ms
         try:
             group = FinalizedGroup.from_bytes(r.value)
         except SchemaError:
