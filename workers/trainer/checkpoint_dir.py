@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from schemas.errors import InvalidArgument
 from streams.tq import STAGING, KVStore
 from workers.trainer.checkpoint import decode_state, resolved_at_cut
 from workers.trainer.consumer import ExperienceConsumer
@@ -44,19 +45,32 @@ def spill_binding(state: Mapping[str, Any]) -> str:
 class CheckpointWrite:
     """rlstream's part of a checkpoint being written: the state cut now, the spill (maybe) still running.
 
-    `state` is for `consumer.checkpoint_durable(state)` once `wait()` returned and the trainer stored
-    its checkpoint. `wait` raises what the spill raised: that checkpoint must not be made the latest.
+    `state` is for `consumer.checkpoint_durable(state)` once the trainer stored its checkpoint; it is
+    given only once `wait()` returned: declared durable while its spill still reads, the checkpoint's
+    commits and clears would run ahead of a spill that may yet fail, and the trainer must not make a
+    checkpoint the latest before its spill is written. `wait` raises what the spill raised: that
+    checkpoint must not be made the latest, and its state is never given.
     """
 
     def __init__(self, state: dict[str, Any], run) -> None:
-        self.state = state
+        self._state = state
         self._summary: SpillSummary | None = None
         self._error: BaseException | None = None
+        self._waited = run is None
         self._thread: threading.Thread | None = None
         if run is None:
             return
         self._thread = threading.Thread(target=self._run, args=(run,), name="rlstream-spill", daemon=True)
         self._thread.start()
+
+    @property
+    def state(self) -> dict[str, Any]:
+        """The state cut for this checkpoint; InvalidArgument before `wait()` returned, or if the spill failed."""
+        if self._error is not None and self._waited:
+            raise InvalidArgument(f"this checkpoint's spill failed ({type(self._error).__name__}: {self._error})")
+        if not self._waited:
+            raise InvalidArgument("the checkpoint's spill may still be running: wait() for it before using its state")
+        return self._state
 
     def _run(self, run) -> None:
         try:
@@ -73,6 +87,7 @@ class CheckpointWrite:
             self._thread.join(timeout_s)
             if self._thread.is_alive():
                 raise TimeoutError(f"the checkpoint's spill is still being written after {timeout_s} s")
+        self._waited = True
         if self._error is not None:
             raise self._error
         return self._summary

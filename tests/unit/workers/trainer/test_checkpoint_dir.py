@@ -3,12 +3,20 @@ the groups it keeps resolved agree with the state's cut, and the spill written o
 
 from __future__ import annotations
 
+import threading
+
+import pytest
+
+from schemas.errors import InvalidArgument
 from schemas.regenerate import Regenerate
 from streams.errors import MissingKeysError
 from streams.tq import TRAIN
+from tests.unit.memory_store import InMemoryStore
+from tests.unit.workers.trainer.fake_kafka import NotingStore
 from tests.unit.workers.trainer.trainer_kafka import NAMES, Pipeline, group, train
-from workers.trainer.checkpoint_dir import load_state, save_into_checkpoint, spill_binding
+from workers.trainer.checkpoint_dir import begin_checkpoint, load_state, save_into_checkpoint, spill_binding
 from workers.trainer.resolved import read_resolved, write_resolved
+from workers.trainer.spill_read import read_spill
 
 
 def _handed_back(pipe: Pipeline) -> list[str]:
@@ -87,3 +95,76 @@ def test_groups_trained_before_the_cut_are_kept_resolved(tmp_path):
     state, _ = save_into_checkpoint(tmp_path, first, pipe.store, spill=False)
     assert sorted(g for g, _, _ in load_state(tmp_path)["resolved"]) == ["g0", "g1"]
     assert state["partitions"][0]["offset"] == 2
+
+
+class _Gated(InMemoryStore):
+    """The spill's reads of TQ wait until the test opens the gate (or raise `fail`), so the trainer's acks
+    are driven in while the spill runs, deterministically; the trainer's own reads pass."""
+
+    def __init__(self, fail: BaseException | None = None):
+        super().__init__()
+        self.gate, self.entered = threading.Event(), threading.Event()
+        self.fail = fail
+
+    def list(self, partition):
+        if threading.current_thread().name == "rlstream-spill":
+            self.entered.set()
+            assert self.gate.wait(30), "the test never opened the gate"
+            if self.fail is not None:
+                raise self.fail
+        return super().list(partition)
+
+
+def _gated_pipeline(fail: BaseException | None = None) -> tuple[Pipeline, _Gated]:
+    pipe = Pipeline()
+    pipe.rows = _Gated(fail)
+    pipe.store = NotingStore(pipe.rows, pipe.broker.events)
+    return pipe, pipe.rows
+
+
+def test_acks_landing_while_the_spill_runs_keep_their_rows_and_are_in_the_spill(tmp_path):
+    pipe, gated = _gated_pipeline()
+    groups = [group(f"g{i}") for i in range(4)]
+    pipe.finalize(groups)
+    first = pipe.consumer(checkpointed=True)
+    assert sorted(train(first, 2)) == ["g0", "g1"]
+    write = begin_checkpoint(tmp_path, first, pipe.store)
+    assert gated.entered.wait(30) and not write.done()
+    with pytest.raises(InvalidArgument, match="wait"):
+        _ = write.state  # not before the spill is written: checkpoint_durable would clear rows it has not read
+    assert sorted(train(first, 2)) == ["g2", "g3"]  # acked after the cut, while the spill reads
+    gated.gate.set()
+    summary = write.wait(30)
+    assert write.done() and summary.rows[TRAIN] == 8  # g0, g1 still there (cleared only once durable), g2, g3
+    state = write.state
+    assert state["partitions"][0]["offset"] == 2  # the cut: g2 and g3 were not trained at it
+    first.checkpoint_durable(state)
+    first.poll(0)
+    assert pipe.present(groups[2:]) == set(groups[2].sample_ids + groups[3].sample_ids)  # kept for the next
+    assert pipe.present(groups[:2]) == set()
+    with read_spill(tmp_path, binding=spill_binding(state)) as spill:
+        assert {"g2_g0", "g2_g1", "g3_g0", "g3_g1"} <= spill.keys(TRAIN)
+
+
+def test_a_spill_that_fails_in_the_background_raises_from_wait_and_gives_no_state(tmp_path):
+    pipe, gated = _gated_pipeline(fail=RuntimeError("TQ storage unit gone"))
+    pipe.finalize([group("g0")])
+    first = pipe.consumer(checkpointed=True)
+    train(first, 1)
+    write = begin_checkpoint(tmp_path, first, pipe.store)
+    gated.gate.set()
+    with pytest.raises(RuntimeError, match="storage unit gone"):
+        write.wait(30)
+    assert write.done()
+    with pytest.raises(InvalidArgument, match="spill failed"):
+        _ = write.state
+    assert pipe.present([group("g0")]) == {"g0_g0", "g0_g1"}  # nothing declared durable, nothing cleared
+
+
+def test_a_checkpoint_written_on_the_trainers_thread_gives_its_state_at_once(tmp_path):
+    pipe = Pipeline()
+    pipe.finalize([group("g0")])
+    first = pipe.consumer(checkpointed=True)
+    train(first, 1)
+    write = begin_checkpoint(tmp_path, first, pipe.store, background=False)
+    assert write.done() and write.state["partitions"][0]["offset"] == 1

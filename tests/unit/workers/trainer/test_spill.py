@@ -240,3 +240,28 @@ def test_no_read_of_tq_holds_more_than_a_chunk_unless_it_is_one_row_when_long_ro
     with read_spill(tmp_path, binding="b") as spill:
         assert spill.restore(after, TRAIN, sorted(sizes)) == len(sizes)
     assert _same(before, after, TRAIN, sizes)
+
+
+def test_a_row_in_parts_whose_part_is_out_of_place_or_cut_off_is_refused_not_put_back_wrong(tmp_path, monkeypatch):
+    monkeypatch.setattr("schemas.spill.MAX_SPILL_MESSAGE_BYTES", MiB)
+    sizes = {"big_g0": 5 * MiB // 32, "small_g0": 1000}  # the big row in 3 parts of 64 KiB at most
+    before = InMemoryStore()
+    _big_rows(before, sizes)
+    spill_rows(before, tmp_path, binding="b", partitions=(TRAIN,))
+    path = tmp_path / SPILL_FILE
+    whole = path.read_bytes()
+    frames, pos = [], 0
+    for n in _frames(path):
+        frames.append((pos, 8 + n))
+        pos += 8 + n
+    parts = [(at, n) for at, n in frames if b"spill_row_part" in whole[at + 8 : at + 8 + 64]]
+    assert len(parts) == 3
+    (a1, n1), (a2, n2) = parts[1], parts[2]
+    # Parts 1 and 2 swapped: the file keeps its length, its index and its end record.
+    path.write_bytes(whole[:a1] + whole[a2 : a2 + n2] + whole[a1 : a1 + n1] + whole[a2 + n2 :])
+    after = InMemoryStore()
+    with read_spill(tmp_path, binding="b") as spill:
+        assert spill.restore(after, TRAIN, ["small_g0"]) == 1
+        with pytest.raises(SpillError, match="big_g0.*part 1 of 3 is not next"):
+            spill.restore(after, TRAIN, ["big_g0"])
+    assert "big_g0" not in after.list(TRAIN)
