@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 import pytest
 import torch
 from tensordict import TensorDict
@@ -182,27 +185,27 @@ def test_restoring_chosen_rows_reads_only_the_messages_that_hold_them(tmp_path, 
     assert _same(before, after, TRAIN, ["r29_g0"])
 
 
-def test_a_spill_of_the_first_format_is_still_read(tmp_path):
-    # Written as issue 24's spill wrote it: header without a format, chunks of whole rows, the end record.
-    from schemas.spill import FRAME, SpillChunk, SpillEnd, SpillHeader
-    from workers.trainer.spill import _packed
+GOLDEN_V1 = Path(__file__).parent / "golden" / "format1.spill"
 
+
+def test_a_spill_of_the_first_format_is_still_read(tmp_path):
+    # Bytes written by issue 24's spill itself (`spill_rows` of commit 93d12d2, run on `_stage`'s rows
+    # with binding "run-old:7"): its header without a format, its chunks of up to 16 whole rows, its
+    # end record, as the encoder of the time laid them out; not today's schema classes writing them.
+    shutil.copy(GOLDEN_V1, tmp_path / SPILL_FILE)
     store = InMemoryStore()
     _stage(store)
-    messages = [SpillHeader(binding="old", partitions=(TRAIN,), created_ms=1)]
-    keys = sorted(store.list(TRAIN))
-    values, offsets = _packed(TRAIN, keys, dict(store.get(TRAIN, keys).items()))
-    tags = tuple(store.list(TRAIN)[k] for k in keys)
-    messages.append(
-        SpillChunk(partition=TRAIN, keys=tuple(keys), tags=tags, offsets=tuple(offsets), data=bytes(values))
-    )
-    messages.append(SpillEnd(chunks=1, rows=len(keys)))
-    (tmp_path / SPILL_FILE).write_bytes(b"".join(FRAME.pack(len(m.to_bytes())) + m.to_bytes() for m in messages))
     after = InMemoryStore()
-    with read_spill(tmp_path, binding="old") as spill:
-        assert spill.header.format == 1 and spill.keys(TRAIN) == set(keys)
-        assert spill.restore(after, TRAIN, keys) == len(keys)
-    assert after.list(TRAIN) == store.list(TRAIN)
+    with read_spill(tmp_path, binding="run-old:7") as spill:
+        assert spill.header.format == 1
+        assert spill.keys(TRAIN) == set(store.list(TRAIN)) and spill.keys(STAGING) == set(store.list(STAGING))
+        assert spill.restore(after, TRAIN, sorted(store.list(TRAIN))) == 4
+        assert spill.restore(after, STAGING, sorted(store.list(STAGING))) == 2
+    for partition in (TRAIN, STAGING):
+        assert after.list(partition) == store.list(partition)
+        for key in store.list(partition):
+            want, got = _row(store, partition, key), _row(after, partition, key)
+            assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want), (partition, key)
 
 
 class _Measured(InMemoryStore):
