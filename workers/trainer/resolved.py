@@ -55,7 +55,16 @@ def write_resolved(directory: str | Path, binding: str, groups: Iterable[tuple[s
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+    _sync_dir(path.parent)  # the rename itself, so a crash after it cannot leave the old file or none
     return written
+
+
+def _sync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def has_resolved(directory: str | Path) -> bool:

@@ -245,11 +245,21 @@ def _resume(
             kafka, names, rollouts, feed_from, pending, generated.__contains__, ends, wait_s=wait_s, log=say
         )
         took("feed")
-    if report.read_whole and report.resolved_originals:
-        # For the restored trainer's load path (`checkpoint_dir.load_state`).
-        write_resolved(checkpoint, spill_binding(state), report.resolved_originals)
-        say(f"resume: {len(report.resolved_originals)} resolved group(s) with duplicates written into {checkpoint}")
+    if report.read_whole:
+        # For the restored trainer's load path (`checkpoint_dir.load_state`): every group the cut resolved,
+        # as a checkpoint of today keeps them, not only those whose duplicate resume saw (one published
+        # after resume ran would be handed back), the newest `max_seen_groups` as the trainer remembers.
+        kept = _resolved_before(finalized, report.resolved_originals, config.max_seen_groups)
+        write_resolved(checkpoint, spill_binding(state), kept)
+        say(f"resume: {len(kept)} resolved group(s) written into {checkpoint} for the restored trainer")
     return report
+
+
+def _resolved_before(read, originals: list[tuple[str, int, int]], most: int) -> list[tuple[str, int, int]]:
+    """The groups the cut resolved, as read from the start, oldest first; the originals of duplicates always."""
+    named = {g for g, _, _ in originals}
+    resolved = [(g, p, o) for g, (p, o, done) in read.first.items() if done and g not in named]
+    return resolved[max(0, len(resolved) - max(0, most - len(originals))) :] + list(originals)
 
 
 def _partitions(kafka: KafkaConfig, topic: str) -> list[int]:

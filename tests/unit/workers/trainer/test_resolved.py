@@ -42,3 +42,20 @@ def test_a_state_carries_resolved_groups_only_when_given_and_stays_readable_with
     assert "resolved" not in data  # state_dict stays small; load_state adds them from the file
     data["resolved"] = [["g1", 0, 4]]
     assert decode_state(data, topic="t", consumer_group="g").resolved == [("g1", 0, 4)]
+
+
+def test_the_resolved_file_is_synced_and_so_is_its_directory_after_the_rename(tmp_path, monkeypatch):
+    # resume writes the file into a checkpoint already made the latest: the rename must be on disk too.
+    import os
+    import stat
+
+    synced = []
+    real = os.fsync
+
+    def fsync(fd):
+        synced.append(stat.S_ISDIR(os.fstat(fd).st_mode))
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    write_resolved(tmp_path, "run:1", [("g", 0, 1)])
+    assert synced == [False, True]
