@@ -265,21 +265,28 @@ _Built = tuple[OpenGroup, GroupBuild, tuple[str, ...], float]  # group, its rows
 _LOST_WITH_TQ = {MISSING_STAGING_ROW, "rollout_failed", "missing_receipt"}
 
 
-def _staging_lost(group: OpenGroup, build: GroupBuild, present: Collection[str]) -> bool:
+def _staging_lost(group: OpenGroup, build: GroupBuild, present: Collection[str], mine: Collection[str]) -> bool:
     """Whether the group's missing rows were lost with TQ rather than refused: every rollout is either
     missing its staged rows, failed, or never sent a receipt (a group cut short by the crash), at least
-    one is missing rows, and not one staging key of those exists in TQ at all (under any owner).
+    one is missing rows, and each of those has a staging key not in TQ at all (under any owner) and
+    none in TQ under another owner.
 
     Only the rollouts missing rows are looked at: a failed rollout stages nothing, or rows of its own
     (which a spill may have put back), and says nothing about whether the others' staging survived. A
-    group of failed rollouts alone is no loss: it is dead-lettered as before.
+    rollout whose keys a spill put back in part (one call of several staged before the spill listed
+    staging) is lost all the same. A key present under another owner is hostile input, never a loss.
+    A group of failed rollouts alone is no loss: it is dead-lettered as before.
     """
     reasons = build.rejection_reasons
     if not set(reasons) <= _LOST_WITH_TQ or MISSING_STAGING_ROW not in reasons:
         return False
     receipts = group.by_index()
     missing = [receipts[i] for i, reason in enumerate(reasons) if reason == MISSING_STAGING_ROW]
-    return not any(c.staging_key in present for r in missing if r is not None for c in r.manifest)
+    for r in missing:
+        keys = [c.staging_key for c in r.manifest] if r is not None else []
+        if any(k in present and k not in mine for k in keys) or (keys and all(k in present for k in keys)):
+            return False
+    return True
 
 
 def _build_or_letter(
@@ -310,7 +317,7 @@ def _build_or_letter(
         return GroupOutcome(group, None, INCONSISTENT_GROUP, message, staging)
     if build.valid_row_count == 0:
         reasons = sorted({r for r in build.rejection_reasons if r})
-        if _staging_lost(group, build, present) and regeneration_of(group.group_id)[1] < MAX_REGENERATIONS:
+        if _staging_lost(group, build, present, mine) and regeneration_of(group.group_id)[1] < MAX_REGENERATIONS:
             # Generating the prompt again is the only way to train it.
             message = (
                 f"group {group.group_id}: none of its staged rows are in TQ ({', '.join(reasons)});"

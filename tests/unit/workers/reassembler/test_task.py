@@ -593,3 +593,22 @@ def test_a_group_regenerated_too_often_is_dead_lettered_instead_of_handed_back_a
     assert commit.regenerate == ()
     assert {d.source_key for d in commit.dead_letters} == {late.encode()}
     assert commit.state[-1].outcome == DEAD_LETTERED
+
+
+def test_a_group_whose_lost_staging_a_spill_put_back_in_part_is_handed_back_not_dead_lettered():
+    # After a whole-job restart the spill had caught one call of a multi-call rollout (staged before the
+    # spill listed staging, the rest after): the group's own key present was taken for its staging
+    # having survived, and the group was dead-lettered inconsistent, its prompt never trained.
+    store = InMemoryStore()
+    task = make_task(store)
+    shape = dataclasses.replace(TINY, calls=(3, 3))
+    rollouts = make_group("g", 0, 1, shape=shape)
+    stage_rollouts(store, rollouts)
+    keys = [c.staging_key for r in rollouts for c in r.receipt.manifest]
+    store.clear(STAGING, keys[1:])
+    assert store.present(STAGING, keys) == {keys[0]}
+    for offset, r in enumerate(rollouts, start=10):
+        task.intake(record(offset, r.receipt.to_bytes()), 5_000)
+    commit = step(task, store)
+    assert [r.group_id for r in commit.regenerate] == ["g"] and commit.dead_letters == ()
+    assert commit.state[-1].outcome == HANDED_BACK
