@@ -358,7 +358,14 @@ def refinalize(target: KafkaTarget, source: str, tq_checkpoint: str, num_cpus: i
     type=click.FloatRange(0, 3600),
     default=960.0,
     show_default=True,
-    help="how long to wait for a transaction the dead job left open on the topics resume reads",
+    help="how long resume may wait in all: for the dead job's members to leave their consumer groups (a"
+    " killed one goes at its session timeout), for transactions it left open, for offsets they held",
+)
+@click.option(
+    "--force",
+    is_flag=True,
+    help="do not wait for the consumer groups' members to leave (they are known gone for good), and settle a"
+    " rollout consumer group that has no commit",
 )
 @click.option("--ray-address", default="auto", show_default=True, help="the restarted job's Ray, with TQ up")
 def resume(
@@ -369,6 +376,7 @@ def resume(
     rollout_consumer_group: str | None,
     worker_ids: tuple[str, ...],
     transaction_wait_s: float,
+    force: bool,
     ray_address: str,
 ) -> int:
     """After a whole-job restart, before reassemblers, trainer and rollout workers start: put back the rows the
@@ -400,6 +408,7 @@ def resume(
             rollout_consumer_group=rollout_consumer_group,
             reassembler_worker_ids=worker_ids,
             transaction_wait_s=transaction_wait_s,
+            force=force,
             say=say,
         )
     finally:

@@ -11,9 +11,15 @@ same transaction, puts the ones not generated yet at the partition's end again (
 group id). The feed then takes each hand-back still owed exactly once.
 
 The commit is the consumer group's own (`send_offsets_to_transaction` with its metadata, no
-member): the broker takes it once the group is empty, so it is retried while the killed job's
-members have not timed out yet (a session timeout), with a progress line. A partition whose
-hand-backs were none of them generated is left as it is.
+member id, generation -1). Kafka's classic group coordinator takes such a commit even while the
+group has members, so a running feed would overwrite it with its own next commit: the commit is
+made only while the group is empty (`group_members`, checked just before it; `resume` waited for
+the killed job's members to leave already), else refused (`FeedBusy`) unless forced. A partition
+whose hand-backs were none of them generated is left as it is.
+
+A feed group with no commit at all on a topic holding hand-backs is refused too (`check_feed_group`):
+a wrong or fresh `--rollout-consumer-group`, or offsets the broker expired, would read every
+hand-back ever made (kept for good) and re-queue them all.
 """
 
 from __future__ import annotations
@@ -24,14 +30,20 @@ from dataclasses import dataclass
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-from schemas.errors import SchemaError
+from schemas.errors import RlstreamError, SchemaError
 from schemas.regenerate import Regenerate
+from streams.admin import group_members
 from streams.config import KafkaConfig
-from streams.consumer import read_topic
+from streams.consumer import end_offsets, read_topic
 from streams.producer import Outgoing, TransactionalProducer
+from workers.deadline import Deadline
 from workers.topics import TopicNames
 
 RETRY_EVERY_S = 2.0
+
+
+class FeedBusy(RlstreamError):
+    """The rollout workers' feed group cannot be settled: it has members, or no commit to settle from."""
 
 
 @dataclass
@@ -57,6 +69,25 @@ def pending_hand_backs(
     return out
 
 
+def check_feed_group(kafka: KafkaConfig, names: TopicNames, consumer_group: str, committed: dict[int, int]) -> None:
+    """Refuse a feed group with no commit on a regenerate topic that holds records (FeedBusy says why)."""
+    if committed:
+        return
+    records = read_topic(kafka, names.regenerate)  # one record is enough to know (markers are no hand-backs)
+    try:
+        any_record = next(records, None) is not None
+    finally:
+        records.close()
+    if any_record:
+        held = sum(high - low for low, high in end_offsets(kafka, names.regenerate).values())
+        raise FeedBusy(
+            f"consumer group {consumer_group!r} has no committed offset on {names.regenerate}, which holds"
+            f" hand-backs (offsets up to {held}): a wrong or fresh --rollout-consumer-group (or offsets the"
+            " broker expired, offsets.retention.minutes) would hand every one of them out again; check the"
+            " name, or pass --force"
+        )
+
+
 def settle_feed(
     kafka: KafkaConfig,
     names: TopicNames,
@@ -66,12 +97,14 @@ def settle_feed(
     generated: Callable[[str], bool],
     ends: dict[int, int],
     *,
-    wait_s: float,
+    deadline: Deadline,
     log: Callable[[str], None],
+    force: bool = False,
 ) -> FeedSettled:
     """Commit `consumer_group` past hand-backs generated already, putting the others back at the end.
 
-    `ends` is each partition's end offset when `pending` was read (what the commit passes).
+    `ends` is each partition's end offset when `pending` was read (what the commit passes). Raises
+    FeedBusy while the group has members (unless `force`).
     """
     result = FeedSettled(owed=sum(len(v) for v in pending.values()))
     offsets, again = [], []
@@ -90,7 +123,13 @@ def settle_feed(
     if not offsets:
         return result
     result.requeued = len(again)
-    _commit(kafka, names, consumer_group, offsets, again, wait_s=wait_s, log=log)
+    members = group_members(kafka, [consumer_group]).get(consumer_group, [])
+    if members and not force:
+        raise FeedBusy(
+            f"consumer group {consumer_group!r} has members ({', '.join(str(m) for m in members[:4])}): a running"
+            " feed would overwrite the commit that settles it; stop its rollout workers first"
+        )
+    _commit(kafka, consumer_group, offsets, again, deadline=deadline, log=log)
     log(
         f"resume: hand-backs on {names.regenerate}: {result.generated} generated already, skipped; "
         f"{result.requeued} put again at the end for {consumer_group}"
@@ -98,10 +137,9 @@ def settle_feed(
     return result
 
 
-def _commit(kafka, names, consumer_group, offsets, again, *, wait_s: float, log) -> None:
+def _commit(kafka, consumer_group, offsets, again, *, deadline: Deadline, log) -> None:
     member = Consumer(kafka.consumer(consumer_group))
     producer = TransactionalProducer(kafka, f"rlstream-resume.{consumer_group}")
-    t0 = time.monotonic()
     try:
         while True:
             try:
@@ -111,12 +149,12 @@ def _commit(kafka, names, consumer_group, offsets, again, *, wait_s: float, log)
                     producer.send_offsets(offsets, member.consumer_group_metadata())
                 return
             except KafkaException as exc:
-                # Refused while the killed job's members are in the group (until their session times out).
-                if exc.args[0].fatal() or time.monotonic() - t0 > wait_s:
+                # A coordinator moving or loading: retried within resume's deadline.
+                if exc.args[0].fatal() or deadline.passed():
                     raise
                 log(
-                    f"resume: cannot commit for {consumer_group} yet ({exc.args[0].str()}): waiting for the killed"
-                    f" job's rollout workers to leave it, {time.monotonic() - t0:.0f} s of at most {wait_s:.0f} s"
+                    f"resume: cannot commit for {consumer_group} yet ({exc.args[0].str()}), retrying;"
+                    f" {deadline.elapsed():.0f} s of at most {deadline.seconds:.0f} s"
                 )
                 time.sleep(RETRY_EVERY_S)
     finally:

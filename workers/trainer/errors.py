@@ -74,3 +74,7 @@ class SpillError(RlstreamError):
 
 class OpenTransaction(RlstreamError):
     """A transaction stayed open on a topic `resume` must read, past its wait (`open_transactions.py`)."""
+
+
+class OldJobAlive(RlstreamError):
+    """A consumer group of the job `resume` restarts still has members past the wait: it is not dead."""

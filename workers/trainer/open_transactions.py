@@ -15,9 +15,12 @@ Two ways past it, in this order:
   included, is dead. A live worker under such an id (resume run while reassemblers run) is fenced
   once, rides that out with a new producer and redoes its step: nothing lost, nothing doubled.
 - **wait**: until every partition's last stable offset reaches the end it had when resume began
-  (later transactions do not extend the wait), bounded by `wait_s` (default past the largest
-  `transaction_timeout_ms` the broker allows a reassembler plus its abort scan), with a progress line
-  at once and every 10 s naming the partitions still held.
+  (later transactions do not extend the wait), within resume's one deadline (default past the
+  largest `transaction_timeout_ms` a reassembler may set plus the coordinator's abort scan), with a
+  progress line at once and every 10 s naming the partitions still held.
+
+`open_now` tells which partitions a transaction holds when resume begins, so its report (and the
+job-restart drill) can show there was one to abort or wait for.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 from streams.config import KafkaConfig
 from streams.consumer import partitions_of
 from streams.producer import TransactionalProducer
+from workers.deadline import Deadline
 from workers.trainer.errors import OpenTransaction
 
 # The largest transaction_timeout_ms a reassembler may set (900 s), and the coordinator's scan for
@@ -50,66 +54,95 @@ def _offsets(c: Consumer, tps: list[tuple[str, int]]) -> dict[tuple[str, int], i
     return {(t, p): c.get_watermark_offsets(TopicPartition(t, p), timeout=10, cached=False)[1] for t, p in tps}
 
 
+class Stability:
+    """Each partition's end as a read_uncommitted reader sees it, and how far a read_committed one gets."""
+
+    def __init__(self, kafka: KafkaConfig, topics: Sequence[str]):
+        self._uncommitted = Consumer(kafka.consumer("rlstream-resume-ends", read_committed=False))
+        self._committed = Consumer(kafka.consumer("rlstream-resume-stable", read_committed=True))
+        self.partitions = [(t, p) for t in topics for p in partitions_of(self._uncommitted, t)]
+
+    def ends(self) -> dict[tuple[str, int], int]:
+        return _offsets(self._uncommitted, self.partitions)
+
+    def held(self, ends: dict[tuple[str, int], int]) -> dict[tuple[str, int], tuple[int, int]]:
+        """(stable, end) of the partitions whose last stable offset is still below `ends`: a transaction is open."""
+        stable = _offsets(self._committed, self.partitions)
+        return {tp: (stable[tp], ends[tp]) for tp in self.partitions if stable[tp] < ends[tp]}
+
+    def close(self) -> None:
+        self._uncommitted.close()
+        self._committed.close()
+
+
+def describe(held: dict[tuple[str, int], tuple[int, int]], most: int = 4) -> str:
+    return ", ".join(f"{t}[{p}] (stable to {s} of {e})" for (t, p), (s, e) in sorted(held.items())[:most])
+
+
+def open_now(kafka: KafkaConfig, topics: Sequence[str]) -> dict[tuple[str, int], tuple[int, int]]:
+    """The partitions of `topics` an open transaction holds now (stable offset below the end), with (stable, end)."""
+    stability = Stability(kafka, topics)
+    try:
+        return stability.held(stability.ends())
+    finally:
+        stability.close()
+
+
 def wait_for_stable(
     kafka: KafkaConfig,
     topics: Sequence[str],
     *,
-    wait_s: float = DEFAULT_WAIT_S,
+    deadline: Deadline,
     log: Callable[[str], None],
     poll_s: float = 0.5,
 ) -> float:
     """Wait until each partition of `topics` is stable up to the end it had now; returns the seconds waited.
 
-    Raises OpenTransaction naming the partitions still held once `wait_s` has passed.
+    Raises OpenTransaction naming the partitions still held once `deadline` has passed.
     """
-    uncommitted = Consumer(kafka.consumer("rlstream-resume-ends", read_committed=False))
-    committed = Consumer(kafka.consumer("rlstream-resume-stable", read_committed=True))
+    stability = Stability(kafka, topics)
     try:
-        tps = [(t, p) for t in topics for p in partitions_of(uncommitted, t)]
-        ends = _offsets(uncommitted, tps)
+        ends = stability.ends()
         t0 = time.monotonic()
         said = t0 - PROGRESS_EVERY_S  # the first line at once, then one every PROGRESS_EVERY_S
         while True:
-            stable = _offsets(committed, tps)
-            held = {tp: (stable[tp], ends[tp]) for tp in tps if stable[tp] < ends[tp]}
+            held = stability.held(ends)
             waited = time.monotonic() - t0
             if not held:
                 if said > t0 - PROGRESS_EVERY_S:
                     log(f"resume: the open transactions ended after {waited:.0f} s")
                 return waited
-            names = ", ".join(f"{t}[{p}] (stable to {s} of {e})" for (t, p), (s, e) in sorted(held.items())[:4])
-            if waited > wait_s:
+            names = describe(held)
+            if deadline.passed():
                 raise OpenTransaction(
-                    f"a transaction stayed open for more than {wait_s:.0f} s on {names}: pass the dead job's"
-                    " reassembler worker ids (--reassembler-worker-id) to abort it, or wait and resume again"
+                    f"a transaction stayed open past resume's {deadline.seconds:.0f} s on {names}: pass the dead"
+                    " job's reassembler worker ids (--reassembler-worker-id) to abort it, or wait and resume again"
                 )
             if time.monotonic() - said >= PROGRESS_EVERY_S:
                 said = time.monotonic()
                 log(
                     f"resume: waiting for an open transaction to end on {names},"
-                    f" {waited:.0f} s of at most {wait_s:.0f} s"
+                    f" {deadline.elapsed():.0f} s of at most {deadline.seconds:.0f} s"
                 )
             time.sleep(poll_s)
     finally:
-        uncommitted.close()
-        committed.close()
+        stability.close()
 
 
 def stable_committed(
-    kafka: KafkaConfig, consumer_group: str, topic: str, *, wait_s: float = DEFAULT_WAIT_S, log: Callable[[str], None]
+    kafka: KafkaConfig, consumer_group: str, topic: str, *, deadline: Deadline, log: Callable[[str], None]
 ) -> dict[int, tuple[int, str | None]]:
     """partition -> (committed offset, metadata) of `consumer_group` on `topic` (partitions without one left
     out), retried while a transaction's offsets are still pending (the broker answers only stable ones)."""
     c = Consumer(kafka.consumer(consumer_group))
     try:
         parts = [TopicPartition(topic, p) for p in partitions_of(c, topic)]
-        t0 = time.monotonic()
         while True:
             try:
-                got = c.committed(parts, timeout=30)
+                got = c.committed(parts, timeout=max(1.0, min(30.0, deadline.left())))
                 return {tp.partition: (tp.offset, tp.metadata) for tp in got if tp.offset >= 0}
             except KafkaException as exc:
-                if exc.args[0].fatal() or time.monotonic() - t0 > wait_s:
+                if exc.args[0].fatal() or deadline.passed():
                     raise
                 log(f"resume: {consumer_group}'s offsets on {topic} are not stable yet ({exc.args[0].str()}); retrying")
                 time.sleep(1.0)

@@ -33,105 +33,50 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from confluent_kafka import TopicPartition
 
 from schemas.state import CLOSED, FINALIZED
 from streams.config import KafkaConfig
-from streams.consumer import partitions_of
+from streams.consumer import end_offsets, partitions_of
 from streams.partitioner import partition_of
 from streams.tq import STAGING, KVStore
+from workers.deadline import Deadline
 from workers.reassembler.config import DEFAULT_CONSUMER_GROUP
-from workers.rollout.regenerate_settle import FeedSettled, pending_hand_backs, settle_feed
+from workers.rollout.regenerate_settle import check_feed_group, pending_hand_backs, settle_feed
 from workers.trainer.checkpoint import PartitionMark, decode_state, resolved_at_cut
 from workers.trainer.checkpoint_dir import load_from_checkpoint, spill_binding
 from workers.trainer.clients import KafkaTrainerClients
 from workers.trainer.config import ConsumerConfig
 from workers.trainer.errors import CommitUnreadable
-from workers.trainer.open_transactions import DEFAULT_WAIT_S, abort_transactions, stable_committed, wait_for_stable
+from workers.trainer.old_job import make_quiet
+from workers.trainer.open_transactions import DEFAULT_WAIT_S, stable_committed
 from workers.trainer.progress import ProgressCarrier
 from workers.trainer.resolved import has_resolved, read_resolved, write_resolved
-from workers.trainer.resume_reads import Expired, latest_states, open_receipts, read_finalized, retention_warnings
+from workers.trainer.resume_reads import StateRead, latest_states, open_receipts, read_finalized, retention_warnings
+from workers.trainer.resume_report import ResumeReport
 from workers.trainer.spill_read import Spill
 
 log = logging.getLogger("rlstream.trainer")
 
 
-@dataclass
-class ResumeReport:
-    """What `resume` found and did, group by group (ids kept for the unaccounted only)."""
-
-    trained: int = 0
-    restored: int = 0
-    restored_rows: int = 0
-    hand_back_finalized: int = 0
-    duplicates: int = 0
-    open_restored: int = 0
-    open_partial: int = 0
-    open_hand_back: int = 0
-    staging_rows: int = 0
-    closed_without_record: int = 0
-    unaccounted: list[str] = field(default_factory=list)
-    checkpoint: str = "none"
-    read_whole: bool = False  # the finalized topic read from its start (a checkpoint without resolved groups)
-    finalized_read: int = 0
-    state_read: int = 0
-    expired: Expired = field(default_factory=Expired)
-    waited_s: float = 0.0
-    feed: FeedSettled | None = None
-    # (group id, partition, offset) of originals resolved before the cut that have a duplicate past it,
-    # found by reading from the start; written into the checkpoint for the restored trainer.
-    resolved_originals: list[tuple[str, int, int]] = field(default_factory=list)
-    # Every group id resume saw: finalized past the cut, remembered by the reassemblers, open, handed back.
-    known_groups: set[str] = field(default_factory=set)
-    took: dict[str, float] = field(default_factory=dict)  # seconds per part, after the wait for transactions
-
-    def lines(self) -> list[str]:
-        whence = "its start (the checkpoint has no resolved groups)" if self.read_whole else "the checkpoint's cut"
-        out = [
-            f"checkpoint: {self.checkpoint}",
-            f"finalized records read from {whence}: {self.finalized_read}; state records from the restore points:"
-            f" {self.state_read}",
-            (
-                f"finalized groups resolved before the checkpoint (trained, evicted or handed back): {self.trained}"
-                if self.read_whole
-                else f"finalized groups past the cut resolved already (trained, evicted or handed back): {self.trained}"
-                " (those before the cut are not read)"
-            ),
-            f"finalized groups restored ({self.restored_rows} train rows back in TQ): {self.restored}",
-            f"finalized groups whose train rows are lost, to be handed back (or dead-lettered) by the trainer:"
-            f" {self.hand_back_finalized}",
-            f"duplicates past the checkpoint of groups resolved before it (resolved by the trainer): {self.duplicates}",
-            f"open groups restored whole: {self.open_restored}, partly (completed with placeholders):"
-            f" {self.open_partial}, lost (to be handed back by a reassembler): {self.open_hand_back}"
-            f" ({self.staging_rows} staged rows back in TQ)",
-            f"groups closed without a finalized record (dead-lettered or handed back): {self.closed_without_record}",
-        ]
-        if self.expired.ranges:
-            out.append(f"records expired before they were read (lost to the topics' retention): {self.expired.where()}")
-        if self.feed is not None:
-            out.append(
-                f"hand-backs owed to the rollout workers: {self.feed.owed} ({self.feed.generated} generated already,"
-                f" settled; {self.feed.requeued} put again)"
-            )
-        if self.took:
-            out.append("took: " + ", ".join(f"{what} {s:.1f} s" for what, s in self.took.items()))
-        out.append(
-            f"unaccounted for: {len(self.unaccounted)}"
-            + (f" (e.g. {', '.join(self.unaccounted[:5])})" if self.unaccounted else "")
-        )
-        return out
-
-
-def _trained_marks(kafka, config: ConsumerConfig, state: dict | None, wait_s: float, say) -> dict[int, PartitionMark]:
+def _trained_marks(kafka, config: ConsumerConfig, state, deadline, report, say) -> dict[int, PartitionMark]:
     """Per finalized partition, the first record not trained and the trained ranges past it."""
     topic = config.finalized_topic
     if state is not None:
         return dict(decode_state(state, topic=topic, consumer_group=config.consumer_group).partitions)
     # No checkpoint: the trainer's commits (and the resolved ranges they name) are its place, once stable.
-    stable = stable_committed(kafka, config.consumer_group, topic, wait_s=wait_s, log=say)
+    stable = stable_committed(kafka, config.consumer_group, topic, deadline=deadline, log=say)
+    held = sorted(p for p, (low, high) in end_offsets(kafka, topic).items() if high > low and p not in stable)
+    if held:
+        # Not refused: a trainer that never committed (a checkpointing one commits only once a checkpoint
+        # is durable) looks the same; the broker's offsets.retention.minutes must outlast an outage.
+        report.missing_commits.append(
+            f"the trainer's group {config.consumer_group!r} has no committed offset on {topic} partition(s)"
+            f" {held}: read from their start (if its offsets expired, offsets.retention.minutes, every group"
+            " there is taken for untrained)"
+        )
     committed = [TopicPartition(topic, p, o, metadata=meta) for p, (o, meta) in sorted(stable.items())]
     carrier = ProgressCarrier(
         KafkaTrainerClients(kafka), config.topics.trainer_progress, config.consumer_group, topic, "resume"
@@ -141,6 +86,24 @@ def _trained_marks(kafka, config: ConsumerConfig, state: dict | None, wait_s: fl
         part, reason = next(iter(sorted(named.unreadable.items())))
         raise CommitUnreadable(f"{topic}[{part}]: the trainer's commit cannot be read whole: {reason}")
     return {tp.partition: PartitionMark(tp.offset, named.ranges[tp.partition]) for tp in committed}
+
+
+def _receipts_from(kafka, group: str, topic: str, states: StateRead, deadline, report, say) -> dict[int, int]:
+    """Where the receipts still needed begin: the reassemblers' commits, or where their state says they were.
+
+    A partition without a commit whose state has a progress entry had its commit expire (the broker's
+    `offsets.retention.minutes` ran out during an outage): it is read from the first receipt of a group
+    the state has open there, or past what it emitted, never from the start into memory.
+    """
+    committed = {p: o for p, (o, _) in stable_committed(kafka, group, topic, deadline=deadline, log=say).items()}
+    for part in states.progress:
+        if part not in committed and (start := states.receipts_start(part)) is not None:
+            committed[part] = start
+            report.missing_commits.append(
+                f"the reassemblers' group {group!r} has no committed offset on {topic}[{part}] (expired:"
+                f" offsets.retention.minutes?): read from {start}, where their state's progress says it stood"
+            )
+    return committed
 
 
 def _is_trained(marks: dict[int, PartitionMark], partition: int, offset: int) -> bool:
@@ -164,23 +127,31 @@ def resume(
     rollout_consumer_group: str | None = None,
     reassembler_worker_ids: Sequence[str] = (),
     transaction_wait_s: float = DEFAULT_WAIT_S,
+    force: bool = False,
+    feed_from_start: bool = False,
     say: Callable[[str], None] | None = None,
 ) -> ResumeReport:
     """Put back the rows the checkpoint's spill kept that groups past it still need; account for every group.
 
     Run before the reassemblers, the trainer and the rollout workers start; `checkpoint` None means no
-    checkpoint (every row still needed is lost). `reassembler_worker_ids`: the dead job's reassemblers,
-    whose open transactions are aborted at once (others are waited out, `transaction_wait_s` at most).
-    `rollout_consumer_group`: the rollout workers' `RegenerateFeed` group, settled past hand-backs
-    generated already. Raises SpillError for a checkpoint whose state or spill is unusable,
-    OpenTransaction for a transaction that outlived the wait. `say` gets progress lines.
+    checkpoint (every row still needed is lost). First the dead job must be gone (`old_job.py`): its
+    consumer groups empty, the open transactions of its reassemblers aborted (those named in
+    `reassembler_worker_ids` or still listed in their group) or waited out; every wait of resume shares
+    one deadline, `transaction_wait_s`. `rollout_consumer_group`: the rollout workers' `RegenerateFeed`
+    group, settled past hand-backs generated already; one with no commit on a topic holding hand-backs
+    is refused (a wrong or fresh name would hand every hand-back out again) unless `feed_from_start`
+    (the caller knows it is the job's own, which never committed). `force`: do not wait for members,
+    and `feed_from_start`. Raises SpillError for a checkpoint whose state or spill is unusable,
+    OldJobAlive for a group whose members stay, OpenTransaction for a transaction that outlived the
+    wait, FeedBusy for a feed that cannot be settled. `say` gets progress lines.
     """
     say = say or log.info
+    deadline = Deadline(transaction_wait_s)
     state, spill = load_from_checkpoint(checkpoint, resolved=False) if checkpoint is not None else (None, None)
     try:
         return _resume(
             kafka, store, config, checkpoint, state, spill, reassembler_consumer_group, rollout_consumer_group,
-            reassembler_worker_ids, transaction_wait_s, say,
+            reassembler_worker_ids, deadline, force, force or feed_from_start, say,
         )  # fmt: skip
     finally:
         if spill is not None:
@@ -188,16 +159,17 @@ def resume(
 
 
 def _resume(
-    kafka, store, config, checkpoint, state, spill: Spill | None, reassemblers, rollouts, worker_ids, wait_s, say
-) -> ResumeReport:
+    kafka, store, config, checkpoint, state, spill: Spill | None, reassemblers, rollouts, worker_ids, deadline,
+    force, from_start, say,
+) -> ResumeReport:  # fmt: skip
     report = ResumeReport(checkpoint=str(checkpoint) if checkpoint is not None else "none")
     names = config.topics
-    abort_transactions(kafka, [f"{reassemblers}.{w}" for w in worker_ids], say)
-    report.waited_s = wait_for_stable(
-        kafka, [names.finalized, names.state, names.receipts, names.regenerate], wait_s=wait_s, log=say
-    )
+    groups = [reassemblers, config.consumer_group, *([rollouts] if rollouts is not None else [])]
+    topics = [names.finalized, names.state, names.receipts, names.regenerate]
+    quiet = make_quiet(kafka, topics, groups, reassemblers, worker_ids, deadline, say, force=force)
+    report.open_at_start, report.aborted, report.waited_s = quiet.open_at_start, quiet.aborted, quiet.waited_s
     retention_warnings(kafka, [names.receipts, names.finalized, names.regenerate], say)
-    marks = _trained_marks(kafka, config, state, wait_s, say)
+    marks = _trained_marks(kafka, config, state, deadline, report, say)
     # A checkpoint written before its resolved groups were kept: read from the start to find them.
     report.read_whole = state is not None and not has_resolved(checkpoint)
     start = {} if report.read_whole else {p: m.offset for p, m in marks.items()}
@@ -207,18 +179,19 @@ def _resume(
     )
     took("finalized")
     report.finalized_read = finalized.records
-    states, report.state_read = latest_states(kafka, names.state, _partitions(kafka, names.state))
+    states_read = latest_states(kafka, names.state, _partitions(kafka, names.state))
+    states, report.state_read = states_read.groups, states_read.records
     took("state")
-    receipts_from = {
-        p: o for p, (o, _) in stable_committed(kafka, reassemblers, names.receipts, wait_s=wait_s, log=say).items()
-    }
+    receipts_from = _receipts_from(kafka, reassemblers, names.receipts, states_read, deadline, report, say)
     receipts = open_receipts(kafka, names.receipts, receipts_from, report.expired)
+    report.receipts_read = sum(len(rs) for rs in receipts.values())
     took("receipts")
     feed_from, pending = {}, {}
     if rollouts is not None:
-        feed_from = {
-            p: o for p, (o, _) in stable_committed(kafka, rollouts, names.regenerate, wait_s=wait_s, log=say).items()
-        }
+        stable = stable_committed(kafka, rollouts, names.regenerate, deadline=deadline, log=say)
+        feed_from = {p: o for p, (o, _) in stable.items()}
+        if not from_start:
+            check_feed_group(kafka, names, rollouts, feed_from)
         pending = pending_hand_backs(kafka, names, feed_from)
         took("hand-backs")
 
@@ -242,8 +215,9 @@ def _resume(
         ends = {p: v[-1][0] + 1 for p, v in pending.items()}
         generated = set(states) | set(receipts) | set(first) | remembered
         report.feed = settle_feed(
-            kafka, names, rollouts, feed_from, pending, generated.__contains__, ends, wait_s=wait_s, log=say
-        )
+            kafka, names, rollouts, feed_from, pending, generated.__contains__, ends, deadline=deadline, log=say,
+            force=force,
+        )  # fmt: skip
         took("feed")
     if report.read_whole:
         # For the restored trainer's load path (`checkpoint_dir.load_state`): every group the cut resolved,

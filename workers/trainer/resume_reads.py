@@ -21,7 +21,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource
 from schemas.errors import SchemaError
 from schemas.finalized import FinalizedGroup
 from schemas.receipt import Receipt
-from schemas.state import GroupState
+from schemas.state import OPEN, GroupState, PartitionProgress
 from streams.config import KafkaConfig
 from streams.consumer import end_offsets, read_topic
 from workers.reassembler.changelog import read_changelog
@@ -97,20 +97,40 @@ def read_finalized(
     return out
 
 
-def latest_states(kafka: KafkaConfig, topic: str, partitions: list[int]) -> tuple[dict[str, GroupState], int]:
-    """Each remembered group's latest state entry, read from each state partition's restore point; and how
-    many state records that was."""
-    latest: dict[str, GroupState] = {}
-    read = 0
+@dataclass
+class StateRead:
+    """The state topic as the reassemblers restore it: each remembered group's latest entry, each
+    receipts partition's latest progress entry, and how many state records were read."""
+
+    groups: dict[str, GroupState] = field(default_factory=dict)
+    progress: dict[int, PartitionProgress] = field(default_factory=dict)
+    records: int = 0
+
+    def receipts_start(self, partition: int) -> int | None:
+        """Where the reassemblers' committed offset on receipts `partition` can be no later than, from the
+        state alone: the first receipt of a group still open there, else past what its progress says was
+        emitted. None when the state says nothing of the partition (nothing committed for it)."""
+        progress = self.progress.get(partition)
+        if progress is None:
+            return None
+        opened = [g.first_offset for g in self.groups.values() if g.partition == partition and g.status == OPEN]
+        return min([progress.emitted_through + 1, *opened])
+
+
+def latest_states(kafka: KafkaConfig, topic: str, partitions: list[int]) -> StateRead:
+    """Each state partition read from its restore point."""
+    out = StateRead()
     for part in partitions:
         changelog = read_changelog(kafka, topic, part)
-        read += len(changelog.entries)
+        out.records += len(changelog.entries)
         for e in changelog.entries:
             if e.entry is None:
-                latest.pop(e.key.decode(errors="replace"), None)  # a tombstone: forgotten behind the horizon
+                out.groups.pop(e.key.decode(errors="replace"), None)  # a tombstone: forgotten behind the horizon
             elif isinstance(e.entry, GroupState):
-                latest[e.entry.group_id] = e.entry
-    return latest, read
+                out.groups[e.entry.group_id] = e.entry
+            elif isinstance(e.entry, PartitionProgress):
+                out.progress[e.entry.partition] = e.entry
+    return out
 
 
 def open_receipts(kafka: KafkaConfig, topic: str, start: dict[int, int], expired: Expired) -> dict[str, list[Receipt]]:

@@ -162,8 +162,9 @@ def test_hand_backs_generated_before_the_job_died_are_not_generated_again_after_
     feed_group = f"rollouts-{unique}"
     config = ConsumerConfig(prefix=names.prefix, consumer_group=f"tr-{unique}", checkpointed=True)
     report = resume(
-        kafka, tq_store, config, None, reassembler_consumer_group=f"re-{unique}", rollout_consumer_group=feed_group
-    )
+        kafka, tq_store, config, None, reassembler_consumer_group=f"re-{unique}", rollout_consumer_group=feed_group,
+        feed_from_start=True,  # the feed died before its first commit
+    )  # fmt: skip
     assert report.feed is not None and (report.feed.owed, report.feed.generated, report.feed.requeued) == (3, 1, 2)
     feed = RegenerateFeed(kafka, names, feed_group)
     taken: list[str] = []

@@ -257,6 +257,7 @@ def _restart(
         reassembler_consumer_group=reassembler_group(names.prefix),
         rollout_consumer_group=rollout_group(names.prefix),
         reassembler_worker_ids=[reassembler_id(i) for i in range(cfg.reassemblers)],
+        feed_from_start=True,  # its own feed's group: one with no commit never took a hand-back
         say=log,
     )  # fmt: skip
     for line in report.lines():
