@@ -17,6 +17,7 @@ from schemas.codec import Message
 from schemas.deadletter import DeadLetter
 from schemas.errors import InvalidArgument, SchemaError
 from schemas.finalized import FinalizedGroup
+from schemas.gym_receipt import GymReceipt
 from schemas.receipt import Receipt
 from schemas.regenerate import Regenerate
 from schemas.state import GroupState, PartitionProgress
@@ -37,6 +38,8 @@ TRAINER_PROGRESS = "trainer.progress"
 # Prompt groups handed back for regeneration (their tensors were lost with the job), keyed by group id.
 REGENERATE = "rollout.regenerate"
 REPLAY_PREFIX = "replay."
+# How long the progress topic keeps a tombstone once compacted (delete.retention.ms): ten minutes.
+PROGRESS_TOMBSTONE_MS = "600000"
 
 
 @dataclass(frozen=True)
@@ -118,13 +121,16 @@ def pipeline_topics(
     common.update(config or {})
     compacted = {**common, "cleanup.policy": "compact", "min.cleanable.dirty.ratio": "0.1", "segment.ms": "60000"}
     kept = {"retention.ms": "-1", **common}
+    # Trainers read the progress topic whole (workers/trainer/progress.py): a tombstone need only outlast
+    # one read, seconds, where the broker's default (a day) kept a day of them in every read.
+    progress = {"delete.retention.ms": PROGRESS_TOMBSTONE_MS, **compacted}
     return [
         TopicSpec(names.receipts, partitions, dict(kept), replication_factor=replication_factor),
         TopicSpec(names.finalized, partitions, dict(kept), replication_factor=replication_factor),
         TopicSpec(names.deadletter, 1, dict(common), replication_factor=replication_factor),
         TopicSpec(names.trainer_deadletter, 1, dict(common), replication_factor=replication_factor),
         TopicSpec(names.trainer_version, 1, dict(compacted), replication_factor=replication_factor),
-        TopicSpec(names.trainer_progress, 1, dict(compacted), replication_factor=replication_factor),
+        TopicSpec(names.trainer_progress, 1, progress, replication_factor=replication_factor),
         TopicSpec(names.regenerate, partitions, dict(kept), replication_factor=replication_factor),
         TopicSpec(names.state, partitions, compacted, replication_factor=replication_factor),
     ]
@@ -147,7 +153,8 @@ _SUFFIXES = {
 # The state topic holds two kinds (a prompt group's entry and its partition's progress); the first
 # kind of a role is what an unrecognised value is decoded as, so its error names the usual message.
 _BY_ROLE: dict[str, tuple[type[Message], ...]] = {
-    RECEIPTS_ROLE: (Receipt,),
+    # rlstream's own receipts and NeMo Gym's, side by side (a consumer group reads both).
+    RECEIPTS_ROLE: (Receipt, GymReceipt),
     FINALIZED_ROLE: (FinalizedGroup,),
     DEADLETTER_ROLE: (DeadLetter,),
     STATE_ROLE: (GroupState, PartitionProgress),
@@ -208,13 +215,19 @@ def _role_class(role: str, value: bytes) -> type[Message] | None:
     return kinds[0] if kinds else None
 
 
+def receipt_from_bytes(value: bytes) -> Receipt | GymReceipt:
+    """A receipt of either kind (rlstream's or NeMo Gym's); SchemaError if it is neither."""
+    cls = GymReceipt if sniff_kind(value) == GymReceipt.kind() else Receipt
+    return cls.from_bytes(value)
+
+
 def message_group_id(msg: Message) -> str | None:
     """The prompt group a message is about (a dead letter: the group of its original receipt, if any)."""
-    if isinstance(msg, (Receipt, FinalizedGroup, GroupState, Regenerate)):
+    if isinstance(msg, (Receipt, GymReceipt, FinalizedGroup, GroupState, Regenerate)):
         return msg.group_id
     if isinstance(msg, DeadLetter):
         try:
-            return Receipt.from_bytes(msg.original).group_id
+            return receipt_from_bytes(msg.original).group_id
         except SchemaError:
             return msg.source_key.decode(errors="replace") if msg.source_key else None
     return None
@@ -224,12 +237,12 @@ def message_weight_versions(msg: Message) -> tuple[int, int] | None:
     """(lowest, highest) policy weight version a message carries, or None when it carries none."""
     if isinstance(msg, FinalizedGroup):
         return msg.group_min_wv, msg.group_max_wv
-    if isinstance(msg, Receipt):
+    if isinstance(msg, (Receipt, GymReceipt)):
         versions = [c.weight_version for c in msg.manifest]
         return (min(versions), max(versions)) if versions else None
     if isinstance(msg, DeadLetter):
         try:
-            return message_weight_versions(Receipt.from_bytes(msg.original))
+            return message_weight_versions(receipt_from_bytes(msg.original))
         except SchemaError:
             return None
     return None

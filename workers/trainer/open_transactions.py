@@ -130,11 +130,20 @@ def wait_for_stable(
 
 
 def stable_committed(
-    kafka: KafkaConfig, consumer_group: str, topic: str, *, deadline: Deadline, log: Callable[[str], None]
+    kafka: KafkaConfig,
+    consumer_group: str,
+    topic: str,
+    *,
+    deadline: Deadline,
+    log: Callable[[str], None],
+    consumer: Callable[[], Consumer] | None = None,
 ) -> dict[int, tuple[int, str | None]]:
     """partition -> (committed offset, metadata) of `consumer_group` on `topic` (partitions without one left
-    out), retried while a transaction's offsets are still pending (the broker answers only stable ones)."""
-    c = Consumer(kafka.consumer(consumer_group))
+    out), retried while a transaction's offsets are still pending (the broker answers only stable ones).
+
+    `consumer` makes the consumer of the group that asks (one that never joins it); a plain one by default.
+    """
+    c = consumer() if consumer is not None else Consumer(kafka.consumer(consumer_group))
     try:
         parts = [TopicPartition(topic, p) for p in partitions_of(c, topic)]
         while True:

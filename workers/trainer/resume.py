@@ -66,8 +66,14 @@ def _trained_marks(kafka, config: ConsumerConfig, state, deadline, report, say) 
     topic = config.finalized_topic
     if state is not None:
         return dict(decode_state(state, topic=topic, consumer_group=config.consumer_group).partitions)
-    # No checkpoint: the trainer's commits (and the resolved ranges they name) are its place, once stable.
-    stable = stable_committed(kafka, config.consumer_group, topic, deadline=deadline, log=say)
+    # No checkpoint: the trainer's commits (and the resolved ranges they name) are its place once stable, read
+    # by the trainer's own clients (`clients.py`): a consumer of its group that never joins it, and the
+    # progress topic.
+    clients = KafkaTrainerClients(kafka)
+    stable = stable_committed(
+        kafka, config.consumer_group, topic, deadline=deadline, log=say,
+        consumer=lambda: clients.consumer(config.consumer_group, {}),
+    )  # fmt: skip
     held = sorted(p for p, (low, high) in end_offsets(kafka, topic).items() if high > low and p not in stable)
     if held:
         # Not refused: a trainer that never committed (a checkpointing one commits only once a checkpoint
@@ -78,9 +84,7 @@ def _trained_marks(kafka, config: ConsumerConfig, state, deadline, report, say) 
             " there is taken for untrained)"
         )
     committed = [TopicPartition(topic, p, o, metadata=meta) for p, (o, meta) in sorted(stable.items())]
-    carrier = ProgressCarrier(
-        KafkaTrainerClients(kafka), config.topics.trainer_progress, config.consumer_group, topic, "resume"
-    )
+    carrier = ProgressCarrier(clients, config.topics.trainer_progress, config.consumer_group, topic, "resume")
     named = carrier.read(committed)
     if named.unreadable:
         part, reason = next(iter(sorted(named.unreadable.items())))

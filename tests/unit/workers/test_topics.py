@@ -61,3 +61,13 @@ def test_the_topics_a_resume_reads_past_what_was_consumed_never_expire_unless_th
     assert "retention.ms" not in specs["p.reassembler.state"].config  # compacted: entries stay until tombstoned
     mine = {s.name: s for s in pipeline_topics(TopicNames("p"), 2, config={"retention.ms": "86400000"})}
     assert {mine[n].config["retention.ms"] for n in kept} == {"86400000"}
+
+
+def test_the_progress_topic_keeps_its_tombstones_minutes_not_the_broker_s_day():
+    """Every trainer reads the progress topic whole; a tombstone only has to outlast one such read (seconds),
+    and the broker's default (a day) kept a day of them in every read."""
+    (progress,) = [s for s in pipeline_topics(TopicNames("p"), 4) if s.name == TopicNames("p").trainer_progress]
+    assert progress.config["cleanup.policy"] == "compact"
+    assert 60_000 <= int(progress.config["delete.retention.ms"]) <= 3_600_000
+    mine = pipeline_topics(TopicNames("p"), 4, config={"delete.retention.ms": "7200000"})
+    assert {s.config.get("delete.retention.ms") for s in mine if s.name == progress.name} == {"7200000"}

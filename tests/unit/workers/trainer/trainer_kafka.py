@@ -72,7 +72,7 @@ class Pipeline:
         return offsets
 
     def consumer(
-        self, policy: Policy | None = None, *, version: int = 10, client_settings=None, **config
+        self, policy: Policy | None = None, *, version: int = 10, client_settings=None, sensor=None, **config
     ) -> ExperienceConsumer:
         cfg = ConsumerConfig(prefix=PREFIX, consumer_group=GROUP, **config)
         return ExperienceConsumer(
@@ -83,6 +83,7 @@ class Pipeline:
             version=version,
             clients=self.broker.clients(**(client_settings or {})),
             clock=self.clock,
+            sensor=sensor,
         )
 
     def commits(self) -> list[tuple]:
