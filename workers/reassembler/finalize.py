@@ -21,9 +21,8 @@ from streams.tq import KVStore
 from workers.reassembler.errors import LeaseRefused, StagingUnstable
 from workers.reassembler.groups import OpenGroup
 from workers.reassembler.gym_fetch import fetch_gym_rows, is_gym
+from workers.reassembler.staging_lost import staging_lost
 from workers.runtime import REAL_RUNTIME, Runtime
-
-MISSING_STAGING_ROW = "missing_staging_row"  # schemas.linearize's rejection of a receipt whose row is gone
 
 # Staged rows by key: rlstream's (its tensors) or NeMo Gym's (`GymStagedRow`, or why it is unreadable).
 Segments = dict[str, Any]
@@ -310,34 +309,6 @@ def finalize_groups(
 _Built = tuple[OpenGroup, GroupBuild, tuple[str, ...], float]  # group, its rows, staging keys, build ms
 
 
-# A group with no valid row whose rows were lost with TQ (every other reason is the group's own): handed back.
-_LOST_WITH_TQ = {MISSING_STAGING_ROW, "rollout_failed", "missing_receipt"}
-
-
-def _staging_lost(group: OpenGroup, build: GroupBuild, present: Collection[str], mine: Collection[str]) -> bool:
-    """Whether the group's missing rows were lost with TQ rather than refused: every rollout is either
-    missing its staged rows, failed, or never sent a receipt (a group cut short by the crash), at least
-    one is missing rows, and each of those has a staging key not in TQ at all (under any owner) and
-    none in TQ under another owner.
-
-    Only the rollouts missing rows are looked at: a failed rollout stages nothing, or rows of its own
-    (which a spill may have put back), and says nothing about whether the others' staging survived. A
-    rollout whose keys a spill put back in part (one call of several staged before the spill listed
-    staging) is lost all the same. A key present under another owner is hostile input, never a loss.
-    A group of failed rollouts alone is no loss: it is dead-lettered as before.
-    """
-    reasons = build.rejection_reasons
-    if not set(reasons) <= _LOST_WITH_TQ or MISSING_STAGING_ROW not in reasons:
-        return False
-    receipts = group.by_index()
-    missing = [receipts[i] for i, reason in enumerate(reasons) if reason == MISSING_STAGING_ROW]
-    for r in missing:
-        keys = [c.staging_key for c in r.manifest] if r is not None else []
-        if any(k in present and k not in mine for k in keys) or (keys and all(k in present for k in keys)):
-            return False
-    return True
-
-
 def _build_or_letter(
     group: OpenGroup,
     mine: Owned,
@@ -349,7 +320,7 @@ def _build_or_letter(
     """The group's rows, or its dead-letter outcome when it has no valid row or its build fails.
 
     `present`: the staging keys that exist in TQ (under any owner). A group none of whose valid rows is
-    left because its staging was lost (a whole-job restart emptied TQ; `_staging_lost`) is handed back,
+    left because its staging was lost (a whole-job restart emptied TQ; `staging_lost.py`) is handed back,
     failed siblings or not. A group whose keys exist but belong to another group is hostile input and
     is dead-lettered like any other group without a valid row.
     """
@@ -367,7 +338,7 @@ def _build_or_letter(
         return GroupOutcome(group, None, INCONSISTENT_GROUP, message, staging)
     if build.valid_row_count == 0:
         reasons = sorted({r for r in build.rejection_reasons if r})
-        if _staging_lost(group, build, present, mine.keys) and regeneration_of(group.group_id)[1] < MAX_REGENERATIONS:
+        if staging_lost(group, build, present, mine.keys) and regeneration_of(group.group_id)[1] < MAX_REGENERATIONS:
             # Generating the prompt again is the only way to train it.
             message = (
                 f"group {group.group_id}: none of its staged rows are in TQ ({', '.join(reasons)});"
