@@ -20,6 +20,8 @@ Each round's faults (`--faults`, by default all three in every round):
   commit), so the broker keeps a dead worker's transaction open across the restart (item 6);
 - `duplicate`: after the kill, a copy of the finalized record of a group trained before the last
   checkpoint is published, past the checkpoint's cut (item 4): it must not be trained again.
+A round fails unless each fault it asked for is seen to have fired (`audit.py`: a failed rollout's
+receipt, partitions resume found held open, the duplicate resume found past the cut).
 
     .venv/bin/python -m tests.tools.job_restart [--rounds 3] [--prompts 480] [--faults failed,held,duplicate]
 
@@ -49,7 +51,7 @@ from streams.config import KafkaConfig
 from streams.consumer import read_topic
 from streams.producer import AckedProducer, Outgoing
 from tests.tools.faults import HOLDING
-from tests.tools.job_restart.audit import Audit, audit_run
+from tests.tools.job_restart.audit import Audit, audit_run, fired_in_resume
 from workers.demo.local import start_local_broker, stop_all
 from workers.topics import TopicNames
 
@@ -236,6 +238,8 @@ def run_round(
     result.killed_at_step = first.steps_done()
     result.first_batch_s = float(first_batch[1]) if first_batch else None
     result.duplicate = duplicate
+    result.faults = frozenset(faults)
+    result.held_partitions, result.duplicates_found = fired_in_resume(out)
     rewards = re.search(r"evaluated reward: untrained ([\d.]+) -> final ([\d.]+)", out)
     if rewards:
         result.rewards = (float(rewards[1]), float(rewards[2]))
