@@ -57,6 +57,8 @@ from workers.topics import TopicNames
 
 FAULTS = ("failed", "held", "duplicate")
 FAILED_EVERY = 3
+# The reassemblers' transaction timeout in a round with `held`: longer than the kill and the restart up to resume.
+HELD_TRANSACTION_MS = 600_000
 
 ROOT = Path(__file__).resolve().parents[3]
 STEP = re.compile(r"^step\s+(\d+)\s", re.M)
@@ -209,6 +211,10 @@ def run_round(
         "--batch-groups", str(args.batch_groups),
         "--failed-rollout-every", str(FAILED_EVERY if "failed" in faults else 0),
     ]  # fmt: skip
+    if "held" in faults:
+        # Past the kill and the restart up to resume: the held transaction is still open for resume to
+        # abort (with the default 10 s the coordinator had aborted it, and the fault proved nothing).
+        argv += ["--transaction-timeout-ms", str(HELD_TRANSACTION_MS)]
     say(f"round {prefix}: {args.prompts} prompts, kill at trainer step {kill_step}, faults {sorted(faults) or 'none'}")
     first = Job([*argv, "--hold-when", str(hold)], workdir, f"{prefix}-first")
     _wait_for(f"trainer step {kill_step}", lambda: first.steps_done() >= kill_step, first, args.timeout)

@@ -1,7 +1,7 @@
 """The job-restart drill's GRPO job: `rlstream example grpo`'s run, with the drill's faults (a test tool).
 
     python -m tests.tools.job_restart.job --bootstrap-servers B --prefix P --prompts N --checkpoint-dir D
-        [--resume] [--failed-rollout-every K] [--hold-when FILE] ...
+        [--resume] [--failed-rollout-every K] [--hold-when FILE] [--transaction-timeout-ms T] ...
 
 The same run as `rlstream example grpo` (`workers.examples.grpo.run.run_grpo`) and the same output,
 but built by the drill: every K-th prompt's first rollout fails (an environment crash), and with
@@ -36,11 +36,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--resume", action="store_true")
     p.add_argument("--failed-rollout-every", type=int, default=0)
     p.add_argument("--hold-when", default=None)
+    p.add_argument("--transaction-timeout-ms", type=int, default=None)
     args = p.parse_args(argv)
     cfg = GrpoConfig(
         steps=100_000, batch_groups=args.batch_groups, max_staleness=args.max_staleness, seed=args.seed,
         time_budget_s=args.time_budget, png=args.png, prompts=args.prompts, checkpoint_dir=args.checkpoint_dir,
         checkpoint_every=args.checkpoint_every, resume=args.resume, failed_rollout_every=args.failed_rollout_every,
+        transaction_timeout_ms=args.transaction_timeout_ms,
     )  # fmt: skip
     faults = HoldWhenArmed(args.hold_when) if args.hold_when else NO_FAULTS
     result = run_grpo(

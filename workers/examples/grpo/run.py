@@ -68,6 +68,9 @@ class GrpoConfig:
     group_timeout_s: float = 10.0  # reassemblers: a group cut short by a crash is finalized this soon
     # Every n-th prompt's first rollout reports a failure, as an environment that crashed would (0: none).
     failed_rollout_every: int = 0
+    # The reassemblers' transaction timeout (None: ReassemblerConfig's). The job-restart drill makes it
+    # long so the transaction it holds open at the kill is still open when the restarted job resumes.
+    transaction_timeout_ms: int | None = None
 
 
 @dataclass
@@ -132,7 +135,10 @@ def progress_line(s: StepStats) -> str:
 class _Reassemblers:
     """Reassembler workers in threads of this process (one consumer group), stopped together."""
 
-    def __init__(self, kafka: KafkaConfig, store: KVStore, prefix: str, n: int, group_timeout_s: float, faults: Faults):
+    def __init__(
+        self, kafka: KafkaConfig, store: KVStore, prefix: str, n: int, group_timeout_s: float, faults: Faults,
+        transaction_timeout_ms: int | None = None,
+    ):  # fmt: skip
         self._stop = threading.Event()
         self._errors: list[BaseException] = []
         self._threads = []
@@ -142,6 +148,7 @@ class _Reassemblers:
                 worker_id=reassembler_id(i),
                 consumer_group=reassembler_group(prefix),
                 group_timeout_s=group_timeout_s,
+                **({"transaction_timeout_ms": transaction_timeout_ms} if transaction_timeout_ms else {}),
             )
             worker = ReassemblerWorker(kafka, store, cfg, faults=faults)
             t = threading.Thread(target=self._run, args=(worker,), name=f"reassembler-{i}", daemon=True)
@@ -307,8 +314,9 @@ def run_grpo(
         # Runs last: groups still in flight when training stops leave rows that nobody will consume.
         cleanups.append(lambda: _clear_rows(store, f"{result.prefix}-"))
         reassemblers = _Reassemblers(
-            kafka, store, result.prefix, cfg.reassemblers, cfg.group_timeout_s, reassembler_faults
-        )
+            kafka, store, result.prefix, cfg.reassemblers, cfg.group_timeout_s, reassembler_faults,
+            cfg.transaction_timeout_ms,
+        )  # fmt: skip
         cleanups.append(reassemblers.stop)
         trainer_id = trainer_id_of(result.prefix)
         spec = RolloutSpec(
