@@ -39,12 +39,15 @@ def _rounds(out: str) -> list[dict[str, int]]:
 
 
 def test_a_job_killed_whole_after_a_checkpoint_trains_every_group_once_or_hands_it_back(kafka):
-    # 48 prompts in batches of 8, a checkpoint every 2 steps, the kill after step 3 of 6: some groups are
+    # 96 prompts in batches of 8, a checkpoint every 2 steps, the kill after step 3 of 12: some groups are
     # trained before the checkpoint, some restored from its spill, some lost with TQ and handed back.
     # With the drill's three faults: every third prompt has a failed rollout (handed back, never
     # dead-lettered), the reassembler holds its transaction open at the kill (resume aborts it), and
     # a group trained before the checkpoint is finalized again past its cut (not trained again).
-    out = _drill(kafka, "--rounds", "1", "--prompts", "48", "--checkpoint-every", "2", "--kill-steps", "3",
+    # Prompts well past the kill step: the drill waits for a checkpoint made the latest before it arms the
+    # held fault, and with 48 (6 steps) the job sometimes finalized and trained every prompt meanwhile,
+    # leaving no step to hold (the round then fails: its fault did not fire).
+    out = _drill(kafka, "--rounds", "1", "--prompts", "96", "--checkpoint-every", "2", "--kill-steps", "3",
                  "--timeout", "300", timeout_s=720)  # fmt: skip
     (r,) = _rounds(out)
     assert r["lost"] == 0 and r["twice"] == 0 and r["dead"] == 0 and r["evicted"] == 0
