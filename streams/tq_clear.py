@@ -43,6 +43,17 @@ async def clear_unmoved(client, partition: str, keys: list[str], guard: ClearGua
     # The key each index was looked up for. TQ answers the keys found in the order asked, absent
     # ones left out: position i is keys[i] when all were found; otherwise ask right after the lookup.
     looked_up = keys if meta.size == len(keys) else await _held(client, partition, keys, meta)
+    if meta.size < len(keys):
+        # Only an index that holds a key of this clear at that reverse lookup is this clear's: one
+        # cleared and handed to another key meanwhile is named that key's (by the check after the
+        # mark too). From there on such an index is as the all-found path's, the clear looking it up
+        # at the reverse lookup; the key it held then is the one the check compares with.
+        wanted = set(keys)
+        own = [i for i, key in enumerate(looked_up) if key in wanted]
+        if not own:
+            return
+        if len(own) < meta.size:
+            meta, looked_up = meta.select_samples(own), [looked_up[i] for i in own]
     _ask(guard, "mark", partition, keys)
     await client._mark_clearing_in_controller(meta)
     held = await _held(client, partition, keys, meta)

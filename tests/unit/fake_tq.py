@@ -93,7 +93,8 @@ class FakeTQ:
 
     def on(self, point: str, hook: Callable, *, once: bool = True) -> None:
         """Call `hook(meta)` when a request reaches `point`, before TQ serves it: "mark", "storage_clear",
-        "release" (the three requests of a clear), "keys" (after a keys-by-index lookup is answered),
+        "release" (the three requests of a clear), "looked_up" (after a lookup of keys is answered),
+        "keys" (after a keys-by-index lookup is answered),
         "read" (a storage get), "put_located" (a put's indexes given, its rows not yet written). The
         hook runs on a thread of its own while the request waits, as another client of TQ would."""
 
@@ -155,7 +156,9 @@ class FakeTQ:
         if create:
             for k in keys:
                 self._allocate(partition_id, k)
-        return self._meta(keys, partition_id)
+        meta = self._meta(keys, partition_id)
+        self._at("looked_up", meta)
+        return meta
 
     def kv_retrieve_meta(self, keys, partition_id, create=False):
         self.round_trips += 1

@@ -211,3 +211,22 @@ def test_a_clear_is_one_round_trip_and_clears_the_keys_found(tq, store):
     tq.round_trips = 0
     store.clear(STAGING, ["a", "nope", "b"])
     assert tq.round_trips == 1 and store.list(STAGING) == {} and tq.rows == {}
+
+
+def test_a_clear_with_an_absent_key_never_deletes_a_row_of_another_key_that_took_the_index(tq, store):
+    # Review (final), finding 1: with a key absent, which key each found index was looked up for is
+    # asked by a reverse lookup after the lookup. An index cleared by another client and handed to
+    # another key of the partition (c) in between is named c's by both reverse lookups: c is no key of
+    # this clear, so its row is neither deleted nor released.
+    store.put(STAGING, ["a"], _rows(1), [{}])
+
+    def a_cleared_and_c_takes_its_index(_):
+        index = tq.where[STAGING, "a"]
+        tq.kv_clear(["a"], STAGING)
+        store.put(STAGING, ["c"], _rows(9), [{}])
+        assert tq.where[STAGING, "c"] == index, "c was not handed a's index"
+
+    tq.on("looked_up", a_cleared_and_c_takes_its_index)
+    store.clear(STAGING, ["a", "b"])  # b absent
+    assert "c" in store.list(STAGING) and tq.where[STAGING, "c"] in tq.rows
+    assert store.get(STAGING, ["c"])["x"].tolist() == [9]
