@@ -277,7 +277,8 @@ class TQStore:
         pool is shared by every partition. A clear whose lookup went stale (its process frozen after
         it while another owner cleared the keys and a put was given the index) would delete that
         put's row, which its controller keeps ready. So the clear runs TQ's steps itself: lookup,
-        mark, then a check of which keys the marked indexes hold now, and only the indexes still
+        a check of which keys the found indexes hold (only those holding their key are marked), mark,
+        then a check of which keys the marked indexes hold now, and only the indexes still
         holding the very key each was looked up for are deleted and released (not any key of this
         clear: one staged again meanwhile can hold another's old index). `guard` (default: the one given by
         `with_clear_guard`) is asked right before the mark, the storage clear and the release; a

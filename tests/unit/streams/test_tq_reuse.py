@@ -230,3 +230,21 @@ def test_a_clear_with_an_absent_key_never_deletes_a_row_of_another_key_that_took
     store.clear(STAGING, ["a", "b"])  # b absent
     assert "c" in store.list(STAGING) and tq.where[STAGING, "c"] in tq.rows
     assert store.get(STAGING, ["c"])["x"].tolist() == [9]
+
+
+def test_an_unguarded_clear_frozen_before_its_mark_leaves_a_row_that_took_the_index_readable(tq, store):
+    # Review (final), finding 2: a trainer's clear has no guard. Frozen between its lookup and its
+    # mark while its successor clears the key and a reassembler's put takes the index, it marked the
+    # committed row as being cleared on waking: the row read as missing. The indexes are checked
+    # right before the mark now, so only one still holding its key is marked.
+    store.put(TRAIN, ["g1_g0"], _rows(1), [{"group_id": "g1"}])
+
+    def successor_clears_and_a_put_takes_the_index(_):
+        index = tq.where[TRAIN, "g1_g0"]
+        tq.kv_clear(["g1_g0"], TRAIN)
+        store.put(TRAIN, ["g2_g0"], _rows(2), [{"group_id": "g2"}])
+        assert tq.where[TRAIN, "g2_g0"] == index, "g2_g0 was not handed g1_g0's index"
+
+    tq.on("looked_up", successor_clears_and_a_put_takes_the_index)
+    store.clear(TRAIN, ["g1_g0"])
+    assert store.get(TRAIN, ["g2_g0"])["x"].tolist() == [2]
