@@ -36,7 +36,8 @@ class JarsError(RlstreamError, RuntimeError):
 
 
 class TQError(RlstreamError, RuntimeError):
-    """Ray or TQ could not be reached or started; the message says where."""
+    """Ray or TQ could not be reached or started, or a TQ call failed (TQ's client reports a controller
+    failure as `RuntimeError`; `TQStore` raises it as this, nothing known done); the message says where."""
 
 
 class TQTimeout(TQError, TimeoutError):

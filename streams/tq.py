@@ -18,9 +18,10 @@ from typing import Any, Protocol
 
 from tensordict import TensorDict
 
+from schemas.errors import RlstreamError
 from schemas.rowpack import PACKED_FIELD, pack_rows
 from streams import tq_read
-from streams.errors import MissingKeysError, RowsUnsettled, TQTimeout
+from streams.errors import MissingKeysError, RowsUnsettled, TQError, TQTimeout
 from streams.tq_clear import ClearGuard, clear_unmoved
 from streams.tq_setup import (
     CLUSTER,
@@ -161,8 +162,14 @@ class TQStore:
         self._deadline_s: float | None = None
         self._clear_guard: ClearGuard | None = None
 
-    def _call(self, what: str, coro) -> Any:
-        """Run `coro` on TQ's client loop, within the deadline if there is one."""
+    def _call(self, what: str, coro, *, read: bool = False) -> Any:
+        """Run `coro` on TQ's client loop, within the deadline if there is one.
+
+        TQ's client wraps every controller failure in `RuntimeError`: raised in TQ's code, it is "not
+        now" here, `RowsUnsettled` for a `read` (nothing is known missing), else `TQError` (nothing is
+        known done), which every caller handles; a `RuntimeError` raised elsewhere (rlstream's own
+        code, torch) is no TQ failure and is left as it is.
+        """
         client = self._tq.get_client()
         if self._deadline_s is not None:
             coro = _within(coro, self._deadline_s, what)
@@ -171,6 +178,13 @@ class TQStore:
         except self._unit_timeout as exc:
             # After TQ's own attempts, each on a new connection: the unit may still serve the request.
             raise TQTimeout(f"TQ {what}: {exc}") from exc
+        except RlstreamError:
+            raise
+        except RuntimeError as exc:
+            # The package of TQ's code: transfer_queue, or a fake's module in unit tests.
+            if not _raised_in(exc, getattr(self._tq, "__name__", None) or type(self._tq).__module__):
+                raise
+            raise (RowsUnsettled if read else TQError)(f"TQ {what} failed, not known done: {exc}") from exc
 
     def put(self, partition: str, keys: Sequence[str], fields: TensorDict, tags: Sequence[Mapping[str, Any]]) -> None:
         if not keys:
@@ -193,7 +207,7 @@ class TQStore:
         what = f"get of {len(keys)} key(s) from {partition!r}"
         for _ in range(_READS):
             # The lookup (if any), the read and its check in one coroutine on TQ's loop: one thread hop.
-            got = self._call(what, tq_read.read(self._tq, client, partition, keys, select, located))
+            got = self._call(what, tq_read.read(self._tq, client, partition, keys, select, located), read=True)
             if got.rows is not None:
                 return got.rows
             if got.clearing:
@@ -206,7 +220,7 @@ class TQStore:
                 continue
             # Read by a lookup of its own and still not the keys' rows: some moved since (read again),
             # or TQ maps a key to an index whose storage is gone or holds another key's row (missing).
-            unreadable = self._call(what, tq_read.unreadable(self._tq, client, partition, keys, select, got))
+            unreadable = self._call(what, tq_read.unreadable(self._tq, client, partition, keys, select, got), read=True)
             if unreadable is None:
                 raise MissingKeysError(partition, self._missing(partition, keys))
             if unreadable:
@@ -238,7 +252,7 @@ class TQStore:
         return {k for k in keys if k in listed}
 
     def list(self, partition: str) -> dict[str, dict[str, Any]]:
-        listed = self._call(f"list of {partition!r}", self._tq.async_kv_list(partition_id=partition))
+        listed = self._call(f"list of {partition!r}", self._tq.async_kv_list(partition_id=partition), read=True)
         return dict(listed.get(partition, {}))
 
     def tags(self, partition: str, keys: Sequence[str]) -> dict[str, dict[str, Any]]:
@@ -250,7 +264,7 @@ class TQStore:
         if not keys:
             return {}
         what = f"lookup of {len(keys)} key(s) in {partition!r}"
-        meta, held = self._call(what, self._lookup(self._tq.get_client(), partition, keys))
+        meta, held = self._call(what, self._lookup(self._tq.get_client(), partition, keys), read=True)
         if meta.size == len(keys):
             self._remember(partition, keys, meta)
             # The tags as TQ sent them, copied per key (get_all_custom_meta deep-copies: ~6 ms for 64 rows).
@@ -293,6 +307,17 @@ class TQStore:
         guard = guard if guard is not None else self._clear_guard
         clear = clear_unmoved(self._tq.get_client(), partition, keys, guard)
         self._call(f"clear of {len(keys)} key(s) from {partition!r}", clear)
+
+
+def _raised_in(exc: BaseException, package: str) -> bool:
+    """Whether `exc` was raised by code of `package` (the innermost frame of its traceback)."""
+    tb = exc.__traceback__
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    name = tb.tb_frame.f_globals.get("__name__", "")
+    return name == package or name.startswith(package + ".")
 
 
 async def _within(coro, deadline_s: float, what: str) -> Any:

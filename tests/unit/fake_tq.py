@@ -90,6 +90,7 @@ class FakeTQ:
         self.hold_puts: float | None = None
         self.puts_cancelled = 0
         self._hooks: dict[str, Callable] = {}
+        self._failing: Counter[str] = Counter()
 
     def on(self, point: str, hook: Callable, *, once: bool = True) -> None:
         """Call `hook(meta)` when a request reaches `point`, before TQ serves it: "mark", "storage_clear",
@@ -111,7 +112,15 @@ class FakeTQ:
 
         self._hooks[point] = fire
 
+    def fail(self, point: str, times: int = 1) -> None:
+        """The next `times` requests reaching `point` (as `on`'s) fail as TQ's client reports a controller
+        failure: a `RuntimeError` raised in TQ's own code, the request not served."""
+        self._failing[point] += times
+
     def _at(self, point: str, meta) -> None:
+        if self._failing[point] > 0:
+            self._failing[point] -= 1
+            raise RuntimeError(f"[fake-tq] Failed at {point}: the controller did not answer")
         hook = self._hooks.get(point)
         if hook is not None:
             hook(meta)
