@@ -58,9 +58,12 @@ class ClearRefused(TQError):
 
 
 class MissingKeysError(RlstreamError, KeyError):
-    """Some requested keys are not in the partition; `missing` lists them."""
+    """Some requested keys are not in the partition; `missing` lists them (never empty)."""
 
     def __init__(self, partition: str, missing: Sequence[str]):
+        if not missing:
+            # A reader acts on the keys named (dead letters, hand-backs): an error naming none means nothing.
+            raise ValueError(f"MissingKeysError for TQ partition {partition!r} needs at least one missing key")
         self.partition = partition
         self.missing = list(missing)
         super().__init__(

@@ -212,17 +212,18 @@ class TQStore:
                 return got.rows
             if got.clearing:
                 raise MissingKeysError(partition, [keys[i] for i in got.clearing])
-            if got.absent:
-                raise MissingKeysError(partition, self._missing(partition, keys))
-            if located is not None:
+            # Absent at the lookup, perhaps put since (the listing then names none): read again.
+            if got.absent and (missing := self._missing(partition, keys)):
+                raise MissingKeysError(partition, missing)
+            if got.absent or located is not None:
                 self._forget(partition, keys)
                 located = None
                 continue
             # Read by a lookup of its own and still not the keys' rows: some moved since (read again),
             # or TQ maps a key to an index whose storage is gone or holds another key's row (missing).
             unreadable = self._call(what, tq_read.unreadable(self._tq, client, partition, keys, select, got), read=True)
-            if unreadable is None:
-                raise MissingKeysError(partition, self._missing(partition, keys))
+            if unreadable is None and (missing := self._missing(partition, keys)):
+                raise MissingKeysError(partition, missing)
             if unreadable:
                 raise MissingKeysError(partition, unreadable)
         raise RowsUnsettled(

@@ -248,3 +248,16 @@ def test_an_unguarded_clear_frozen_before_its_mark_leaves_a_row_that_took_the_in
     tq.on("looked_up", successor_clears_and_a_put_takes_the_index)
     store.clear(TRAIN, ["g1_g0"])
     assert store.get(TRAIN, ["g2_g0"])["x"].tolist() == [2]
+
+
+def test_a_key_put_between_a_gets_lookup_and_its_listing_is_read_not_reported_missing_with_no_key(tq, store):
+    # Review (final), finding 8: the lookup found `b` absent, the listing that names the absent keys
+    # found it present (put meanwhile): MissingKeysError with an empty list. The rows are read again.
+    store.put(TRAIN, ["a"], _rows(1), [{}])
+    tq.on("looked_up", lambda _: store.put(TRAIN, ["b"], _rows(2), [{}]))
+    assert store.get(TRAIN, ["a", "b"])["x"].tolist() == [1, 2]
+
+
+def test_a_missing_keys_error_names_at_least_one_key():
+    with pytest.raises(ValueError, match="at least one"):
+        MissingKeysError(TRAIN, [])
