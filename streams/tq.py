@@ -298,8 +298,9 @@ class TQStore:
         clear: one staged again meanwhile can hold another's old index). `guard` (default: the one given by
         `with_clear_guard`) is asked right before the mark, the storage clear and the release; a
         reason raises `ClearRefused`. What no check closes: a freeze after the last check and before
-        the request leaves the process, or a request sent and served late by a stalled storage unit
-        (docs/DESIGN.md, "Zombies"; docs/TQ-UPSTREAM.md, 8).
+        the request leaves the process, a request sent and served late by a stalled storage unit, or
+        a storage clear a unit did not confirm in time, which TQ only logs, the index released all the
+        same (docs/DESIGN.md, "Zombies"; docs/TQ-UPSTREAM.md, 8).
         """
         if not keys:
             return
