@@ -36,7 +36,8 @@ class JarsError(RlstreamError, RuntimeError):
 
 
 class TQError(RlstreamError, RuntimeError):
-    """Ray or TQ could not be reached or started; the message says where."""
+    """Ray or TQ could not be reached or started, or a TQ call failed (TQ's client reports a controller
+    failure as `RuntimeError`; `TQStore` raises it as this, nothing known done); the message says where."""
 
 
 class TQTimeout(TQError, TimeoutError):
@@ -57,9 +58,12 @@ class ClearRefused(TQError):
 
 
 class MissingKeysError(RlstreamError, KeyError):
-    """Some requested keys are not in the partition; `missing` lists them."""
+    """Some requested keys are not in the partition; `missing` lists them (never empty)."""
 
     def __init__(self, partition: str, missing: Sequence[str]):
+        if not missing:
+            # A reader acts on the keys named (dead letters, hand-backs): an error naming none means nothing.
+            raise ValueError(f"MissingKeysError for TQ partition {partition!r} needs at least one missing key")
         self.partition = partition
         self.missing = list(missing)
         super().__init__(

@@ -19,9 +19,10 @@ from typing import Any, Protocol
 
 from tensordict import TensorDict
 
+from schemas.errors import RlstreamError
 from schemas.rowpack import PACKED_FIELD, pack_rows
 from streams import tq_read
-from streams.errors import MissingKeysError, RowsUnsettled, TQTimeout
+from streams.errors import MissingKeysError, RowsUnsettled, TQError, TQTimeout
 from streams.tq_clear import ClearGuard, clear_unmoved
 from streams.tq_setup import (
     CLUSTER,
@@ -167,8 +168,14 @@ class TQStore:
         self._deadline_s: float | None = None
         self._clear_guard: ClearGuard | None = None
 
-    def _call(self, what: str, coro) -> Any:
-        """Run `coro` on TQ's client loop, within the deadline if there is one."""
+    def _call(self, what: str, coro, *, read: bool = False) -> Any:
+        """Run `coro` on TQ's client loop, within the deadline if there is one.
+
+        TQ's client wraps every controller failure in `RuntimeError`: raised in TQ's code, it is "not
+        now" here, `RowsUnsettled` for a `read` (nothing is known missing), else `TQError` (nothing is
+        known done), which every caller handles; a `RuntimeError` raised elsewhere (rlstream's own
+        code, torch) is no TQ failure and is left as it is.
+        """
         client = self._tq.get_client()
         if self._deadline_s is not None:
             coro = _within(coro, self._deadline_s, what)
@@ -177,6 +184,13 @@ class TQStore:
         except self._unit_timeout as exc:
             # After TQ's own attempts, each on a new connection: the unit may still serve the request.
             raise TQTimeout(f"TQ {what}: {exc}") from exc
+        except RlstreamError:
+            raise
+        except RuntimeError as exc:
+            # The package of TQ's code: transfer_queue, or a fake's module in unit tests.
+            if not _raised_in(exc, getattr(self._tq, "__name__", None) or type(self._tq).__module__):
+                raise
+            raise (RowsUnsettled if read else TQError)(f"TQ {what} failed, not known done: {exc}") from exc
 
     def put(self, partition: str, keys: Sequence[str], fields: TensorDict, tags: Sequence[Mapping[str, Any]]) -> None:
         if not keys:
@@ -199,22 +213,23 @@ class TQStore:
         what = f"get of {len(keys)} key(s) from {partition!r}"
         for _ in range(_READS):
             # The lookup (if any), the read and its check in one coroutine on TQ's loop: one thread hop.
-            got = self._call(what, tq_read.read(self._tq, client, partition, keys, select, located))
+            got = self._call(what, tq_read.read(self._tq, client, partition, keys, select, located), read=True)
             if got.rows is not None:
                 return got.rows
             if got.clearing:
                 raise MissingKeysError(partition, [keys[i] for i in got.clearing])
-            if got.absent:
-                raise MissingKeysError(partition, self._missing(partition, keys))
-            if located is not None:
+            # Absent at the lookup, perhaps put since (the listing then names none): read again.
+            if got.absent and (missing := self._missing(partition, keys)):
+                raise MissingKeysError(partition, missing)
+            if got.absent or located is not None:
                 self._forget(partition, keys)
                 located = None
                 continue
             # Read by a lookup of its own and still not the keys' rows: some moved since (read again),
             # or TQ maps a key to an index whose storage is gone or holds another key's row (missing).
-            unreadable = self._call(what, tq_read.unreadable(self._tq, client, partition, keys, select, got))
-            if unreadable is None:
-                raise MissingKeysError(partition, self._missing(partition, keys))
+            unreadable = self._call(what, tq_read.unreadable(self._tq, client, partition, keys, select, got), read=True)
+            if unreadable is None and (missing := self._missing(partition, keys)):
+                raise MissingKeysError(partition, missing)
             if unreadable:
                 raise MissingKeysError(partition, unreadable)
         raise RowsUnsettled(
@@ -244,7 +259,7 @@ class TQStore:
         return {k for k in keys if k in listed}
 
     def list(self, partition: str) -> dict[str, dict[str, Any]]:
-        listed = self._call(f"list of {partition!r}", self._tq.async_kv_list(partition_id=partition))
+        listed = self._call(f"list of {partition!r}", self._tq.async_kv_list(partition_id=partition), read=True)
         return dict(listed.get(partition, {}))
 
     def tags(self, partition: str, keys: Sequence[str]) -> dict[str, dict[str, Any]]:
@@ -256,7 +271,7 @@ class TQStore:
         if not keys:
             return {}
         what = f"lookup of {len(keys)} key(s) in {partition!r}"
-        meta, held = self._call(what, self._lookup(self._tq.get_client(), partition, keys))
+        meta, held = self._call(what, self._lookup(self._tq.get_client(), partition, keys), read=True)
         if meta.size == len(keys):
             self._remember(partition, keys, meta)
             # The tags as TQ sent them, copied per key (get_all_custom_meta deep-copies: ~6 ms for 64 rows).
@@ -298,13 +313,15 @@ class TQStore:
         pool is shared by every partition. A clear whose lookup went stale (its process frozen after
         it while another owner cleared the keys and a put was given the index) would delete that
         put's row, which its controller keeps ready. So the clear runs TQ's steps itself: lookup,
-        mark, then a check of which keys the marked indexes hold now, and only the indexes still
+        a check of which keys the found indexes hold (only those holding their key are marked), mark,
+        then a check of which keys the marked indexes hold now, and only the indexes still
         holding the very key each was looked up for are deleted and released (not any key of this
         clear: one staged again meanwhile can hold another's old index). `guard` (default: the one given by
         `with_clear_guard`) is asked right before the mark, the storage clear and the release; a
         reason raises `ClearRefused`. What no check closes: a freeze after the last check and before
-        the request leaves the process, or a request sent and served late by a stalled storage unit
-        (docs/DESIGN.md, "Zombies"; docs/TQ-UPSTREAM.md, 8).
+        the request leaves the process, a request sent and served late by a stalled storage unit, or
+        a storage clear a unit did not confirm in time, which TQ only logs, the index released all the
+        same (docs/DESIGN.md, "Zombies"; docs/TQ-UPSTREAM.md, 8).
         """
         if not keys:
             return
@@ -313,6 +330,17 @@ class TQStore:
         guard = guard if guard is not None else self._clear_guard
         clear = clear_unmoved(self._tq.get_client(), partition, keys, guard)
         self._call(f"clear of {len(keys)} key(s) from {partition!r}", clear)
+
+
+def _raised_in(exc: BaseException, package: str) -> bool:
+    """Whether `exc` was raised by code of `package` (the innermost frame of its traceback)."""
+    tb = exc.__traceback__
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    name = tb.tb_frame.f_globals.get("__name__", "")
+    return name == package or name.startswith(package + ".")
 
 
 async def _within(coro, deadline_s: float, what: str) -> Any:

@@ -6,9 +6,9 @@ rows by index alone (no partition, no key) and the controller hands released ind
 put of any partition, first in first out. A clear whose lookup went stale (its process frozen after
 it while the keys' next owner cleared them and a put was given an index) would therefore delete that
 put's row in storage while the controller keeps it ready. `clear_unmoved` runs TQ's steps itself and
-checks, between the mark and the storage clear, that each index still holds the key it was looked
-up for: not merely some key of the clear, since a key of the clear staged again meanwhile (a
-publisher's retry) can be handed another one's old index.
+checks, right before the mark and again between the mark and the storage clear, that each index
+still holds the key it was looked up for: not merely some key of the clear, since a key of the clear
+staged again meanwhile (a publisher's retry) can be handed another one's old index.
 """
 
 from __future__ import annotations
@@ -26,11 +26,12 @@ _STEPS = ("_mark_clearing_in_controller", "_clear_meta_in_controller", "storage_
 async def clear_unmoved(client, partition: str, keys: list[str], guard: ClearGuard | None) -> None:
     """Clear the rows of `keys` (absent ones skipped) in `partition` on TQ client `client`'s loop.
 
-    Lookup, then (`guard` allowing) the clearing mark, then which keys the marked indexes hold now:
-    only the indexes still holding the very key each was looked up for are cleared in storage and
-    released, each request after `guard` allowed it (a reason raises `ClearRefused`). The mark itself goes by the
-    lookup's indexes, as TQ's does: an index reused within the partition meanwhile is marked as
-    being cleared (its row reads as missing until its owner clears or puts it again), never deleted.
+    Lookup, then which keys the found indexes hold (only those holding a key of the clear go on),
+    then (`guard` allowing) the clearing mark, then which keys the marked indexes hold now: only the
+    indexes still holding the very key each was looked up for are cleared in storage and released,
+    each request after `guard` allowed it (a reason raises `ClearRefused`). What no check closes: an
+    index handed to another key of the partition between the check and the mark is marked as being
+    cleared (its row reads as missing until its owner clears or puts it again), never deleted.
     """
     missing = [name for name in _STEPS if not hasattr(client, name)]
     if missing:
@@ -40,9 +41,23 @@ async def clear_unmoved(client, partition: str, keys: list[str], guard: ClearGua
     meta = await client.async_kv_retrieve_meta(keys=keys, partition_id=partition, create=False)
     if meta.size == 0:
         return
-    # The key each index was looked up for. TQ answers the keys found in the order asked, absent
-    # ones left out: position i is keys[i] when all were found; otherwise ask right after the lookup.
-    looked_up = keys if meta.size == len(keys) else await _held(client, partition, keys, meta)
+    # Which key each found index holds, asked right before the mark: only an index holding a key of
+    # this clear is marked, so a clear frozen after its lookup (a trainer's, with no guard) never
+    # marks a row that took the index meanwhile. TQ answers the keys found in the order asked, absent
+    # ones left out: with all found, position i was looked up for keys[i] and must still hold it. With
+    # some absent, any key of the clear will do: such an index is then as if looked up at this
+    # reverse lookup, and the check after the mark compares with the key it held here.
+    before = await _held(client, partition, keys, meta)
+    if meta.size == len(keys):
+        own = [i for i, (key, held) in enumerate(zip(keys, before, strict=True)) if held == key]
+    else:
+        wanted = set(keys)
+        own = [i for i, held in enumerate(before) if held in wanted]
+    if not own:
+        return
+    looked_up = [before[i] for i in own]
+    if len(own) < meta.size:
+        meta = meta.select_samples(own)
     _ask(guard, "mark", partition, keys)
     await client._mark_clearing_in_controller(meta)
     held = await _held(client, partition, keys, meta)

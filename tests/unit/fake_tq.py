@@ -90,10 +90,12 @@ class FakeTQ:
         self.hold_puts: float | None = None
         self.puts_cancelled = 0
         self._hooks: dict[str, Callable] = {}
+        self._failing: Counter[str] = Counter()
 
     def on(self, point: str, hook: Callable, *, once: bool = True) -> None:
         """Call `hook(meta)` when a request reaches `point`, before TQ serves it: "mark", "storage_clear",
-        "release" (the three requests of a clear), "keys" (after a keys-by-index lookup is answered),
+        "release" (the three requests of a clear), "looked_up" (after a lookup of keys is answered),
+        "keys" (after a keys-by-index lookup is answered),
         "read" (a storage get), "put_located" (a put's indexes given, its rows not yet written). The
         hook runs on a thread of its own while the request waits, as another client of TQ would."""
 
@@ -110,7 +112,15 @@ class FakeTQ:
 
         self._hooks[point] = fire
 
+    def fail(self, point: str, times: int = 1) -> None:
+        """The next `times` requests reaching `point` (as `on`'s) fail as TQ's client reports a controller
+        failure: a `RuntimeError` raised in TQ's own code, the request not served."""
+        self._failing[point] += times
+
     def _at(self, point: str, meta) -> None:
+        if self._failing[point] > 0:
+            self._failing[point] -= 1
+            raise RuntimeError(f"[fake-tq] Failed at {point}: the controller did not answer")
         hook = self._hooks.get(point)
         if hook is not None:
             hook(meta)
@@ -155,7 +165,9 @@ class FakeTQ:
         if create:
             for k in keys:
                 self._allocate(partition_id, k)
-        return self._meta(keys, partition_id)
+        meta = self._meta(keys, partition_id)
+        self._at("looked_up", meta)
+        return meta
 
     def kv_retrieve_meta(self, keys, partition_id, create=False):
         self.round_trips += 1

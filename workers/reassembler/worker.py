@@ -24,7 +24,7 @@ from confluent_kafka import KafkaError, KafkaException
 from schemas.errors import InvalidArgument
 from streams.config import KafkaConfig
 from streams.consumer import Record, partitions_of
-from streams.errors import TQError, TQTimeout
+from streams.errors import TQError
 from streams.producer import TransactionalProducer, is_fatal, is_fenced
 from streams.tq import KVStore, with_call_deadline, with_clear_guard
 from workers.reassembler.clearing import StagingClearer
@@ -239,9 +239,9 @@ class ReassemblerWorker:
         except StepAborted as exc:
             self._abort(exc, len(ready))
             return
-        except TQTimeout as exc:
-            # Nothing of the step is committed: rebuilt, it puts the same rows again (idempotent).
-            self._abort(StepAborted(f"TQ did not answer in time ({exc})"), len(ready))
+        except TQError as exc:
+            # A deadline or a TQ failure; nothing of the step is committed: rebuilt, it puts the same rows again.
+            self._abort(StepAborted(f"TQ did not answer ({exc})"), len(ready))
             return
         finally:
             self._txn_began = None

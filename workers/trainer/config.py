@@ -68,6 +68,15 @@ class ConsumerConfig(Settings, frozen=True):
             " instead of dead-lettering it as missing_rows"
         ),
     ] = True
+    max_tq_failures: Annotated[
+        int,
+        Meta(
+            ge=1,
+            le=10_000,
+            description="TQ failures of materialize in a row given back as 'not now' (RowsUnsettled) before"
+            " the next is raised as it is",
+        ),
+    ] = 20
     session_timeout_ms: Annotated[
         int,
         Meta(

@@ -41,6 +41,8 @@ WITHDRAWN = (MissingKeysError, RowsUnsettled)
 class ExperienceConsumer(FinalizedIntake):
     """Finalized groups for the trainer by weight version: select, materialize, ack (or next_batch, release)."""
 
+    _tq_failing = 0  # materializes TQ failed in a row (`ConsumerConfig.max_tq_failures`)
+
     def set_version(self, version: int) -> None:
         """The trainer's current weight version: every waiting group is decided again at it.
 
@@ -162,20 +164,35 @@ class ExperienceConsumer(FinalizedIntake):
         Rows gone since `select` (cleared by someone else, a TQ fault) withdraw the batch: groups
         missing rows are dead-lettered, the others wait to be selected again, and `MissingKeysError`
         tells the trainer to select again instead of acking. Rows TQ cannot settle now
-        (`RowsUnsettled`: moving under their keys, a controller failure while a read was checked)
-        and any other TQ failure give the batch back whole: its groups wait to be selected again and
-        the error is raised; after `RowsUnsettled`, select again (`WITHDRAWN` names both).
+        (`RowsUnsettled`: moving under their keys, a TQ failure) give the batch back whole: its
+        groups wait to be selected again; select again (`WITHDRAWN` names both). Any other TQ failure
+        (`TQTimeout`) is counted (`counts.tq_failures`), logged and given back as `RowsUnsettled` too,
+        up to `max_tq_failures` in a row; past it, raised as it is (an outage that lasts ends the caller).
         """
         try:
-            return materialize(
+            batch = materialize(
                 self._store, meta, fields=fields, layout=layout, pad_value_dict=self.config.pad_value_dict
             )
         except MissingKeysError as exc:
             self._withdraw(meta, set(exc.missing))
             raise
-        except TQError:
+        except RowsUnsettled:
             self._withdraw(meta, set())
             raise
+        except TQError as exc:
+            self._withdraw(meta, set())
+            self.counts.tq_failures += 1
+            self._tq_failing += 1
+            bound = self.config.max_tq_failures
+            if self._tq_failing > bound:
+                log.error("TQ failed %d materialize(s) in a row (bound %d): raised: %s", self._tq_failing, bound, exc)
+                raise
+            log.warning(
+                "TQ failed a materialize (%d in a row, bound %d): batch given back: %s", self._tq_failing, bound, exc
+            )
+            raise RowsUnsettled(f"TQ failed reading {len(meta.groups)} group(s), given back: {exc}") from exc
+        self._tq_failing = 0
+        return batch
 
     def _withdraw(self, meta: BatchMeta, missing: set[str]) -> None:
         handed = [self._pending.by_partition.get(part, {}).get(offset) for part, offset in meta.positions]

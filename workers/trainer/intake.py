@@ -52,6 +52,8 @@ class ConsumerCounts:
     missing_rows: int = 0
     # Of those, the groups handed back (`lost_rows.py`).
     handed_back: int = 0
+    # Materializes TQ failed (a deadline, a storage unit silent, a controller failure): the batch given back.
+    tq_failures: int = 0
     # Groups handed out that the trainer could not use, dead-lettered (`ExperienceConsumer.dead_letter`).
     unusable: int = 0
     undecodable: int = 0

@@ -261,6 +261,40 @@ def test_a_clear_whose_lookup_went_stale_never_deletes_the_row_that_took_its_ind
         taken.close()
 
 
+@pytest.mark.parametrize("absent", [False, True], ids=["all-found", "one-absent"])
+def test_a_clear_frozen_after_its_lookup_leaves_a_row_of_its_own_partition_that_took_the_index_whole(
+    tq_store, unique, absent
+):
+    # Review (final), findings 1 and 2, on real TQ: a clear with no guard (a trainer's) frozen after
+    # its lookup while its key's next owner clears it and a put of the same partition takes the index.
+    # With a key absent, the reverse lookup named the taker's key, and its row was deleted; with all
+    # found, the mark made it read as missing. Now the index, holding no key of the clear, is left alone.
+    import transfer_queue as tq
+
+    client = tq.get_client()
+    victim = f"{unique}/victim"
+    tq_store.put(STAGING, [victim], _token_rows([1, 2, 3]), [{}])
+    taken = _TakenOver(tq_store, victim, STAGING, unique)
+    real_lookup = client.async_kv_retrieve_meta
+
+    async def lookup_then_frozen(*args, **kwargs):
+        meta = await real_lookup(*args, **kwargs)
+        client.async_kv_retrieve_meta = real_lookup
+        await taken.meanwhile()
+        return meta
+
+    client.async_kv_retrieve_meta = lookup_then_frozen
+    try:
+        tq_store.clear(STAGING, [victim, f"{unique}/absent"] if absent else [victim])
+        assert taken.row() == [7, 7, 7]
+        assert taken.taker in tq_store.list(STAGING)
+    finally:
+        client.async_kv_retrieve_meta = real_lookup
+        if taken.taker is not None:
+            tq_store.clear(STAGING, [taken.taker])
+        taken.close()
+
+
 def test_a_clear_frozen_after_its_check_gives_up_when_its_guard_saw_the_freeze(tq_store, unique):
     import transfer_queue as tq
 

@@ -211,3 +211,53 @@ def test_a_clear_is_one_round_trip_and_clears_the_keys_found(tq, store):
     tq.round_trips = 0
     store.clear(STAGING, ["a", "nope", "b"])
     assert tq.round_trips == 1 and store.list(STAGING) == {} and tq.rows == {}
+
+
+def test_a_clear_with_an_absent_key_never_deletes_a_row_of_another_key_that_took_the_index(tq, store):
+    # Review (final), finding 1: with a key absent, which key each found index was looked up for is
+    # asked by a reverse lookup after the lookup. An index cleared by another client and handed to
+    # another key of the partition (c) in between is named c's by both reverse lookups: c is no key of
+    # this clear, so its row is neither deleted nor released.
+    store.put(STAGING, ["a"], _rows(1), [{}])
+
+    def a_cleared_and_c_takes_its_index(_):
+        index = tq.where[STAGING, "a"]
+        tq.kv_clear(["a"], STAGING)
+        store.put(STAGING, ["c"], _rows(9), [{}])
+        assert tq.where[STAGING, "c"] == index, "c was not handed a's index"
+
+    tq.on("looked_up", a_cleared_and_c_takes_its_index)
+    store.clear(STAGING, ["a", "b"])  # b absent
+    assert "c" in store.list(STAGING) and tq.where[STAGING, "c"] in tq.rows
+    assert store.get(STAGING, ["c"])["x"].tolist() == [9]
+
+
+def test_an_unguarded_clear_frozen_before_its_mark_leaves_a_row_that_took_the_index_readable(tq, store):
+    # Review (final), finding 2: a trainer's clear has no guard. Frozen between its lookup and its
+    # mark while its successor clears the key and a reassembler's put takes the index, it marked the
+    # committed row as being cleared on waking: the row read as missing. The indexes are checked
+    # right before the mark now, so only one still holding its key is marked.
+    store.put(TRAIN, ["g1_g0"], _rows(1), [{"group_id": "g1"}])
+
+    def successor_clears_and_a_put_takes_the_index(_):
+        index = tq.where[TRAIN, "g1_g0"]
+        tq.kv_clear(["g1_g0"], TRAIN)
+        store.put(TRAIN, ["g2_g0"], _rows(2), [{"group_id": "g2"}])
+        assert tq.where[TRAIN, "g2_g0"] == index, "g2_g0 was not handed g1_g0's index"
+
+    tq.on("looked_up", successor_clears_and_a_put_takes_the_index)
+    store.clear(TRAIN, ["g1_g0"])
+    assert store.get(TRAIN, ["g2_g0"])["x"].tolist() == [2]
+
+
+def test_a_key_put_between_a_gets_lookup_and_its_listing_is_read_not_reported_missing_with_no_key(tq, store):
+    # Review (final), finding 8: the lookup found `b` absent, the listing that names the absent keys
+    # found it present (put meanwhile): MissingKeysError with an empty list. The rows are read again.
+    store.put(TRAIN, ["a"], _rows(1), [{}])
+    tq.on("looked_up", lambda _: store.put(TRAIN, ["b"], _rows(2), [{}]))
+    assert store.get(TRAIN, ["a", "b"])["x"].tolist() == [1, 2]
+
+
+def test_a_missing_keys_error_names_at_least_one_key():
+    with pytest.raises(ValueError, match="at least one"):
+        MissingKeysError(TRAIN, [])

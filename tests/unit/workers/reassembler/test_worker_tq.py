@@ -206,3 +206,46 @@ def test_a_lookup_of_staged_rows_tq_cannot_answer_now_aborts_the_step_and_a_late
     steps(w, 3)
     (record,) = [FinalizedGroup.from_bytes(m.value()) for m in broker.records(NAMES.finalized)]
     assert record.group_id == "g1" and record.valid_row_count == 2
+
+
+def _over_fake_tq():
+    tq = FakeTQ()
+    tq_store = TQStore()
+    tq_store._tq = tq
+    return tq, tq_store
+
+
+def test_a_controller_failure_at_a_put_aborts_the_step_instead_of_ending_the_worker():
+    # Review (final), finding 3: TQ wraps a controller failure in RuntimeError; at the train rows'
+    # put it ended the worker (the step caught only TQTimeout). Now a TQError: the step is aborted
+    # and rebuilt, the group put and committed once.
+    tq, tq_store = _over_fake_tq()
+    broker = make_broker()
+    stats = ReassemblerStats()
+    publish(broker, tq_store, "g1")
+    w = worker(broker, tq_store)
+    w.sensor = stats
+    tq.fail("put_located")
+    w.step()
+    assert finalized(broker) == [] and stats.aborts == 1
+    steps(w, 3)
+    assert finalized(broker) == ["g1"]
+    assert sorted(tq_store.list(TRAIN)) == ["g1_g0", "g1_g1"]
+
+
+def test_a_controller_failure_at_a_clear_after_the_commit_rebuilds_instead_of_ending_the_worker():
+    tq, tq_store = _over_fake_tq()
+    broker = make_broker()
+    w = worker(broker, tq_store)
+    rollouts = publish(broker, tq_store, "g1")
+    steps(w, 2)
+    # The same receipt again: refused as a duplicate, its staged rows cleared after the commit, once a
+    # lookup says they are its own; the controller fails that lookup.
+    broker.append(NAMES.receipts, partition_of(b"g1", 2), b"g1", rollouts[0].receipt.to_bytes())
+    tq.fail("looked_up")
+    steps(w, 3)
+    letters = [DeadLetter.from_bytes(m.value()) for m in broker.records(NAMES.deadletter)]
+    assert [d.source_key for d in letters] == [b"g1"] and finalized(broker) == ["g1"]
+    publish(broker, tq_store, "g2", seed=1)
+    steps(w, 2)
+    assert finalized(broker) == ["g1", "g2"]

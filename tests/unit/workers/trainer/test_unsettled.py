@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import pytest
 
-from streams.errors import RowsUnsettled
-from streams.tq import TRAIN
+from streams.errors import RowsUnsettled, TQTimeout
+from streams.tq import TRAIN, TQStore
+from tests.unit.fake_tq import FakeTQ
+from tests.unit.workers.trainer.fake_kafka import NotingStore
 from tests.unit.workers.trainer.trainer_kafka import Pipeline, group
+from workers.trainer.consumer import WITHDRAWN
 from workers.trainer.dataset import ExperienceDataset
 from workers.trainer.spill import spill_rows
 from workers.trainer.spill_read import read_spill
@@ -110,3 +113,77 @@ def test_select_waits_out_a_lookup_tq_cannot_answer_now_and_hands_out_the_groups
     meta = _select(consumer)
     assert sorted(g.group_id for g in meta.groups) == ["g0", "g1"] and pipe.store.times == 0
     assert consumer.counts.missing_rows == 0
+
+
+def _over_fake_tq(groups: int = 2) -> tuple[Pipeline, FakeTQ]:
+    """The pipeline with its train rows in `TQStore` over the fake TQ, which a test can make fail."""
+    pipe = Pipeline()
+    tq = FakeTQ()
+    pipe.rows = TQStore()
+    pipe.rows._tq = tq
+    pipe.store = NotingStore(pipe.rows, pipe.broker.events)
+    pipe.finalize([group(f"g{i}") for i in range(groups)])
+    return pipe, tq
+
+
+def test_materialize_gives_the_batch_back_when_tq_fails_its_read():
+    # Review (final), finding 3: TQ's client reports its failures as RuntimeError, which escaped
+    # materialize and left the batch handed out for good. It is "not now" at TQStore: withdrawn whole.
+    pipe, tq = _over_fake_tq()
+    consumer = pipe.consumer()
+    meta = _select(consumer)
+    tq.fail("read")  # the rows' locations are known from select's lookup: the read is materialize's call
+    with pytest.raises(WITHDRAWN):
+        consumer.materialize(meta)
+    again = _select(consumer)
+    assert sorted(g.group_id for g in again.groups) == ["g0", "g1"] and consumer.counts.lost == 0
+    consumer.materialize(again)
+    consumer.ack(again)
+
+
+class TimesOut(Unsettled):
+    """The pipeline's store with its next `times` gets of train rows given up at a TQ deadline (or a
+    storage unit silent past TQ's attempts: `TQTimeout`)."""
+
+    def get(self, partition, keys, select=None):
+        if self.times and partition == TRAIN:
+            self.times -= 1
+            raise TQTimeout(f"TQ get of {len(keys)} key(s) from {partition!r}: storage unit SU0 did not answer")
+        return self._store.get(partition, keys, select)
+
+
+def test_a_tq_timeout_in_materialize_gives_the_batch_back_as_not_now_and_the_dataset_goes_on():
+    # Review (final), finding 5: materialize withdrew, then re-raised the TQTimeout, which the
+    # callers' `except WITHDRAWN` did not catch: it ended verl's sampler or the dataset.
+    pipe = Pipeline()
+    pipe.finalize([group(f"g{i}") for i in range(2)])
+    pipe.store = TimesOut(pipe.store, times=2)
+    consumer = pipe.consumer()
+    meta = _select(consumer)
+    with pytest.raises(WITHDRAWN, match="SU0"):
+        consumer.materialize(meta)
+    assert consumer.counts.tq_failures == 1 and consumer.counts.lost == 0
+    for _ in range(5):
+        consumer.poll(0)
+    dataset = ExperienceDataset(consumer, version=lambda: 10, min_groups=2, max_groups=2, poll_s=0.0)
+    batch = next(iter(dataset))  # the second timeout given back too, then the same groups read
+    assert sorted(batch.get_non_tensor("group_ids")) == ["g0", "g1"] and consumer.counts.tq_failures == 2
+
+
+def test_tq_failures_of_materialize_in_a_row_past_the_bound_raise_the_last_one():
+    # Not now a bounded number of times in a row: an outage that lasts ends the caller with TQ's error.
+    pipe = Pipeline()
+    pipe.finalize([group(f"g{i}") for i in range(2)])
+    pipe.store = TimesOut(pipe.store, times=3)
+    consumer = pipe.consumer(max_tq_failures=2)
+    for _ in range(2):
+        with pytest.raises(WITHDRAWN):
+            consumer.materialize(_select(consumer))
+    meta = _select(consumer)
+    with pytest.raises(TQTimeout) as err:
+        consumer.materialize(meta)
+    assert not isinstance(err.value, WITHDRAWN)
+    again = _select(consumer)  # given back all the same: the groups wait for a caller that goes on
+    assert sorted(g.group_id for g in again.groups) == ["g0", "g1"]
+    consumer.materialize(again)  # a read that works ends the run of failures
+    assert consumer.counts.tq_failures == 3
