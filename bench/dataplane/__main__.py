@@ -7,6 +7,8 @@ One run, one Ray/TQ and one local broker, two group shapes side by side (`cycles
   (a) raw TQ cycle: put a group's 32 staged rows, get them, put its 8 training rows, get them, clear
       both, with TQ's KV API in this process and TQ's own layout (one item per row and field)
       (`cycles.py`), at 1 and at 8 groups per call (moe: 1);
+  (a') the same cycle with rlstream's packed rows (`schemas/rowpack.py`: one uint8 TQ field per
+      row), packed before each call: the honest bound of rlstream's own path (e2e / packed);
   (b) the same cycle against a Ray actor that receives and returns the tensors by value;
   (c) rlstream: `RolloutPublisher` -> reassembler process(es) -> `ExperienceConsumer` select,
       materialize and ack, 8 groups per publish and per select (moe: 1), first publish to last ack
@@ -23,7 +25,7 @@ The machine is shared and loaded: compare ratios from one run, not figures acros
 breakdowns (seconds in each TQ operation per role, Kafka commit steps) follow the summary.
 
     .venv/bin/python -m bench.dataplane [--quick] [--rounds 3] [--shapes dense,moe]
-        [--only raw,rpc,memcpy,e2e,fetch,latency]
+        [--only raw,packed,rpc,memcpy,e2e,fetch,latency]
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from bench.dataplane.cycles import (
     CycleResult,
     make_payload,
     memcpy_cycle,
+    packed_tq_cycle,
     raw_tq_cycle,
     ray_rpc_cycle,
 )
@@ -55,10 +58,15 @@ from streams.broker import BrokerConfig, LocalBroker
 from streams.config import KafkaConfig
 from streams.tq import TQConfig, init_tq
 
-PHASES = ("raw", "rpc", "memcpy", "e2e", "fetch", "latency")
+PHASES = ("raw", "packed", "rpc", "memcpy", "e2e", "fetch", "latency")
 KAFKA_PHASES = ("e2e", "fetch", "latency")
-CYCLES = {"raw": raw_tq_cycle, "rpc": ray_rpc_cycle, "memcpy": memcpy_cycle}
-NAMES = {"raw": "(a) raw TQ cycle", "rpc": "(b) Ray RPC by value", "memcpy": "(d) memcpy"}
+CYCLES = {"raw": raw_tq_cycle, "packed": packed_tq_cycle, "rpc": ray_rpc_cycle, "memcpy": memcpy_cycle}
+NAMES = {
+    "raw": "(a) raw TQ cycle",
+    "packed": "(a') packed TQ cycle",
+    "rpc": "(b) Ray RPC by value",
+    "memcpy": "(d) memcpy",
+}
 
 
 class Measured:
@@ -188,7 +196,7 @@ def _print_summary(m: Measured, shapes: list[BenchShape]) -> None:
         k = s.e2e_groups_per_call
         if e2e:
             print(_row("(c) rlstream e2e", k, [r.groups_per_s for r in e2e], s, nbytes))
-        for phase, label in (("raw", "raw-TQ"), ("rpc", "Ray-RPC"), ("memcpy", "memcpy")):
+        for phase, label in (("raw", "raw-TQ"), ("packed", "packed-TQ"), ("rpc", "Ray-RPC"), ("memcpy", "memcpy")):
             if e2e and (phase, k) in cycles:
                 ratios = [e.groups_per_s / c.groups_per_s for e, c in zip(e2e, cycles[(phase, k)])]
                 per_round = ", ".join(f"{x:.3g}" for x in ratios)
