@@ -27,8 +27,8 @@ from tensordict import TensorDict
 
 from bench.common import SHAPE
 from schemas.group_build import build_group
-from schemas.rowpack import PACKED_FIELD, pack_rows
 from schemas.request import RolloutReassemblerActorConfig
+from schemas.rowpack import PACKED_FIELD, pack_rows
 from workers.reassembler.config import default_actor_config
 from workers.reassembler.finalize import tensor_rows
 from workers.rollout.publisher import segments_to_fields
