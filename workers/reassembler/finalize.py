@@ -201,25 +201,18 @@ def build_one(group: OpenGroup, segments: Segments, config: RolloutReassemblerAc
     )
 
 
-def finalize_groups(
-    store: KVStore,
-    groups: Sequence[OpenGroup],
-    config: RolloutReassemblerActorConfig,
-    *,
-    receipts_topic: str,
-    now_ms: int,
-    lease_refusal: Callable[[int, list[str]], str | None] = lambda put, sample_ids: None,
-    runtime: Runtime = REAL_RUNTIME,
-) -> list[GroupOutcome]:
-    """Finalize ready groups; rows go to TQ train now, staging is cleared by the caller after commit.
+@dataclass(frozen=True)
+class Staged:
+    """One staging read for a set of groups: per group the keys it owns, the tags looked up, the rows."""
 
-    The rows of every group built go to TQ in one put per field layout, not one per group: TQ's cost
-    is mostly per call (bench/dataplane). `lease_refusal(i, sample_ids)` is asked before put i and names why
-    the caller may no longer own its partitions (None while it does): a zombie's put could overwrite
-    rows a successor committed, or recreate rows a trainer already released. Then that put and the
-    rest are not made and `LeaseRefused` is raised. A record's `finalized_at_ms` is `runtime`'s wall
-    clock; the `metrics` figures are `perf_counter` spans (metrics only, see `workers.runtime`).
-    """
+    owned: dict[str, set[str]]
+    tags: dict[str, dict[str, Any]]
+    fetched: Segments
+    fetch_ms: float  # how long the step waited for it (metrics only)
+
+
+def read_staged(store: KVStore, groups: Sequence[OpenGroup], config: RolloutReassemblerActorConfig) -> Staged:
+    """The ownership lookup and one batched fetch of the staged rows `groups` own (TQ reads only)."""
     t0 = time.perf_counter()
     owned, tags = owned_keys(store, config.staging_partition, groups) if groups else ({}, {})
     # In the order owned_keys looked them up: a store that keeps that lookup's row locations
@@ -229,7 +222,34 @@ def finalize_groups(
     fetched = fetch_segments(
         store, config.staging_partition, keys, routed_experts=config.router_replay_enabled, tags=tags
     )
-    fetch_ms = (time.perf_counter() - t0) * 1000.0
+    return Staged(owned, tags, fetched, (time.perf_counter() - t0) * 1000.0)
+
+
+def finalize_groups(
+    store: KVStore,
+    groups: Sequence[OpenGroup],
+    config: RolloutReassemblerActorConfig,
+    *,
+    receipts_topic: str,
+    now_ms: int,
+    lease_refusal: Callable[[int, list[str]], str | None] = lambda put, sample_ids: None,
+    runtime: Runtime = REAL_RUNTIME,
+    staged: Staged | None = None,
+) -> list[GroupOutcome]:
+    """Finalize ready groups; rows go to TQ train now, staging is cleared by the caller after commit.
+
+    `staged` is what `read_staged` read for (at least) these groups, if the caller read it already
+    (a pipelined step reads the next step's staging while it finalizes its own); else it is read here.
+
+    The rows of every group built go to TQ in one put per field layout, not one per group: TQ's cost
+    is mostly per call (bench/dataplane). `lease_refusal(i, sample_ids)` is asked before put i and names why
+    the caller may no longer own its partitions (None while it does): a zombie's put could overwrite
+    rows a successor committed, or recreate rows a trainer already released. Then that put and the
+    rest are not made and `LeaseRefused` is raised. A record's `finalized_at_ms` is `runtime`'s wall
+    clock; the `metrics` figures are `perf_counter` spans (metrics only, see `workers.runtime`).
+    """
+    staged = staged if staged is not None else read_staged(store, groups, config)
+    owned, tags, fetched, fetch_ms = staged.owned, staged.tags, staged.fetched, staged.fetch_ms
     results = [
         _build_or_letter(group, owned[group.group_id], fetched, config, gone=_staging_gone(group, tags))
         for group in groups
