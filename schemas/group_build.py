@@ -1,5 +1,9 @@
 """`build_group`: the pure heart of finalization, from a group's receipts and staged segments to
 packed rows, tags and counts; every rollout yields a row, failed ones as placeholders.
+
+Each rollout is checked as `linearize` checks it (`check_rollout`), then the group's rows are
+assembled straight from the checked segments (`schemas/train_rows.py`): the rows, tags and counts
+that `record_to_train_batch` and `pack_payload` make from message logs, without building them.
 """
 
 from __future__ import annotations
@@ -11,10 +15,11 @@ from typing import Any
 import torch
 from tensordict import TensorDict
 
-from schemas.linearize import LinearizedRollout, Rejection, linearize
-from schemas.payload import Completion, PromptGroupRecord, pack_payload, record_to_train_batch
+from schemas.linearize import Rejection, check_rollout
+from schemas.payload import _row_tags, _tensordict
 from schemas.receipt import Receipt
 from schemas.request import RolloutReassemblerActorConfig
+from schemas.train_rows import CheckedRollout, group_rows
 
 
 @dataclass(frozen=True, eq=False)
@@ -44,8 +49,8 @@ def build_group(
     fallback_weight_version: int = 0,
     loss_multiplier: float = 1.0,
 ) -> GroupBuild:
-    """Linearize each rollout (receipts indexed by rollout_index; None = missing), keep failures
-    as placeholder rows, and pack the group stamped with its lowest weight version.
+    """Check each rollout (receipts indexed by rollout_index; None = missing), keep failures as
+    placeholder rows, and pack the group stamped with its lowest weight version.
 
     A row longer than `config.max_seq_len` is cut to that length and marked truncated (not
     rejected): its prefix is still on-policy data. Routed experts are kept only when
@@ -53,56 +58,52 @@ def build_group(
     """
     if len(receipts) != group_size:
         raise ValueError(f"got {len(receipts)} receipt slots for a group of {group_size}")
-    completions: list[Completion] = []
-    rollouts: list[LinearizedRollout | None] = []
+    slots: list[CheckedRollout | None] = []
+    reasons: list[str | None] = []
     for index, receipt in enumerate(receipts):
-        result = _linearize_slot(index, receipt, group_id, prompt_idx, group_size, segments)
+        result = _check_slot(index, receipt, group_id, prompt_idx, group_size, segments)
         if isinstance(result, Rejection):
-            completions.append(Completion([], 0.0, False, False, rejection_reason=result.reason))
-            rollouts.append(None)
-            continue
-        log, cut = _truncate(result.message_log, config.max_seq_len)
-        if not config.router_replay_enabled:
-            log = [{k: v for k, v in m.items() if k != "routed_experts"} for m in log]
-        completions.append(Completion(log, receipt.reward, receipt.truncated or cut, receipt.mask_sample))
-        rollouts.append(result)
-
-    valid = [r for r in rollouts if r is not None]
-    prompt = valid[0].prompt_ids if valid else torch.tensor([config.pad_token_id])
-    record = PromptGroupRecord(prompt, tuple(completions), loss_multiplier)
-    batch = record_to_train_batch(
-        record,
-        pad_value_dict={"input_ids": config.pad_token_id},
-        include_message_violation_fields=True,
+            slots.append(None)
+            reasons.append(result.reason)
+        else:
+            slots.append(CheckedRollout(receipt, result))
+            reasons.append(None)
+    rows = group_rows(
+        slots,
+        pad_token_id=config.pad_token_id,
+        max_seq_len=config.max_seq_len,
+        router_replay=config.router_replay_enabled,
+        loss_multiplier=loss_multiplier,
     )
-    if not config.router_replay_enabled:
-        batch.pop("routed_experts", None)
-    min_wv = min((r.min_wv for r in valid), default=fallback_weight_version)
-    max_wv = max((r.max_wv for r in valid), default=fallback_weight_version)
-    sample_ids, fields, tags = pack_payload(batch, weight_version=min_wv, group_id=group_id, prompt_idx=prompt_idx)
-    lengths = batch["input_lengths"].tolist()
+    versions = [c.weight_version for s in slots if s is not None for c in s.receipt.manifest]
+    min_wv = min(versions, default=fallback_weight_version)
+    max_wv = max(versions, default=fallback_weight_version)
+    shapes = {"routed_experts": list(rows.routed_rest)} if rows.routed_rest is not None else {}
+    counts = {"violation_counts": rows.counts}
+    tags = _row_tags(counts, group_size, rows.lengths, shapes, min_wv, group_id, prompt_idx)
+    valid = sum(s is not None for s in slots)
     return GroupBuild(
-        sample_ids=sample_ids,
-        fields=fields,
+        sample_ids=[f"{group_id}_g{i}" for i in range(group_size)],
+        fields=_tensordict(rows.fields, group_size),
         tags=tags,
-        rejection_reasons=tuple(c.rejection_reason for c in completions),
+        rejection_reasons=tuple(reasons),
         group_min_wv=min_wv,
         group_max_wv=max_wv,
-        valid_row_count=len(valid),
+        valid_row_count=valid,
         total_row_count=group_size,
-        canonical_output_tokens=sum(n for n, r in zip(lengths, rollouts) if r is not None),
+        canonical_output_tokens=sum(n for n, s in zip(rows.lengths, slots) if s is not None),
         all_failed=not valid,
     )
 
 
-def _linearize_slot(
+def _check_slot(
     index: int,
     receipt: Receipt | None,
     group_id: str,
     prompt_idx: int,
     group_size: int,
     segments: Mapping[str, Mapping[str, torch.Tensor]],
-) -> LinearizedRollout | Rejection:
+) -> list[Mapping[str, torch.Tensor]] | Rejection:
     if receipt is None:
         return Rejection("missing_receipt", f"no receipt for rollout {index}")
     expected = (group_id, index, group_size, prompt_idx)
@@ -113,24 +114,4 @@ def _linearize_slot(
             "invalid_receipt",
             f"slot {index}: (group_id, rollout_index, group_size, prompt_idx) is {got}, expected {expected}",
         )
-    return linearize(receipt, segments)
-
-
-def _truncate(log: list[dict[str, Any]], limit: int) -> tuple[list[dict[str, Any]], bool]:
-    """Cut a message log to at most `limit` tokens; say whether anything was cut."""
-    total = sum(int(m["token_ids"].shape[0]) for m in log)
-    if total <= limit:
-        return log, False
-    out, remaining = [], limit
-    for message in log:
-        length = int(message["token_ids"].shape[0])
-        if remaining <= 0:
-            break
-        if length <= remaining:
-            out.append(message)
-        else:
-            out.append(
-                {k: v[:remaining] if isinstance(v, torch.Tensor) and v.dim() >= 1 else v for k, v in message.items()}
-            )
-        remaining -= length
-    return out, True
+    return check_rollout(receipt, segments)

@@ -5,7 +5,7 @@ by one native call per field (a memcpy and a fill per row), numpy when the copie
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 import numpy as np
@@ -151,6 +151,15 @@ class JaggedLayout:
         if _FAST_NJT is not None:
             return _FAST_NJT[1](values, rows)
         return make_jagged(values, rows.offsets, rows.lengths)  # pragma: no cover
+
+
+def jagged_views(values: Mapping[str, torch.Tensor], offsets: torch.Tensor) -> dict[str, torch.Tensor]:
+    """1-D `values` whose rows lie one after another, row i from offsets[i] to offsets[i + 1], as jagged
+    tensors over the same memory that share one ragged dimension (fields of one group's rows)."""
+    if _FAST_NJT is None:  # pragma: no cover - depends on the torch build
+        return {name: make_jagged(v.contiguous(), offsets) for name, v in values.items()}
+    rows = _FAST_NJT[0](offsets, None)
+    return {name: _FAST_NJT[1](v.contiguous(), rows) for name, v in values.items()}
 
 
 def _row_starts(n: int, stride: int, device: torch.device) -> torch.Tensor:
