@@ -31,6 +31,7 @@ from streams.tq_setup import (
     init_tq,
     nodes_offering,
     ray_address,
+    set_torch_threads,
 )
 
 __all__ = [
@@ -48,6 +49,7 @@ __all__ = [
     "join_rows",
     "nodes_offering",
     "ray_address",
+    "set_torch_threads",
     "with_call_deadline",
 ]
 
