@@ -153,6 +153,13 @@ class JaggedLayout:
         return make_jagged(values, rows.offsets, rows.lengths)  # pragma: no cover
 
 
+def jagged_at(values: torch.Tensor, offsets: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """`make_jagged` with row lengths, for contiguous 1-D `values`, at about half its cost (no copy)."""
+    if _FAST_NJT is None or values.dim() != 1 or not values.is_contiguous():
+        return make_jagged(values, offsets, lengths)
+    return _FAST_NJT[1](values, _FAST_NJT[0](offsets, lengths))
+
+
 def jagged_views(values: Mapping[str, torch.Tensor], offsets: torch.Tensor) -> dict[str, torch.Tensor]:
     """1-D `values` whose rows lie one after another, row i from offsets[i] to offsets[i + 1], as jagged
     tensors over the same memory that share one ragged dimension (fields of one group's rows)."""

@@ -212,7 +212,9 @@ class TQStore:
                 # TQ's batch metadata does not say which rows have which fields: rows of both
                 # layouts (or rows lacking a selected field) are told apart key by key.
                 return await self._read_mixed(client, partition, keys, meta, select)
-            data = await client.async_get_data(_fields(meta, [PACKED_FIELD]))
+            # The rows hold the packed field alone: nothing to select, and TQ's select_fields would
+            # deep-copy the metadata, every row's tags with it.
+            data = await client.async_get_data(_fields(meta, None))
             rows = unpack_rows(partition, keys, data.get(PACKED_FIELD), select)
         except (self._tq.StorageKeyNotFoundError, _Stale):
             return False
