@@ -203,6 +203,33 @@ def _print_summary(m: Measured, shapes: list[BenchShape]) -> None:
                 print(f"{s.name} e2e/{label} ({k} per call): {statistics.median(ratios):.3g}  (per round: {per_round})")
 
 
+def _ratio(m: Measured, shape: str, phase: str) -> float | None:
+    """The median over rounds of e2e / the bound `phase` of `shape`, at the e2e's groups per call."""
+    e2e, k = m.e2e.get(shape, []), SHAPES[shape].e2e_groups_per_call
+    bound = m.cycles.get(shape, {}).get((phase, k), [])
+    if not e2e or not bound:
+        return None
+    return statistics.median(e.groups_per_s / c.groups_per_s for e, c in zip(e2e, bound))
+
+
+def _print_targets(m: Measured) -> None:
+    """Issue 33's targets, each figure beside its target and whether this run met it."""
+    fetch = statistics.median(r.ratio for r in m.fetches) if m.fetches else None
+    rows = [
+        ("dense e2e / Ray RPC by value, 8 groups per call", _ratio(m, "dense", "rpc"), ">=", 1.0, "x"),
+        ("dense e2e / packed-row TQ cycle", _ratio(m, "dense", "packed"), ">=", 0.9, "x"),
+        ("MoE e2e / raw TQ cycle", _ratio(m, "moe", "raw"), ">=", 0.8, "x"),
+        ("p99 last receipt -> committed record, half of peak", m.latency and m.latency.p99_ms, "<", 100.0, " ms"),
+        ("trainer select + materialize / raw TQ get", fetch, ">=", 0.9, "x"),
+    ]
+    print("\ntargets (issue 33), this run:")
+    for name, value, op, target, unit in rows:
+        if value is None:
+            continue
+        met = value >= target if op == ">=" else value < target
+        print(f"  {name:<52} {value:>8.3g}{unit:<3} target {op} {target:g}{unit}: {'met' if met else 'NOT met'}")
+
+
 def _print_cycle_ops(shape: str, cycles: dict) -> None:
     if not cycles:
         return
@@ -251,6 +278,7 @@ def main() -> None:
     print_fetch_summary(m.fetches)
     if m.latency is not None:
         print_latency(m.latency)
+    _print_targets(m)
     for s in args.shapes:
         _print_cycle_ops(s.name, m.cycles.get(s.name, {}))
         _print_e2e_ops(s.name, m.e2e.get(s.name, []))
