@@ -169,6 +169,39 @@ def jagged_views(values: Mapping[str, torch.Tensor], offsets: torch.Tensor) -> d
     return {name: _FAST_NJT[1](v.contiguous(), rows) for name, v in values.items()}
 
 
+def concat_batches(parts: Sequence[Mapping[str, torch.Tensor]]) -> dict[str, torch.Tensor] | None:
+    """The rows of several batches of the same fields, one batch after another (one copy of the
+    values per field); None if they do not line up (other fields or dtypes, jagged rows with gaps).
+
+    What `torch.cat` of their TensorDicts gives, at a fraction of its cost: a nested tensor's cat
+    dispatches per field and per part; here each jagged field is one concatenation of its values,
+    sharing one offsets tensor with the other fields whose rows have the same lengths.
+    """
+    if not parts or any(p.keys() != parts[0].keys() for p in parts):
+        return None
+    out: dict[str, torch.Tensor] = {}
+    shared: dict[tuple[int, ...], torch.Tensor] = {}
+    for name, first in parts[0].items():
+        values = [p[name] for p in parts]
+        if any(v.dtype != first.dtype for v in values):
+            return None
+        if not is_nested(first):
+            if any(is_nested(v) or v.shape[1:] != first.shape[1:] for v in values):
+                return None
+            out[name] = torch.cat(values)
+            continue
+        rows = [jagged_rows(v) if is_nested(v) else None for v in values]
+        if any(r is None or r.lengths is not None or r.scale != 1 or r.rest for r in rows):
+            return None
+        lengths = tuple(n for r in rows for n in r.item_lengths())
+        offsets = shared.get(lengths)
+        if offsets is None:
+            offsets = shared[lengths] = offsets_from_lengths(torch.tensor(lengths, dtype=torch.int64))
+        flat = [r.values[int(r.offsets[0]) : int(r.offsets[-1])] for r in rows]
+        out[name] = jagged_views({name: torch.cat(flat)}, offsets)[name]
+    return out
+
+
 def _row_starts(n: int, stride: int, device: torch.device) -> torch.Tensor:
     """Offsets 0, stride, ..., n * stride, shared by every group of that shape (never mutated:
     a full group's nested tensors take them as their ragged source, so groups share its size)."""
