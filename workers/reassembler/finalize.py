@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -110,6 +110,16 @@ def _fetch(
     return out
 
 
+# (group id, rollout id, staging key) of every call a group's receipts name.
+Claim = tuple[str, str, str]
+
+
+def staging_claims(groups: Sequence[OpenGroup]) -> list[Claim]:
+    """What the groups' receipts claim, in order: a snapshot, which a read on another thread can use
+    while the groups themselves take receipts."""
+    return [(g.group_id, r.rollout_id, c.staging_key) for g in groups for r in g.receipts.values() for c in r.manifest]
+
+
 def owned_keys(
     store: KVStore, staging_partition: str, groups: Sequence[OpenGroup]
 ) -> tuple[dict[str, set[str]], dict[str, dict[str, Any]]]:
@@ -121,20 +131,19 @@ def owned_keys(
     Two groups of one step may name the same key: each is judged on its own claim. Returns the
     owned keys per group and the tags looked up.
     """
-    claims = [
-        (g.group_id, r.rollout_id, c.staging_key) for g in groups for r in g.receipts.values() for c in r.manifest
-    ]
-    tags = store.tags(staging_partition, list(dict.fromkeys(_claimed_keys(groups))))
-    owned: dict[str, set[str]] = {g.group_id: set() for g in groups}
+    return _owned(store, staging_partition, [g.group_id for g in groups], staging_claims(groups))
+
+
+def _owned(
+    store: KVStore, staging_partition: str, group_ids: Sequence[str], claims: Sequence[Claim]
+) -> tuple[dict[str, set[str]], dict[str, dict[str, Any]]]:
+    tags = store.tags(staging_partition, list(dict.fromkeys(key for _, _, key in claims)))
+    owned: dict[str, set[str]] = {gid: set() for gid in group_ids}
     for gid, rid, key in claims:
         tag = tags.get(key)
         if tag is not None and tag.get("group_id") == gid and tag.get("rollout_id") == rid:
             owned[gid].add(key)
     return owned, tags
-
-
-def _claimed_keys(groups: Sequence[OpenGroup]) -> Iterator[str]:
-    return (c.staging_key for g in groups for r in g.receipts.values() for c in r.manifest)
 
 
 def _unflatten_experts(flat: torch.Tensor, tokens: int) -> torch.Tensor:
@@ -222,12 +231,19 @@ class Staged:
 
 def read_staged(store: KVStore, groups: Sequence[OpenGroup], config: RolloutReassemblerActorConfig) -> Staged:
     """The ownership lookup and one batched fetch of the staged rows `groups` own (TQ reads only)."""
+    return read_claims(store, [g.group_id for g in groups], staging_claims(groups), config)
+
+
+def read_claims(
+    store: KVStore, group_ids: Sequence[str], claims: Sequence[Claim], config: RolloutReassemblerActorConfig
+) -> Staged:
+    """`read_staged` of the groups `group_ids` whose receipts claimed `claims` (`staging_claims`)."""
     t0 = time.perf_counter()
-    owned, tags = owned_keys(store, config.staging_partition, groups) if groups else ({}, {})
-    # In the order owned_keys looked them up: a store that keeps that lookup's row locations
+    owned, tags = _owned(store, config.staging_partition, group_ids, claims) if group_ids else ({}, {})
+    # In the order the lookup asked for them: a store that keeps that lookup's row locations
     # (TQStore) then fetches the rows without looking them up again.
     mine = set().union(*owned.values())
-    keys = [k for k in dict.fromkeys(_claimed_keys(groups)) if k in mine]
+    keys = [k for k in dict.fromkeys(key for _, _, key in claims) if k in mine]
     fetched = fetch_segments(
         store, config.staging_partition, keys, routed_experts=config.router_replay_enabled, tags=tags
     )

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 from schemas.request import RolloutReassemblerActorConfig
 from streams.tq import KVStore
-from workers.reassembler.finalize import Staged, read_staged
+from workers.reassembler.finalize import Staged, read_claims, read_staged, staging_claims
 from workers.reassembler.groups import OpenGroup
 from workers.reassembler.task_manager import TaskManager
 from workers.runtime import Runtime
@@ -72,7 +72,10 @@ class StagingPrefetch:
         if self._pool is None:
             self._pool = self._runtime.executor("staging-prefetch")
         groups = tuple(groups)
-        read = self._pool.submit(read_staged, self._store, groups, self._config)
+        # The claims are taken here, on the step's thread: the read must not walk groups that the
+        # next poll may add receipts to while it runs.
+        claims = staging_claims(groups)
+        read = self._pool.submit(read_claims, self._store, [g.group_id for g in groups], claims, self._config)
         self._started = _Started(groups, {g.group_id: tuple(g.staging_keys()) for g in groups}, epoch, read)
 
     def take(self, tasks: TaskManager) -> tuple[list[OpenGroup], Future] | None:

@@ -245,3 +245,26 @@ def test_a_prefetched_group_that_took_a_receipt_since_is_not_taken_from_the_pref
     _append(broker, g[1:], runtime.wall_now_ms)
     w._poll(0.0)  # its second receipt: the read no longer covers the group
     assert w._prefetch.take(w._tasks) is None
+
+
+def test_a_prefetch_reads_what_its_groups_claimed_when_it_started_not_what_they_took_since():
+    """The read runs on another thread while the next poll may add receipts to its groups: it works
+    from the claims taken when it started, never by walking the groups (whose dicts change under it)."""
+    broker, store = make_broker(), ReadingStore()
+    runtime = Clock(deferred=True, wall_now_ms=1_000_000)
+    from workers.rollout.publisher import stage_rollouts
+
+    g = make_group("g1", 0, 1, shape=TINY)
+    stage_rollouts(store, g)
+    _append(broker, g[:1], runtime.wall_now_ms)
+    w = worker(broker, store, clock=runtime, group_timeout_s=1.0)
+    w.step()
+    runtime.wall_now_ms += 2_000
+    (due,) = w._tasks.ready(runtime.wall_now_ms)
+    w._prefetch.start([due], w._tasks.epoch)
+    _append(broker, g[1:], runtime.wall_now_ms)
+    w._poll(0.0)  # the group takes its second receipt before the read has run
+    assert len(due.receipts) == 2
+    runtime.run_background()
+    looked_up = {k for kind, part, keys in store.events if kind == "tags" and part == STAGING for k in keys}
+    assert looked_up == set(_keys(g[:1])), "the read looked up the claims of when it started"
