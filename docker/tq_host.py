@@ -5,12 +5,14 @@ actor lives only as long as the process that created it. So this runs on the hea
 `ray start --head`, before any other node joins, and stays in the foreground: every rlstream process
 that attaches later (reassemblers, the demo, a trainer) finds the controller and its storage here,
 never on a container that may restart. It writes --ready-file once TQ is up (the compose
-healthcheck) and exits 1 when the controller disappears, so the container restarts.
+healthcheck) and exits 1 when the controller disappears, so the container restarts. With
+--metrics-port (or RLSTREAM_TQ_METRICS_PORT) it starts TQ's own Prometheus exporter on that port.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import threading
@@ -22,13 +24,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--address", default="auto", help="Ray cluster to attach to (default: the local head)")
     parser.add_argument("--ready-file", type=Path, help="touch this file once TQ is up")
     parser.add_argument("--check-every-s", type=float, default=10.0, help="how often to check the TQ controller")
+    port = os.environ.get("RLSTREAM_TQ_METRICS_PORT")
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=int(port) if port else None,
+        help="serve TQ's Prometheus metrics on this port (default: $RLSTREAM_TQ_METRICS_PORT, else none)",
+    )
     args = parser.parse_args(argv)
 
     import ray
 
-    from streams.tq import TQConfig, init_tq
+    from streams.tq import TQConfig, init_tq, start_tq_metrics
 
     session = init_tq(TQConfig(address=args.address))
+    if args.metrics_port is not None:
+        print(f"TQ metrics: http://{start_tq_metrics(args.metrics_port)}/metrics", flush=True)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

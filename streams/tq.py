@@ -32,6 +32,7 @@ from streams.tq_setup import (
     nodes_offering,
     ray_address,
     set_torch_threads,
+    start_tq_metrics,
 )
 
 __all__ = [
@@ -50,6 +51,7 @@ __all__ = [
     "nodes_offering",
     "ray_address",
     "set_torch_threads",
+    "start_tq_metrics",
     "with_call_deadline",
 ]
 

@@ -260,3 +260,20 @@ def ray_address() -> str:
     import ray
 
     return ray.get_runtime_context().gcs_address
+
+
+def start_tq_metrics(port: int = 0) -> str:
+    """`host:port` of TQ's own Prometheus exporter (`tq_*` metrics: rows per partition, storage units),
+    started in its controller on `port` (0: a free one) unless it runs already (TQ's call is idempotent).
+
+    After `init_tq`, from the process that created TQ or one attached to it. The endpoint lives as long
+    as the controller, on the controller's node; its figures refresh every TQ_METRICS_COLLECT_INTERVAL
+    seconds (TQ's, default 10).
+    """
+    import ray
+
+    try:
+        controller = ray.get_actor("TransferQueueController", namespace="transfer_queue")
+    except ValueError:
+        raise TQError("no TransferQueue controller runs in this Ray cluster: init_tq first") from None
+    return str(ray.get(controller.start_metrics.remote(port=port), timeout=60))

@@ -17,9 +17,11 @@ from schemas.codec import Message
 from schemas.deadletter import DeadLetter
 from schemas.errors import InvalidArgument, SchemaError
 from schemas.finalized import FinalizedGroup
+from schemas.gym_receipt import GymReceipt
 from schemas.receipt import Receipt
 from schemas.regenerate import Regenerate
 from schemas.state import GroupState, PartitionProgress
+from schemas.trainer_progress import TrainerProgress
 from schemas.trainer_version import TrainerVersion
 from streams.admin import TopicSpec
 
@@ -31,9 +33,13 @@ TRAINER_DEADLETTER = "trainer.deadletter"
 STATE = "reassembler.state"
 # The trainer's current weight version, keyed by trainer id (compacted): what admission gates read.
 TRAINER_VERSION = "trainer.version"
+# The resolved records past a trainer's commit that its metadata cannot hold (compacted, one key a chunk).
+TRAINER_PROGRESS = "trainer.progress"
 # Prompt groups handed back for regeneration (their tensors were lost with the job), keyed by group id.
 REGENERATE = "rollout.regenerate"
 REPLAY_PREFIX = "replay."
+# How long the progress topic keeps a tombstone once compacted (delete.retention.ms): ten minutes.
+PROGRESS_TOMBSTONE_MS = "600000"
 
 
 @dataclass(frozen=True)
@@ -70,6 +76,10 @@ class TopicNames:
         return self._p(TRAINER_VERSION)
 
     @property
+    def trainer_progress(self) -> str:
+        return self._p(TRAINER_PROGRESS)
+
+    @property
     def regenerate(self) -> str:
         return self._p(REGENERATE)
 
@@ -88,9 +98,9 @@ def pipeline_topics(
     replication_factor: int = 1,
     config: Mapping[str, str] | None = None,
 ) -> list[TopicSpec]:
-    """Receipts, finalized, the two dead-letter topics, the trainer's version (compacted, one partition),
-    the hand-backs for regeneration and the state changelog (compacted, co-partitioned with receipts);
-    the changelog comes last.
+    """Receipts, finalized, the two dead-letter topics, the trainer's version and progress (compacted, one
+    partition each), the hand-backs for regeneration and the state changelog (compacted, co-partitioned
+    with receipts); the changelog comes last.
 
     `config` applies to every topic. With 3 or more replicas, `min.insync.replicas` defaults to 2, so
     an acknowledged write (acks=all) survives the loss of any one broker; with 2 replicas it is 1.
@@ -103,12 +113,16 @@ def pipeline_topics(
     common = {"min.insync.replicas": "2" if replication_factor >= 3 else "1"} if replication_factor >= 2 else {}
     common.update(config or {})
     compacted = {**common, "cleanup.policy": "compact", "min.cleanable.dirty.ratio": "0.1", "segment.ms": "60000"}
+    # Trainers read the progress topic whole (workers/trainer/progress.py): a tombstone need only outlast
+    # one read, seconds, where the broker's default (a day) kept a day of them in every read.
+    progress = {"delete.retention.ms": PROGRESS_TOMBSTONE_MS, **compacted}
     return [
         TopicSpec(names.receipts, partitions, dict(common), replication_factor=replication_factor),
         TopicSpec(names.finalized, partitions, dict(common), replication_factor=replication_factor),
         TopicSpec(names.deadletter, 1, dict(common), replication_factor=replication_factor),
         TopicSpec(names.trainer_deadletter, 1, dict(common), replication_factor=replication_factor),
         TopicSpec(names.trainer_version, 1, dict(compacted), replication_factor=replication_factor),
+        TopicSpec(names.trainer_progress, 1, progress, replication_factor=replication_factor),
         TopicSpec(names.regenerate, partitions, dict(common), replication_factor=replication_factor),
         TopicSpec(names.state, partitions, compacted, replication_factor=replication_factor),
     ]
@@ -116,6 +130,7 @@ def pipeline_topics(
 
 RECEIPTS_ROLE, FINALIZED_ROLE, DEADLETTER_ROLE, STATE_ROLE = "receipts", "finalized", "deadletter", "state"
 TRAINER_VERSION_ROLE = "trainer_version"
+TRAINER_PROGRESS_ROLE = "trainer_progress"
 REGENERATE_ROLE = "regenerate"
 _SUFFIXES = {
     RECEIPTS: RECEIPTS_ROLE,
@@ -124,16 +139,19 @@ _SUFFIXES = {
     TRAINER_DEADLETTER: DEADLETTER_ROLE,
     STATE: STATE_ROLE,
     TRAINER_VERSION: TRAINER_VERSION_ROLE,
+    TRAINER_PROGRESS: TRAINER_PROGRESS_ROLE,
     REGENERATE: REGENERATE_ROLE,
 }
 # The state topic holds two kinds (a prompt group's entry and its partition's progress); the first
 # kind of a role is what an unrecognised value is decoded as, so its error names the usual message.
 _BY_ROLE: dict[str, tuple[type[Message], ...]] = {
-    RECEIPTS_ROLE: (Receipt,),
+    # rlstream's own receipts and NeMo Gym's, side by side (a consumer group reads both).
+    RECEIPTS_ROLE: (Receipt, GymReceipt),
     FINALIZED_ROLE: (FinalizedGroup,),
     DEADLETTER_ROLE: (DeadLetter,),
     STATE_ROLE: (GroupState, PartitionProgress),
     TRAINER_VERSION_ROLE: (TrainerVersion,),
+    TRAINER_PROGRESS_ROLE: (TrainerProgress,),
     REGENERATE_ROLE: (Regenerate,),
 }
 _BY_KIND: dict[str, type[Message]] = {cls.kind(): cls for kinds in _BY_ROLE.values() for cls in kinds}
@@ -151,7 +169,8 @@ def is_replay_topic(topic: str) -> bool:
 
 
 def topic_role(topic: str) -> str | None:
-    """Role from the name: receipts, finalized, deadletter, state, trainer_version, regenerate; else None."""
+    """Role from the name: receipts, finalized, deadletter, state, trainer_version, trainer_progress, regenerate;
+    else None."""
     if is_replay_topic(topic):
         return None
     for suffix, role in _SUFFIXES.items():
@@ -188,13 +207,19 @@ def _role_class(role: str, value: bytes) -> type[Message] | None:
     return kinds[0] if kinds else None
 
 
+def receipt_from_bytes(value: bytes) -> Receipt | GymReceipt:
+    """A receipt of either kind (rlstream's or NeMo Gym's); SchemaError if it is neither."""
+    cls = GymReceipt if sniff_kind(value) == GymReceipt.kind() else Receipt
+    return cls.from_bytes(value)
+
+
 def message_group_id(msg: Message) -> str | None:
     """The prompt group a message is about (a dead letter: the group of its original receipt, if any)."""
-    if isinstance(msg, (Receipt, FinalizedGroup, GroupState, Regenerate)):
+    if isinstance(msg, (Receipt, GymReceipt, FinalizedGroup, GroupState, Regenerate)):
         return msg.group_id
     if isinstance(msg, DeadLetter):
         try:
-            return Receipt.from_bytes(msg.original).group_id
+            return receipt_from_bytes(msg.original).group_id
         except SchemaError:
             return msg.source_key.decode(errors="replace") if msg.source_key else None
     return None
@@ -204,12 +229,12 @@ def message_weight_versions(msg: Message) -> tuple[int, int] | None:
     """(lowest, highest) policy weight version a message carries, or None when it carries none."""
     if isinstance(msg, FinalizedGroup):
         return msg.group_min_wv, msg.group_max_wv
-    if isinstance(msg, Receipt):
+    if isinstance(msg, (Receipt, GymReceipt)):
         versions = [c.weight_version for c in msg.manifest]
         return (min(versions), max(versions)) if versions else None
     if isinstance(msg, DeadLetter):
         try:
-            return message_weight_versions(Receipt.from_bytes(msg.original))
+            return message_weight_versions(receipt_from_bytes(msg.original))
         except SchemaError:
             return None
     return None

@@ -68,6 +68,7 @@ LONG_FIRST = (
     "test_grpo.py",
     "test_broker.py",
     "test_demo.py",
+    "test_live_run.py",
     "test_no_system_java.py",
     "test_broker_loss.py",
     "test_restart.py",

@@ -27,8 +27,10 @@ LAZY_VERBS = {
     "inspect": ("workers.cli.ops:inspect", "Everything about one object of a run"),
     "deadletter": ("workers.cli.ops:deadletter", "Operate on the dead-letter topic"),
     "lag": ("workers.cli.ops:lag", "Committed and end offsets of the reassembler and trainer consumer groups"),
+    "top": ("workers.cli.ops:top", "A live view of a run: throughput, lag, staleness, losses, version, TQ rows"),
     "refinalize": ("workers.cli.ops:refinalize", "Rebuild replayed groups from a TQ checkpoint and diff them"),
     "resume": ("workers.cli.ops:resume", "After a whole-job restart: restore what a checkpoint kept, account for all"),
+    "trainer": ("workers.cli.trainer:trainer", "Operate on a trainer's consumer group (accept-unresolved)"),
     "example": ("workers.cli.example:example", "Runnable examples: a tiny GRPO run that learns through the pipeline"),
 }
 

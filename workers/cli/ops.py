@@ -1,4 +1,4 @@
-"""Command-line verbs for debugging and operating a run: replay, tail, inspect, deadletter, lag, refinalize.
+"""Command-line verbs for debugging and operating a run: replay, tail, inspect, deadletter, lag, top, refinalize.
 
 Each verb says on stderr what it does and where (broker, topics, consumer group), then calls one
 library function. `--group-id` always names a prompt group; `--consumer-group` a Kafka consumer group.
@@ -221,6 +221,57 @@ def lag(target: KafkaTarget, consumer_group: str, trainer_consumer_group: str, i
     for row in rows:
         print(row.line())
     return 0
+
+
+@click.command()
+@kafka_options()
+@click.option("--consumer-group", default="reassemblers", show_default=True, help="the reassemblers' consumer group")
+@click.option(
+    "--trainer-consumer-group",
+    help="the trainer's consumer group (default: the one its latest record on the version topic names)",
+)
+@click.option(
+    "--metrics",
+    "endpoints",
+    multiple=True,
+    metavar="URL",
+    help="a Prometheus endpoint of the run (host:port or URL: a reassembler, the pool, the trainer, TQ); repeatable",
+)
+@click.option(
+    "--interval", type=click.FloatRange(0.2, 60), default=1.0, show_default=True, help="seconds between refreshes"
+)
+@click.option("--once", is_flag=True, help="print one screen as plain text and exit")
+def top(
+    target: KafkaTarget, consumer_group: str, trainer_consumer_group, endpoints, interval: float, once: bool
+) -> int:
+    """A live view of a run: throughput, lag per partition, staleness, evictions, dead letters, trainer version,
+    TQ rows held; from Kafka and the metrics endpoints, redrawn until Ctrl-C."""
+    import logging
+    import os
+    import sys
+
+    from workers.cli.failures import keep_log_file
+    from workers.ops.top import TopSource, run_top
+    from workers.telemetry.logs import configure_logging
+
+    names = _names(target)
+    if not once:
+        say(
+            f"top: {names.receipts} ({consumer_group!r}), {names.finalized} and {names.trainer_version} on "
+            f"{target.servers}, {len(endpoints)} metrics endpoint(s) (Ctrl-C to quit)"
+        )
+        # The screen says what Kafka does; librdkafka's lines (a broker away) would write over it: they go
+        # to the log file only while the view runs.
+        configure_logging(level=logging.WARNING, stream=open(os.devnull, "w"))  # noqa: SIM115 - for the process
+        keep_log_file()
+    source = TopSource(
+        target.kafka,
+        names,
+        consumer_group=consumer_group,
+        trainer_consumer_group=trainer_consumer_group,
+        endpoints=endpoints,
+    )
+    return run_top(source, sys.stdout, interval_s=interval, once=once)
 
 
 @click.command()

@@ -46,7 +46,7 @@ def smoke(target: KafkaTarget) -> int:
     type=click.IntRange(0, 65535),
     default=None,
     help="serve Prometheus /metrics on this port (0: a free one, logged); with --workers N, worker i uses "
-    "PORT+i (or a free one each for 0)",
+    "PORT+i and the pool's supervision (restarts, exits, spare) PORT+N (or a free one each for 0)",
 )
 @click.option(
     "--spare/--no-spare",
@@ -73,7 +73,7 @@ def reassemble(
     """Run reassembler workers (one consumer group) until interrupted."""
     from streams.tq import TQConfig
     from workers.ops.replay_run import prepare_replay_run
-    from workers.reassembler.run import run_pool
+    from workers.reassembler.run import run_pool, serve_pool_metrics
 
     if config_stdin:
         return _run_child(ctx)
@@ -109,6 +109,7 @@ def reassemble(
         log_json=log_json,
         debug=debug,
         keep_spare=keep_spare,
+        sensor=None if metrics_port is None else serve_pool_metrics(config, metrics_port, workers, say),
     )
 
 

@@ -80,6 +80,23 @@ class DemoConfig(Settings, frozen=True):
         int,
         Meta(ge=1, le=10_000, description="with admission: groups each producer runs ahead (started, not published)"),
     ] = 32
+    metrics_port: Annotated[
+        Annotated[int, Meta(ge=0, le=65535)] | None,
+        Meta(
+            description="serve Prometheus /metrics: the trainer on this port, reassembler actor i on PORT+1+i, "
+            "and TQ's own exporter (0: free ports; every endpoint is logged)"
+        ),
+    ] = None
+    # On: each rollout is captured with NeMo Gym's own code (RolloutTokenCapture into rlstream's
+    # TQStagingSink, NeMo Gym's ledger and receipt) and published as a NeMo Gym receipt; needs
+    # nemo-gym 0.7.0 (docs/NEMO.md).
+    nemo_gym: Annotated[
+        bool,
+        Meta(
+            description="produce NeMo Gym receipts: capture rollouts with NeMo Gym's RolloutTokenCapture into "
+            "rlstream's staging sink (needs nemo-gym 0.7.0)"
+        ),
+    ] = False
     shape: SyntheticShape = msgspec.field(default_factory=demo_shape)
 
     @property

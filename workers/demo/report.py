@@ -31,6 +31,8 @@ class DemoReport:
     latency_p99_ms: float = 0.0
     # What each reassembler actor returned when stopped (its totals), empty with external reassemblers.
     reassemblers: list[dict] = field(default_factory=list)
+    # With --metrics-port: the /metrics URLs of the trainer, each reassembler actor and TQ.
+    metrics_endpoints: dict[str, object] = field(default_factory=dict)
     accounted: bool = False
     problems: list[str] = field(default_factory=list)
 

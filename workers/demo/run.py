@@ -25,6 +25,7 @@ from workers.demo.producers import SharedState, start_producers
 from workers.demo.report import DemoReport, summary_table, write_json
 from workers.demo.trainer_loop import TrainerLoop
 from workers.telemetry.logs import configure_logging
+from workers.telemetry.sensors import TrainerSensor
 from workers.topics import TopicNames, pipeline_topics
 
 # The CLI's demo verb imports these from here.
@@ -45,10 +46,12 @@ class _Reassemblers:
         self._ray = ray
         self.group = f"reassemblers.{names.prefix}"
         self.actors = create_rollout_reassembler_actors(
-            DataPlaneConfig(tq=tq),
+            DataPlaneConfig(tq=tq, nemo_gym=cfg.nemo_gym),
             default_actor_config(),
             num_workers=cfg.reassemblers,
             node_resource=cfg.placement_resource,
+            # Actor i on PORT+1+i: the trainer takes PORT itself.
+            metrics_port=None if cfg.metrics_port is None else (cfg.metrics_port + 1 if cfg.metrics_port else 0),
         )
         self.nodes = ray.get([actor.node_id.remote() for actor in self.actors])
         self.cluster_nodes = sum(1 for n in ray.nodes() if n.get("Alive"))
@@ -134,6 +137,31 @@ def _start_pipeline(
     return pool
 
 
+def _serve_metrics(
+    cfg: DemoConfig, names: TopicNames, pool: _Reassemblers | None, report: DemoReport, log
+) -> TrainerSensor | None:
+    """With `metrics_port`: the trainer's sensor, served here; every endpoint logged and kept in the report."""
+    if cfg.metrics_port is None:
+        return None
+    from workers.demo import metrics
+
+    port = cfg.metrics_port
+    sensor, trainer_url = metrics.trainer_metrics(port, names.prefix)
+    report.metrics_endpoints = {
+        "trainer": trainer_url,
+        "reassemblers": metrics.actor_metrics(pool.actors) if pool is not None else [],
+        "tq": metrics.tq_metrics(port + 1 + cfg.reassemblers if port else 0),
+    }
+    metrics.announce(
+        report.metrics_endpoints,
+        bootstrap_servers=report.bootstrap_servers,
+        names=names,
+        consumer_group=pool.group if pool is not None else None,
+        log=log,
+    )
+    return sensor
+
+
 def run_demo(
     cfg: DemoConfig,
     *,
@@ -155,16 +183,22 @@ def run_demo(
     stop = threading.Event()
     t_start = time.monotonic()
     try:
+        if cfg.nemo_gym:
+            from workers.actors.reassembler import check_nemo_gym
+
+            check_nemo_gym()  # before anything starts: one line if NeMo Gym is missing
         kafka = _start_kafka(cfg, client_settings or {}, cleanups, log)
         report.bootstrap_servers = kafka.bootstrap_servers
         pool = _start_pipeline(kafka, names, cfg, report, cleanups, log)
+        sensor = _serve_metrics(cfg, names, pool, report, log)
         shared = SharedState()
-        trainer = TrainerLoop(kafka, names, cfg, shared, log)
+        trainer = TrainerLoop(kafka, names, cfg, shared, log, sensor=sensor)
         t_stream = time.monotonic()
         producers = start_producers(kafka, names, cfg, shared, stop)
         log(
             f"producers: {cfg.producers} x {cfg.groups // cfg.producers} groups of {cfg.shape.group_size} "
-            f"rollouts; trainer: {cfg.policy} policy, staleness bound {cfg.max_staleness}"
+            f"rollouts{' captured by NeMo Gym (NeMo Gym receipts)' if cfg.nemo_gym else ''}; "
+            f"trainer: {cfg.policy} policy, staleness bound {cfg.max_staleness}"
         )
         trainer.run(producers, pool.failure if pool is not None else lambda: None)
         stop.set()

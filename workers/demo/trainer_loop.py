@@ -22,6 +22,7 @@ from workers.demo.config import DemoConfig
 from workers.demo.producers import SharedState, trainer_id
 from workers.demo.report import DemoReport, accounting_problems, percentile
 from workers.telemetry.progress import Progress
+from workers.telemetry.sensors import TrainerSensor
 from workers.topics import TopicNames
 from workers.trainer.config import ConsumerConfig
 from workers.trainer.consumer import ExperienceConsumer
@@ -66,6 +67,8 @@ class TrainerLoop:
         cfg: DemoConfig,
         shared: SharedState,
         log: Callable[[str], None],
+        *,
+        sensor: TrainerSensor | None = None,
     ):
         self.cfg, self.shared = cfg, shared
         self.consumed: list[str] = []
@@ -82,6 +85,7 @@ class TrainerLoop:
             policy_by_name(cfg.policy, **cfg.policy_params),
             on_yield=self._on_yield,
             on_evict=lambda g, v: self.evicted.append(g.group_id),
+            sensor=sensor,
         )
         self.dead = DeadLetterWatch(kafka, names.deadletter)
         # The producers' admission gate reads this; one version step consumes versions_every batches.

@@ -1,4 +1,5 @@
-"""Finalization of ready groups: one batched fetch from TQ staging, the pure build, an idempotent put to TQ train."""
+"""Finalization of ready groups: one batched fetch from TQ staging (`staging_read.py`), the pure build, an
+idempotent put to TQ train."""
 
 from __future__ import annotations
 
@@ -13,19 +14,16 @@ from tensordict import TensorDict
 from schemas.deadletter import ALL_ROLLOUTS_FAILED, INCONSISTENT_GROUP
 from schemas.finalized import FinalizedGroup, SourceRange
 from schemas.group_build import GroupBuild, build_group
-from schemas.jagged import concat_batches, jagged_rows
+from schemas.jagged import concat_batches
 from schemas.regenerate import MAX_REGENERATIONS, regeneration_of
 from schemas.request import RolloutReassemblerActorConfig
-from streams.errors import MissingKeysError
 from streams.tq import KVStore
-from workers.reassembler.errors import LeaseRefused, StagingUnstable
+from workers.reassembler.errors import LeaseRefused
 from workers.reassembler.groups import OpenGroup
-from workers.rollout.publisher import ROUTED_EXPERTS, SEGMENT_FIELDS
+from workers.reassembler.staging_read import Fetched, Owned, Segments, Staged, read_staged
 from workers.runtime import REAL_RUNTIME, Runtime
 
 MISSING_STAGING_ROW = "missing_staging_row"  # schemas.linearize's rejection of a receipt whose row is gone
-
-Segments = dict[str, dict[str, torch.Tensor]]
 
 
 @dataclass(frozen=True)
@@ -40,130 +38,6 @@ class GroupOutcome:
     # Set when none of the group's staged rows exist any more (TQ lost with the job): the group is
     # handed back for regeneration instead of dead-lettered; the caller makes the `Regenerate`.
     handed_back: bool = False
-
-
-def fetch_segments(
-    store: KVStore,
-    staging_partition: str,
-    keys: Sequence[str],
-    *,
-    routed_experts: bool = False,
-    tags: Mapping[str, Mapping[str, Any]] | None = None,
-) -> Segments:
-    """Batched gets of the staged call deltas; absent keys are simply missing from the result.
-
-    With `routed_experts`, rows whose staging tags say they carry them (`routed_experts_k`) are
-    fetched with the field and the others without it, in one get per kind: TQ drops a field that
-    some of the requested rows lack, or refuses the read. A row left without experts is backfilled
-    by the build (`num_routed_experts_backfilled`), never a crash.
-    """
-    keys = list(dict.fromkeys(keys))
-    if not routed_experts:
-        return _fetch(store, staging_partition, keys, SEGMENT_FIELDS)
-    tags = tags or {}
-    with_experts = [k for k in keys if "routed_experts_k" in tags.get(k, {})]
-    plain = [k for k in keys if "routed_experts_k" not in tags.get(k, {})]
-    out = _fetch(store, staging_partition, with_experts, (*SEGMENT_FIELDS, ROUTED_EXPERTS))
-    out.update(_fetch(store, staging_partition, plain, SEGMENT_FIELDS))
-    return out
-
-
-def _fetch(
-    store: KVStore, staging_partition: str, keys: list[str], select: Sequence[str], *, whole: bool = True
-) -> Segments:
-    if not keys:
-        return {}
-    # A key can vanish between tries (its owner cleared it after a rebalance): retry without the
-    # absent ones (they become placeholder rows). Should keys keep vanishing, the step is aborted
-    # rather than finalizing every group of it without rows it may yet find.
-    for _ in range(3):
-        try:
-            td = store.get(staging_partition, keys, select=list(select))
-            break
-        except MissingKeysError as exc:
-            missing = set(exc.missing)
-            keys = [k for k in keys if k not in missing]
-            if not keys:
-                return {}
-        except ValueError:
-            # A row the store cannot give as asked (a selected field it lacks, a layout it cannot
-            # read): input, not a fault. Row by row, the rows that fail become missing staging rows.
-            if not whole:
-                return {}
-            return {
-                k: v for key in keys for k, v in _fetch(store, staging_partition, [key], select, whole=False).items()
-            }
-    else:
-        raise StagingUnstable(f"staged rows kept vanishing from {staging_partition!r} during three fetches")
-    columns = {name: tensor_rows(value) for name in select if (value := td.get(name, None)) is not None}
-    missing_fields = [name for name in SEGMENT_FIELDS if name not in columns]
-    if missing_fields:
-        # Rows staged without a field every call has: not this pipeline's rows. Their keys are
-        # left out, so their receipts' rows are rejected as missing staging rows.
-        return {}
-    out: Segments = {}
-    for i, key in enumerate(keys):
-        seg = {name: columns[name][i] for name in SEGMENT_FIELDS}
-        if ROUTED_EXPERTS in columns:
-            seg[ROUTED_EXPERTS] = _unflatten_experts(columns[ROUTED_EXPERTS][i], seg["token_ids"].numel())
-        out[key] = seg
-    return out
-
-
-# (group id, rollout id, staging key) of every call a group's receipts name.
-Claim = tuple[str, str, str]
-
-
-def staging_claims(groups: Sequence[OpenGroup]) -> list[Claim]:
-    """What the groups' receipts claim, in order: a snapshot, which a read on another thread can use
-    while the groups themselves take receipts."""
-    return [(g.group_id, r.rollout_id, c.staging_key) for g in groups for r in g.receipts.values() for c in r.manifest]
-
-
-def owned_keys(
-    store: KVStore, staging_partition: str, groups: Sequence[OpenGroup]
-) -> tuple[dict[str, set[str]], dict[str, dict[str, Any]]]:
-    """Per group, the staging keys of its receipts that were staged by that very group and rollout.
-
-    A receipt is input: it could name another rollout's staged rows, whose tokens would become this
-    group's rows and then be cleared under their owner. Staged rows carry the group and rollout they
-    belong to in their tags (`stage_rollouts`); a row whose tags say otherwise is treated as missing.
-    Two groups of one step may name the same key: each is judged on its own claim. Returns the
-    owned keys per group and the tags looked up.
-    """
-    return _owned(store, staging_partition, [g.group_id for g in groups], staging_claims(groups))
-
-
-def _owned(
-    store: KVStore, staging_partition: str, group_ids: Sequence[str], claims: Sequence[Claim]
-) -> tuple[dict[str, set[str]], dict[str, dict[str, Any]]]:
-    tags = store.tags(staging_partition, list(dict.fromkeys(key for _, _, key in claims)))
-    owned: dict[str, set[str]] = {gid: set() for gid in group_ids}
-    for gid, rid, key in claims:
-        tag = tags.get(key)
-        if tag is not None and tag.get("group_id") == gid and tag.get("rollout_id") == rid:
-            owned[gid].add(key)
-    return owned, tags
-
-
-def _unflatten_experts(flat: torch.Tensor, tokens: int) -> torch.Tensor:
-    """Routed experts are staged flattened; each token has the same number of them."""
-    if tokens == 0 or flat.numel() % tokens:
-        return flat  # left 1-D: linearize rejects the row as invalid_staging_row
-    return flat.reshape(tokens, -1)
-
-
-def tensor_rows(value: torch.Tensor) -> list[torch.Tensor]:
-    """The rows of a batched field as a list (views), whether TQ returned it jagged or dense."""
-    if not value.is_nested:
-        return list(value)
-    rows = jagged_rows(value)
-    if rows.scale != 1 or rows.rest:
-        return list(value.unbind())
-    # Slices of the values: a nested tensor's unbind costs several times as much per row.
-    values, starts = rows.values, rows.offsets.tolist()
-    lengths = rows.item_lengths()
-    return [values[a : a + n] for a, n in zip(starts, lengths)]
 
 
 def _source(group: OpenGroup, topic: str) -> SourceRange | None:
@@ -202,7 +76,10 @@ def _finalized_record(
     )
 
 
-def build_one(group: OpenGroup, segments: Segments, config: RolloutReassemblerActorConfig) -> GroupBuild:
+def build_one(
+    group: OpenGroup, segments: Segments, config: RolloutReassemblerActorConfig, gym_rows: Segments | None = None
+) -> GroupBuild:
+    """The group's rows from rlstream `segments` and NeMo Gym `gym_rows` (default: `segments` too)."""
     receipts = group.by_index()
     present = [r for r in receipts if r is not None]
     loss_multiplier = present[0].loss_multiplier if present else 1.0
@@ -213,41 +90,11 @@ def build_one(group: OpenGroup, segments: Segments, config: RolloutReassemblerAc
         group_size=group.group_size,
         receipts=receipts,
         segments=segments,
+        gym_rows=gym_rows,
         config=config,
         fallback_weight_version=min(versions) if versions else 0,
         loss_multiplier=loss_multiplier,
     )
-
-
-@dataclass(frozen=True)
-class Staged:
-    """One staging read for a set of groups: per group the keys it owns, the tags looked up, the rows."""
-
-    owned: dict[str, set[str]]
-    tags: dict[str, dict[str, Any]]
-    fetched: Segments
-    fetch_ms: float  # how long the step waited for it (metrics only)
-
-
-def read_staged(store: KVStore, groups: Sequence[OpenGroup], config: RolloutReassemblerActorConfig) -> Staged:
-    """The ownership lookup and one batched fetch of the staged rows `groups` own (TQ reads only)."""
-    return read_claims(store, [g.group_id for g in groups], staging_claims(groups), config)
-
-
-def read_claims(
-    store: KVStore, group_ids: Sequence[str], claims: Sequence[Claim], config: RolloutReassemblerActorConfig
-) -> Staged:
-    """`read_staged` of the groups `group_ids` whose receipts claimed `claims` (`staging_claims`)."""
-    t0 = time.perf_counter()
-    owned, tags = _owned(store, config.staging_partition, group_ids, claims) if group_ids else ({}, {})
-    # In the order the lookup asked for them: a store that keeps that lookup's row locations
-    # (TQStore) then fetches the rows without looking them up again.
-    mine = set().union(*owned.values())
-    keys = [k for k in dict.fromkeys(key for _, _, key in claims) if k in mine]
-    fetched = fetch_segments(
-        store, config.staging_partition, keys, routed_experts=config.router_replay_enabled, tags=tags
-    )
-    return Staged(owned, tags, fetched, (time.perf_counter() - t0) * 1000.0)
 
 
 def finalize_groups(
@@ -260,6 +107,7 @@ def finalize_groups(
     lease_refusal: Callable[[int, list[str]], str | None] = lambda put, sample_ids: None,
     runtime: Runtime = REAL_RUNTIME,
     staged: Staged | None = None,
+    placeholder_groups: bool = False,
 ) -> list[GroupOutcome]:
     """Finalize ready groups; rows go to TQ train now, staging is cleared by the caller after commit.
 
@@ -271,7 +119,9 @@ def finalize_groups(
     the caller may no longer own its partitions (None while it does): a zombie's put could overwrite
     rows a successor committed, or recreate rows a trainer already released. Then that put and the
     rest are not made and `LeaseRefused` is raised. A record's `finalized_at_ms` is `runtime`'s wall
-    clock; the `metrics` figures are `perf_counter` spans (metrics only, see `workers.runtime`).
+    clock; the `metrics` figures are `perf_counter` spans (metrics only, see `workers.runtime`). With
+    `placeholder_groups`, a group with no valid row is published as masked placeholder rows (NeMo
+    RL's way) instead of dead-lettered.
     """
     staged = staged if staged is not None else read_staged(store, groups, config)
     owned, tags, fetched, fetch_ms = staged.owned, staged.tags, staged.fetched, staged.fetch_ms
@@ -279,6 +129,8 @@ def finalize_groups(
         _build_or_letter(group, owned[group.group_id], fetched, config, gone=_staging_gone(group, tags))
         for group in groups
     ]
+    if placeholder_groups:
+        results = [placeholder_group(r, owned, fetched, config) for r in results]
     builds = [r[1] for r in results if not isinstance(r, GroupOutcome)]
     put_ms = _put_rows(store, config.partition_id, builds, lease_refusal) / max(1, len(builds))
     outcomes = []
@@ -315,7 +167,7 @@ def _staging_gone(group: OpenGroup, tags: dict[str, dict[str, Any]]) -> bool:
 
 
 def _build_or_letter(
-    group: OpenGroup, mine: set[str], fetched: Segments, config: RolloutReassemblerActorConfig, *, gone: bool
+    group: OpenGroup, mine: Owned, fetched: Fetched, config: RolloutReassemblerActorConfig, *, gone: bool
 ) -> GroupOutcome | _Built:
     """The group's rows, or its dead-letter outcome when it has no valid row or its build fails.
 
@@ -325,9 +177,10 @@ def _build_or_letter(
     """
     t1 = time.perf_counter()
     # Only the group's own rows are cleared after the commit: a foreign key stays with its owner.
-    staging = tuple(k for k in dict.fromkeys(group.staging_keys()) if k in mine)
+    staging = tuple(k for k in dict.fromkeys(group.staging_keys()) if k in mine.keys)
+    segments, gym_rows = fetched.of(mine)
     try:
-        build = build_one(group, {k: v for k, v in fetched.items() if k in mine}, config)
+        build = build_one(group, segments, config, gym_rows)
     except Exception as exc:  # noqa: BLE001 - input the checks missed must not crash-loop the worker
         # The build is pure: whatever it raises comes from this group's receipts and tensors (a
         # routed-experts width that differs between calls, say). The group is dead-lettered
@@ -344,6 +197,32 @@ def _build_or_letter(
         kind = ALL_ROLLOUTS_FAILED if reasons == ["rollout_failed"] else INCONSISTENT_GROUP
         return GroupOutcome(group, None, kind, f"group {group.group_id}: no valid row ({', '.join(reasons)})", staging)
     return group, build, staging, (time.perf_counter() - t1) * 1000.0
+
+
+def placeholder_group(
+    result: GroupOutcome | _Built,
+    owned: Mapping[str, Owned],
+    fetched: Fetched,
+    config: RolloutReassemblerActorConfig,
+) -> GroupOutcome | _Built:
+    """A group dead-lettered for having no valid row, built instead as its placeholder rows (every row
+    masked, sample_mask 0: NeMo RL publishes a group so); any other result as it was.
+
+    A handed-back group stays handed back (it can still be trained, once generated again), and so
+    does a group whose build raised (its rows cannot be built at all).
+    """
+    if not isinstance(result, GroupOutcome) or result.handed_back or result.dead_letter_kind is None:
+        return result
+    group = result.group
+    segments, gym_rows = fetched.of(owned.get(group.group_id, Owned()))
+    t1 = time.perf_counter()
+    try:
+        build = build_one(group, segments, config, gym_rows)
+    except Exception:  # noqa: BLE001 - the build failed above too: the group stays dead-lettered
+        return result
+    if build.valid_row_count:
+        return result
+    return group, build, result.staging_keys, (time.perf_counter() - t1) * 1000.0
 
 
 def _put_rows(

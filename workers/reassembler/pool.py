@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from workers.runtime import REAL_RUNTIME, Runtime
+from workers.telemetry.sensors import PoolSensor
 
 # How long a pool's children have to stop after a forwarded SIGINT/SIGTERM before they are killed.
 STOP_GRACE_S = 30.0
@@ -78,8 +79,10 @@ class Pool:
         restart: RestartPolicy = RestartPolicy(),
         spares: SpareSupply | None = None,
         runtime: Runtime = REAL_RUNTIME,
+        sensor: PoolSensor | None = None,
     ) -> None:
         self.log, self.stop_grace_s, self.poll_s = log, stop_grace_s, poll_s
+        self.sensor = sensor if sensor is not None else PoolSensor()
         self.warn = warn or log
         self.spawn, self.restart = spawn, restart
         self.procs: dict[str, subprocess.Popen] = {}
@@ -96,6 +99,8 @@ class Pool:
         self.runtime = runtime
 
     def add(self, worker_id: str, proc: subprocess.Popen) -> None:
+        if worker_id not in self.started:
+            self.sensor.on_worker(worker_id)
         self.procs[worker_id] = proc
         self.started[worker_id] = self.runtime.monotonic()
         if self.signum is not None:  # the stop arrived while it was starting
@@ -130,6 +135,7 @@ class Pool:
                 self.pending.clear()
             running.update(self._restart_due())
             self.keep_spare()
+            self.sensor.on_running(len(running), spare_ready=self.spare_proc is not None)
             overdue = self.stop_at is not None and self.runtime.monotonic() - self.stop_at > self.stop_grace_s
             if running and overdue and not killed:
                 killed = True
@@ -199,7 +205,10 @@ class Pool:
             how = "stopped" if stopped else ("exited" if code == 0 or self.stop_at is not None else "died")
             fenced = " (fenced: a live twin holds its id; not restarted)" if code == FENCED_EXIT else ""
             self.log(f"[{worker_id}] worker process {proc.pid} {how} with exit code {code}{fenced}")
+            final = "fenced" if code == FENCED_EXIT else ("stopped" if stopped or code == 0 else "failed")
+            self.sensor.on_exit(worker_id, final)
             return 0 if stopped or code == 0 else code
+        self.sensor.on_exit(worker_id, "crashed")
         uptime = self.runtime.monotonic() - self.started[worker_id]
         if uptime >= self.restart.stable_s:
             self.crashes[worker_id] = 0
@@ -244,6 +253,7 @@ class Pool:
                 self.warn(f"[{worker_id}] restarting the worker process failed ({exc}); next try in {delay:g}s")
                 continue
             self.restarts[worker_id] += 1
+            self.sensor.on_restart(worker_id, by_spare=promoted is not None)
             self.add(worker_id, proc)
             how = f"spare pid {proc.pid} took over" if promoted else f"worker process restarted as pid {proc.pid}"
             self.log(f"[{worker_id}] {how} (restart {self.restarts[worker_id]})")

@@ -20,7 +20,7 @@ held when it was started, valid only while the worker still holds them:
 - Within the epoch no one else clears a held group's staged rows: its staging is cleared only after
   the commit that closes it, by this worker; the clears of refused receipts, the sweeper and the
   clear of a restored partition's leftovers never touch a key an open group names, and a key two
-  groups claim is read only for the group its tags name (`finalize.owned_keys`). Each row read is
+  groups claim is read only for the group its tags name (`staging_read.owned_keys`). Each row read is
   checked to be its key's as it arrives (`streams.tq.TQStore`), as in a step's own read.
 
 A prefetch whose read failed (a TQ call past its deadline, rows that kept vanishing) raises when the
@@ -37,8 +37,8 @@ from dataclasses import dataclass
 
 from schemas.request import RolloutReassemblerActorConfig
 from streams.tq import KVStore
-from workers.reassembler.finalize import Staged, read_claims, read_staged, staging_claims
 from workers.reassembler.groups import OpenGroup
+from workers.reassembler.staging_read import Staged, read_claims, read_staged, staging_claims
 from workers.reassembler.task_manager import TaskManager
 from workers.runtime import Runtime
 

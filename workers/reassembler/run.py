@@ -27,7 +27,7 @@ from workers.reassembler.faults import NO_FAULTS, Faults
 from workers.reassembler.lease import call_budget_s
 from workers.reassembler.pool import STOP_GRACE_S, Pool, RestartPolicy, SpareSupply
 from workers.runtime import REAL_RUNTIME, Runtime
-from workers.telemetry.sensors import ReassemblerSensor, ReassemblerStats, fan_out
+from workers.telemetry.sensors import PoolSensor, ReassemblerSensor, ReassemblerStats, fan_out
 
 # How a child is started; everything else it needs arrives on its stdin.
 CHILD_ARGS = ("-m", "workers.cli.main", "reassemble", "--config-stdin")
@@ -232,7 +232,7 @@ def serve_worker(
     if metrics_port is not None:
         from workers.telemetry.prometheus import PrometheusReassemblerSensor, start_metrics_server
 
-        sensor = PrometheusReassemblerSensor()
+        sensor = PrometheusReassemblerSensor(prefix=config.prefix)
         log(f"metrics: http://0.0.0.0:{start_metrics_server(metrics_port)}/metrics")
     run_worker(kafka, config, tq, log=log, sensor=sensor)
     return 0
@@ -276,10 +276,12 @@ def run_pool(
     stop_grace_s: float = STOP_GRACE_S,
     restart: RestartPolicy | None = None,
     keep_spare: bool = False,
+    sensor: PoolSensor | None = None,
 ) -> int:
     """Run num_workers child processes (ids `<worker_id>-<i>`) until interrupted; returns the worst exit code.
 
-    With `metrics_port`, child i serves on `metrics_port + i` (or a free port each, for 0). SIGINT and
+    With `metrics_port`, child i serves on `metrics_port + i` (or a free port each, for 0); `sensor` gets
+    the pool's supervision (exits, restarts, the spare; `serve_pool_metrics`). SIGINT and
     SIGTERM are forwarded to the children (the handlers are in place before the first one starts);
     each child's exit is logged when it happens; a child that crashes (a non-zero exit or a signal
     the pool did not forward) is started again with the same worker id after the `restart` policy's
@@ -308,7 +310,9 @@ def run_pool(
 
     warn = warn or logging.getLogger("rlstream.reassemble").warning
     restart = restart or RestartPolicy()
-    pool = Pool(log=log, warn=warn, stop_grace_s=stop_grace_s, spawn=spawn, restart=restart, spares=spares)
+    pool = Pool(
+        log=log, warn=warn, stop_grace_s=stop_grace_s, spawn=spawn, restart=restart, spares=spares, sensor=sensor
+    )
     with pool.forwarding_signals():
         pool.keep_spare()  # before the workers: one that dies at once already finds it
         for worker_id in workers:
@@ -322,6 +326,19 @@ def run_pool(
         counts = ", ".join(f"{w} {n}" for w, n in sorted(pool.restarts.items()))
         log(f"worker processes restarted {pool.restarts.total()} time(s): {counts}")
     return code
+
+
+def serve_pool_metrics(
+    config: ReassemblerConfig, metrics_port: int, num_workers: int, log: Callable[[str], None]
+) -> PoolSensor:
+    """A pool's Prometheus sensor, served from this process on the port after its workers' (`metrics_port`
+    + `num_workers`; a free one for 0)."""
+    from workers.telemetry.prometheus import PrometheusPoolSensor, start_metrics_server
+
+    sensor = PrometheusPoolSensor(prefix=config.prefix)
+    served = start_metrics_server(metrics_port + num_workers if metrics_port else 0)
+    log(f"metrics: http://0.0.0.0:{served}/metrics (the pool: restarts, exits, spare)")
+    return sensor
 
 
 def _spare(

@@ -120,6 +120,7 @@ class ReassemblerWorker:
     def _rejoin(self, fenced: MemberFenced) -> None:
         """A static member fenced by the coordinator joins again with a new consumer (its partitions
         restore as after any rebalance), unless it has a live twin (`fencing.py`)."""
+        self.sensor.on_fenced("member")
         self._twins.member_fenced(fenced)
         self._tasks.reset()
         try:
@@ -232,6 +233,7 @@ class ReassemblerWorker:
                     lease_refusal=self._lease_refusal,
                     runtime=self.runtime,
                     staged=staged,
+                    placeholder_groups=self.config.placeholder_groups,
                 )
                 if ready
                 else []
@@ -349,6 +351,7 @@ class ReassemblerWorker:
 
     def _fenced(self, open_s: float) -> None:
         """A fence `open_s` into a transaction: a new producer, unless a live twin holds the id (`fencing.py`)."""
+        self.sensor.on_fenced("producer")
         self._twins.producer_fenced(open_s)
         self._producer = self._new_producer()
 

@@ -38,6 +38,10 @@ class ReassemblerSensor:
     def on_handed_back(self, n: int) -> None:
         """`n` groups whose staging rows were all gone (TQ lost with the job) were handed back to regenerate."""
 
+    def on_fenced(self, what: str) -> None:
+        """The worker's `what` ("producer" or "member") was fenced: another process took its id, or the
+        coordinator aborted a transaction past its timeout; ridden out once, or the worker stops."""
+
 
 class TrainerSensor:
     """Readings of the trainer's experience consumer; the base class ignores them all."""
@@ -59,6 +63,38 @@ class TrainerSensor:
 
     def on_handed_back(self, n: int = 1) -> None:
         """Of those, groups handed back to the rollout workers to generate again."""
+
+    def on_version(self, version: int) -> None:
+        """The trainer's weight version is now `version` (at start, on each step, on a restore)."""
+
+    def on_partitions_waiting(self, n: int) -> None:
+        """Partitions assigned to the trainer and not read yet, their start unknown (`workers/trainer/starts.py`):
+        a commit not read yet or unreadable, the progress entry it names missing, a seek refused."""
+
+    def on_commit_reads_failed(self, n: int = 1) -> None:
+        """Attempts to start an assigned partition that failed (each is asked again after a delay)."""
+
+
+class PoolSensor:
+    """Readings of a supervisor of worker processes (`rlstream reassemble --workers N`); the base ignores them."""
+
+    def on_worker(self, worker_id: str) -> None:
+        """The pool runs a worker under `worker_id` (its first process started)."""
+
+    def on_exit(self, worker_id: str, how: str) -> None:
+        """A process of `worker_id` ended: `how` is one of `POOL_EXITS`."""
+
+    def on_restart(self, worker_id: str, *, by_spare: bool) -> None:
+        """A crashed worker runs again: the warm spare took its id (`by_spare`), or a new process started."""
+
+    def on_running(self, workers: int, *, spare_ready: bool) -> None:
+        """Worker processes running now, and whether a warm spare is ready to take over."""
+
+
+# How a pool's worker process can end: crashed (to be restarted), fenced (exit 78, a live twin holds
+# its id: never restarted), stopped (a forwarded stop, or exit 0) and failed (a non-zero exit the pool
+# does not restart: during a stop, or with nothing to restart it with).
+POOL_EXITS = ("crashed", "fenced", "stopped", "failed")
 
 
 class ReassemblerStats(ReassemblerSensor):

@@ -27,9 +27,8 @@ from workers.trainer.config import ConsumerConfig
 from workers.trainer.deadletters import UNUSABLE_GROUP, make_letter
 from workers.trainer.intake import ConsumerCounts, FinalizedIntake
 from workers.trainer.outbox import Notice
-from workers.trainer.pending import Pending
+from workers.trainer.pending import READY, YIELDED, Pending
 from workers.trainer.policies import Decision
-from workers.trainer.position import encode_ranges
 
 log = logging.getLogger("rlstream.trainer")
 
@@ -51,13 +50,14 @@ class ExperienceConsumer(FinalizedIntake):
         if version == self.version:
             return
         self.version = version
+        self.sensor.on_version(version)
         for p in self._pending.all_pending():
-            if p.state in ("held", "ready"):
+            if p.state.waiting:
                 self._decide(p)
         self._apply_backpressure()
 
     def _ready(self) -> list[Pending]:
-        ready = sorted((p for p in self._pending.all_pending() if p.state == "ready"), key=lambda p: p.arrival)
+        ready = sorted((p for p in self._pending.all_pending() if p.state is READY), key=lambda p: p.arrival)
         by_id = {p.group.group_id: p for p in ready}
         return [by_id[g.group_id] for g in self.policy.order([p.group for p in ready])]
 
@@ -74,7 +74,7 @@ class ExperienceConsumer(FinalizedIntake):
         return sum(
             1
             for p in self._pending.all_pending()
-            if p.state in ("held", "ready") and self.policy.decide(p.group, version) is Decision.YIELD
+            if p.state.waiting and self.policy.decide(p.group, version) is Decision.YIELD
         )
 
     def _wait_ready(self, want: int, at_deadline: int, deadline: float) -> list[Pending] | None:
@@ -130,7 +130,7 @@ class ExperienceConsumer(FinalizedIntake):
 
     def _hand_out(self, chosen: list[Pending]) -> BatchMeta:
         for p in chosen:
-            p.state = "yielded"
+            p.move(YIELDED)
             self.sensor.on_yield(self.version, p.group.group_min_wv)
             if self._on_yield is not None:
                 self._on_yield(p.group, self.version)
@@ -162,7 +162,7 @@ class ExperienceConsumer(FinalizedIntake):
 
     def _withdraw(self, meta: BatchMeta, missing: set[str]) -> None:
         handed = [self._pending.by_partition.get(part, {}).get(offset) for part, offset in meta.positions]
-        handed = [p for p in handed if p is not None and p.state == "yielded"]
+        handed = [p for p in handed if p is not None and p.state is YIELDED]
         self._missing_rows(handed, missing)
         # Decided again, not just marked ready: the version may have moved since `select` (set_version
         # leaves yielded groups alone), and the bound holds at the version a group is handed out at.
@@ -231,7 +231,7 @@ class ExperienceConsumer(FinalizedIntake):
                 continue
             p = self._pending.by_partition.get(part, {}).get(offset)
             where = f"{topic}[{part}]@{offset}"
-            if p is None or p.state != "yielded":
+            if p is None or p.state is not YIELDED:
                 # Revoked since it was handed out: its next reader hands it out again, and meets the fault.
                 log.warning(
                     "group %s at %s is no longer handed out here; not dead-lettered: %s", group.group_id, where, why
@@ -276,8 +276,9 @@ class ExperienceConsumer(FinalizedIntake):
                 "state_dict needs ConsumerConfig(checkpointed=True): without it acked rows are cleared at once"
                 " and a trainer restored from this state would find them gone"
             )
-        # Partitions of a restored state not assigned yet keep their marks.
-        marks = dict(self._restored)
+        # Partitions of a restored state not assigned yet, or assigned and waiting for their commits
+        # (`starts.py`), keep their marks: cut without them, a restore would read from the lagging commit.
+        marks = {**self._restored, **self._starts.marks()}
         for part, (offset, ranges) in self._pending.snapshot(self._outbox.offsets).items():
             marks[part] = PartitionMark(offset, [tuple(r) for r in ranges])
         state = ConsumerState(
@@ -301,30 +302,16 @@ class ExperienceConsumer(FinalizedIntake):
                 return
             release = st.cut
             self._durable_cut = st.cut
-        topic = self.config.finalized_topic
-        self._durable, self._naming = [], []
+        marks, naming = [], []
         for part, mark in st.partitions.items():
-            metadata, truncated = encode_ranges(mark.offset, mark.trained)
-            if truncated:
-                log.warning(
-                    "%s[%d]: too many trained records past offset %d for the commit metadata; a trainer"
-                    " restarted without its checkpoint would report some as missing rows",
-                    topic,
-                    part,
-                    mark.offset,
-                )
-            self._durable.append((part, mark.offset, metadata))
+            marks.append((part, mark.offset, list(mark.trained)))
             committed = self._pending.committed_offset(part)
             if release is not None and committed is not None and committed < mark.offset:
                 # Named first, from where the commit stands: a trainer started without this checkpoint
                 # after a crash between the clear and the marks' commit reads them again as trained.
-                before = [(committed, mark.offset - 1), *mark.trained]
-                self._naming.append((part, committed, encode_ranges(committed, before)[0]))
-        if release is not None and self._clears.due_through(release):
-            self._release_cut = release
-        else:
-            self._naming = []
-        self._commit_durable()
+                naming.append((part, committed, [(committed, mark.offset - 1), *mark.trained]))
+        due = release is not None and self._clears.due_through(release)
+        self._commits.durable(marks, naming, release if due else None)
 
     def remember_resolved(self, records: Sequence[tuple[str, int, int]]) -> None:
         """Groups resolved before the restored checkpoint, as (group id, partition, offset) of their records.
@@ -342,7 +329,8 @@ class ExperienceConsumer(FinalizedIntake):
         st = decode_state(state, topic=self.config.finalized_topic, consumer_group=self.config.consumer_group)
         if not self._clears.deferred:
             raise InvalidArgument("load_state_dict needs ConsumerConfig(checkpointed=True)")
-        if self._pending.positions:
+        if self._pending.positions or len(self._starts):  # assigned: their marks were taken (or not) then
             raise InvalidArgument("load_state_dict must come before the first select, next_batch or poll")
         self._restored = dict(st.partitions)
         self.version = max(self.version, st.version)
+        self.sensor.on_version(self.version)

@@ -59,5 +59,14 @@ class PollErrors:
             log.log(level, message)
 
 
+class IllegalTransition(RuntimeError):
+    """A pending record asked to move where it may not (`pending.py`'s `_MOVES`): a bug in the consumer,
+    never an expected failure, so no `RlstreamError`."""
+
+
+class CommitUnreadable(RlstreamError):
+    """A trainer's commit names resolved records that cannot be read back (its progress entry is missing)."""
+
+
 class SpillError(RlstreamError):
     """A checkpoint's spill of TQ rows that cannot be used: missing, cut short, undecodable, or another checkpoint's."""

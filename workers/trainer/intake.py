@@ -10,39 +10,34 @@ groups stay until one covers them.
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import KafkaException, TopicPartition
 
 from schemas.errors import SchemaError
 from schemas.finalized import FinalizedGroup
 from streams.config import KafkaConfig
-from streams.producer import AckedProducer, Outgoing
+from streams.producer import Outgoing
 from streams.tq import KVStore
 from workers.telemetry.sensors import TrainerSensor
 from workers.trainer.checkpoint import PartitionMark
 from workers.trainer.clears import RowClears
+from workers.trainer.clients import KafkaTrainerClients, TrainerClients, cooperative
+from workers.trainer.commits import Commits
 from workers.trainer.config import ConsumerConfig
 from workers.trainer.deadletters import MISSING_ROWS, UNDECODABLE_FINALIZED, UNUSABLE_GROUP, make_letter
 from workers.trainer.errors import PollErrors
 from workers.trainer.lost_rows import HANDED_BACK, lost_rows_notice
 from workers.trainer.outbox import Notice, Outbox
-from workers.trainer.pending import DUPLICATE, NEW, REREAD, Pending, PendingGroups
+from workers.trainer.pending import DUPLICATE, HELD, NEW, READY, REREAD, Pending, PendingGroups
 from workers.trainer.policies import Decision, Policy
+from workers.trainer.progress import ProgressCarrier
+from workers.trainer.starts import COMMITTED_TIMEOUT_S, PartitionStarts
 
 log = logging.getLogger("rlstream.trainer")
-
-# Commit failures that lose a race with a rebalance (or follow a max.poll.interval.ms leave).
-_RETRY_COMMIT = (
-    KafkaError._NO_OFFSET,
-    KafkaError.REBALANCE_IN_PROGRESS,
-    KafkaError.ILLEGAL_GENERATION,
-    KafkaError.UNKNOWN_MEMBER_ID,
-    KafkaError._ASSIGNMENT_LOST,
-    KafkaError._STATE,
-)
 
 
 @dataclass
@@ -76,7 +71,8 @@ class FinalizedIntake:
     `ExperienceConsumer` (consumer.py) adds what the trainer calls on top of it.
     `sensor` gets every yield (with its staleness), eviction, duplicate, undecodable record and group
     with missing rows, e.g. a `PrometheusTrainerSensor`; `on_yield` / `on_evict` get the group itself.
-    `make_consumer` builds the Kafka consumer from its settings (a test passes one with faults).
+    `clients` makes every Kafka client it uses (`clients.py`; a test passes fakes or clients with faults);
+    `clock` times the retries of committed offsets that could not be read (a test's moves when it says).
     """
 
     def __init__(
@@ -90,7 +86,8 @@ class FinalizedIntake:
         on_yield: Callable[[FinalizedGroup, int], None] | None = None,
         on_evict: Callable[[FinalizedGroup, int], None] | None = None,
         sensor: TrainerSensor | None = None,
-        make_consumer: Callable[[dict[str, object]], Consumer] = Consumer,
+        clients: TrainerClients | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ):
         self.config = config
         self.policy = policy
@@ -100,6 +97,7 @@ class FinalizedIntake:
         self._on_yield = on_yield
         self._on_evict = on_evict
         self.sensor = sensor if sensor is not None else TrainerSensor()
+        self.sensor.on_version(version)
         # Rows of resolved groups stay until a commit names their records: a durable checkpoint's with
         # checkpoints, else the next commit of the offsets (`clears.py`).
         self._clears = RowClears(store, config.train_partition, deferred=config.checkpointed)
@@ -108,46 +106,113 @@ class FinalizedIntake:
         # A restored checkpoint's marks, per partition, until that partition is first assigned.
         self._restored: dict[int, PartitionMark] = {}
         self._durable_cut = -1  # the last durable cut of this run: an older one never moves commits back
-        # A durable checkpoint's commits, until done: one naming its records, its rows, then its marks.
-        self._naming: list[tuple[int, int, str]] = []
-        self._release_cut: int | None = None
-        self._durable: list[tuple[int, int, str]] = []
         self._paused: set[int] = set()
         self._errors = PollErrors(config.finalized_topic, config.consumer_group, config.max_poll_interval_ms)
-        self._replay = AckedProducer(kafka) if config.stale_replay else None
-        self._outbox = Outbox(kafka, f"trainer:{config.consumer_group}")
+        self._clients = clients if clients is not None else KafkaTrainerClients(kafka)
+        self._replay = self._clients.acked_producer() if config.stale_replay else None
+        self._outbox = Outbox(self._clients, f"trainer:{config.consumer_group}")
         settings = {
             "session.timeout.ms": config.session_timeout_ms,
             "heartbeat.interval.ms": max(100, config.session_timeout_ms // 3),
             "max.poll.interval.ms": config.max_poll_interval_ms,
         }
-        self._consumer = make_consumer(kafka.consumer(config.consumer_group, **settings))
+        self._consumer = self._clients.consumer(config.consumer_group, settings)
+        self._cooperative = cooperative(self._clients.consumer_settings(config.consumer_group, settings))
+        # Partitions assigned whose commit is not read yet: paused until it is.
+        self._starts = PartitionStarts(config.finalized_topic, clock)
+        # Where each commit's resolved ranges go when its metadata cannot hold them, and the commits.
+        topic, group = config.finalized_topic, config.consumer_group
+        self._progress = ProgressCarrier(self._clients, config.topics.trainer_progress, group, topic, self._run, clock)
+        self._commits = Commits(
+            self._consumer, config.finalized_topic, self._pending, self._clears, self._outbox, self._progress, clock
+        )
         self._consumer.subscribe(
             [config.finalized_topic], on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_revoke
         )
 
     def _on_assign(self, consumer, partitions) -> None:
-        # librdkafka keeps a partition's paused state across revoke and re-assign.
-        consumer.resume(partitions)
-        topic = self.config.finalized_topic
-        if self._restored:
-            partitions = self._start_from_state(consumer, partitions)
-            if not partitions:
-                return
-        try:
-            committed = consumer.committed(partitions, timeout=30)
-        except KafkaException as exc:
-            log.warning("%s: committed offsets unreadable (%s); consumed groups may be reported missing", topic, exc)
+        """Assign the partitions paused: each is read once its commit is known (`starts.py`), never before.
+
+        Nothing here waits on the broker: librdkafka runs this inside poll, and a fetch of committed
+        offsets that blocks (the coordinator moving) would hold up the rebalance and the heartbeats.
+        """
+        if self._cooperative:
+            consumer.incremental_assign(partitions)
+        else:
+            consumer.assign(partitions)
+        # After the assignment: librdkafka keeps an application's pause across assignments (it belongs to the
+        # partition), but a partition of a topic the consumer has not been assigned yet cannot be paused
+        # before it is, and one it never paused starts fetching as soon as it is assigned.
+        consumer.pause(partitions)
+        for tp in partitions:
+            self._starts.add(tp.partition, self._restored.pop(tp.partition, None))
+        self.sensor.on_partitions_waiting(len(self._starts))
+
+    def _settle_starts(self) -> None:
+        """Read the commits of partitions assigned since, and start each from its own; retried while they fail."""
+        if not self._starts.due():
             return
-        for tp in committed:
-            try:
-                self._pending.assign(tp.partition, tp.offset, tp.metadata)
-            except ValueError as exc:
-                log.warning("%s[%d]: %s; consumed groups may be reported missing", topic, tp.partition, exc)
+        waiting = self._starts.waiting()
+        topic = self.config.finalized_topic
+        try:
+            tps = [TopicPartition(topic, p) for p in waiting]
+            committed = self._consumer.committed(tps, timeout=COMMITTED_TIMEOUT_S)
+        except KafkaException as exc:
+            if exc.args[0].fatal():
+                raise
+            self.sensor.on_commit_reads_failed(len(waiting))
+            self._starts.failed(waiting, exc.args[0].str())
+            return
+        unread = {tp.partition: tp.error.str() for tp in committed if tp.error is not None}
+        read = [tp for tp in committed if tp.error is None and tp.partition in self._starts]
+        # The resolved ranges each commit names: inline, or on the progress topic (`progress.py`).
+        named = self._progress.read(read)
+        for part, reason in named.unreadable.items():
+            if self._starts.restored(part):  # a checkpoint's mark says what is resolved: the commit's ranges are moot
+                named.ranges[part] = []
+            else:
+                unread[part] = reason
+        started = []
+        for tp in read:
+            if tp.partition in unread:
+                continue
+            start = self._starts.known(tp.partition, tp.offset)
+            if start.restored is not None:
+                self._pending.restore(tp.partition, start.offset, start.resolved)
+            else:
+                self._pending.assign(tp.partition, tp.offset, named.ranges[tp.partition])
+            if start.offset is not None:
+                try:
+                    self._consumer.seek(TopicPartition(topic, tp.partition, start.offset))
+                except KafkaException as exc:  # not where its position says: it waits, and is asked again
+                    self._pending.revoke(tp.partition)
+                    self._starts.add(tp.partition, start.restored)
+                    unread[tp.partition] = f"seek to {start.offset}: {exc.args[0].str()}"
+                    continue
+            started.append(TopicPartition(topic, tp.partition))
+        self.sensor.on_partitions_waiting(len(self._starts))
+        if unread:
+            self.sensor.on_commit_reads_failed(len(unread))
+            self._starts.failed(sorted(unread), "; ".join(sorted(set(unread.values()))))
+        else:
+            self._starts.settled()
+            self._progress.forget()  # what the read of the progress topic found served every start
+        if self._paused:  # backpressure holds the whole assignment: they resume with it
+            self._paused |= {tp.partition for tp in started}
+        elif started:
+            self._consumer.resume(started)
 
     def _on_revoke(self, consumer, partitions) -> None:
+        self._revoke(partitions)
+        self.sensor.on_partitions_waiting(len(self._starts))
+
+    def _revoke(self, partitions) -> None:
         for tp in partitions:
+            mark = self._starts.revoke(tp.partition)
+            if mark is not None:  # never started: the mark applies at the partition's next assignment
+                self._restored[tp.partition] = mark
             self._pending.revoke(tp.partition)
+            self._progress.drop(tp.partition)
             # A letter dropped unsent is written again when its record is read again: that record
             # must not then pass as one already consumed.
             self._pending.forget_seen(tp.partition, self._outbox.offsets(tp.partition))
@@ -175,6 +240,7 @@ class FinalizedIntake:
                 continue
             read += 1
             self._take(m)
+        self._settle_starts()
         self._resolve_letters()
         self._apply_backpressure()
         return read
@@ -244,15 +310,16 @@ class FinalizedIntake:
             self._consumer.pause(assignment)
             self._paused = {tp.partition for tp in assignment}
         elif self._paused and waiting < limit:
-            self._consumer.resume(assignment)
+            # Not those whose start is still unknown: they resume once it is (`_settle_starts`).
+            self._consumer.resume([tp for tp in assignment if tp.partition not in self._starts])
             self._paused = set()
 
     def _decide(self, p: Pending) -> None:
         decision = self.policy.decide(p.group, self.version)
         if decision is Decision.YIELD:
-            p.state = "ready"
+            p.move(READY)
         elif decision is Decision.HOLD:
-            p.state = "held"
+            p.move(HELD)
         else:
             self._evict(p)
 
@@ -299,82 +366,14 @@ class FinalizedIntake:
             self._pending.group_resolved(p.group)
         self._resolve_letters()
 
-    def _commit_durable(self) -> None:
-        """A durable checkpoint's commits: first one naming its records without passing them, then (their
-        rows cleared) its marks; each step retried by the next call until it is done."""
-        what = f"{self.config.finalized_topic} offsets of a durable checkpoint"
-        if self._naming and not self._commit(self._naming, what):
-            return
-        self._naming = []
-        if self._release_cut is not None:
-            self._clears.release_through(self._release_cut)
-            self._release_cut = None
-        if self._durable and self._commit(self._durable, what):
-            self._durable = []
-
-    def _commit(self, points: list[tuple[int, int, str]], what: str) -> bool:
-        """Commit (partition, offset, metadata) points; False, logged, when the broker refuses them for now."""
-        if not points:
-            return True
-        topic = self.config.finalized_topic
-        offsets = [TopicPartition(topic, part, offset, metadata=metadata) for part, offset, metadata in points]
-        try:
-            self._consumer.commit(offsets=offsets, asynchronous=False)
-        except KafkaException as exc:
-            err = exc.args[0]
-            if err.fatal():
-                raise
-            # Retried by the next call; a record read again meanwhile is known to be resolved.
-            level = logging.DEBUG if err.code() in _RETRY_COMMIT else logging.WARNING
-            log.log(level, "commit of %s failed, retrying later: %s", what, err.str())
-            return False
-        for part, offset, metadata in points:
-            self._pending.committed(part, offset, metadata)
-        return True
-
-    def _start_from_state(self, consumer, partitions: list[TopicPartition]) -> list[TopicPartition]:
-        """Seek the partitions a restored state names to where it says; the rest start from their commits.
-
-        A mark applies at its partition's first assignment only: later ones (a rebalance, a rejoin
-        after a long step) resume from the commits, and what this consumer trained since is known to
-        it as seen. Records between the last commit and the mark were resolved before the state was
-        cut, but a crash between saving the checkpoint and `checkpoint_durable` would leave their rows:
-        they are read again as resolved, and their rows cleared with the next durable checkpoint.
-        """
-        named = [tp for tp in partitions if tp.partition in self._restored]
-        try:
-            committed = {tp.partition: tp.offset for tp in consumer.committed(named, timeout=30)}
-        except KafkaException as exc:
-            log.warning("committed offsets unreadable (%s): rows of groups trained before the checkpoint may stay", exc)
-            committed = {}
-        for tp in named:
-            mark = self._restored.pop(tp.partition)
-            start = min(mark.offset, max(0, committed.get(tp.partition, mark.offset)))
-            before = [(start, mark.offset - 1)] if start < mark.offset else []
-            self._pending.restore(tp.partition, start, before + list(mark.trained))
-            tp.offset = start
-        consumer.assign(partitions)
-        restored = {tp.partition for tp in named}
-        return [tp for tp in partitions if tp.partition not in restored]
-
     def _commit_resolved(self) -> None:
-        """Commit what is resolved; rows waiting for a commit naming their records go after it, and the
-        offset passes those records with the next commit (`clears.py`)."""
-        if self._clears.deferred:  # offsets move with durable checkpoints only
-            self._commit_durable()
-            return
-        topic = self.config.finalized_topic
-        held = self._clears.held
-        if not self._commit(self._pending.commit_points(topic, self._outbox.offsets, held), f"{topic} offsets"):
-            return
-        if self._clears.release_named(self._pending.named):
-            self._commit(self._pending.commit_points(topic, self._outbox.offsets, held), f"{topic} offsets")
+        self._commits.round()
 
     def _update_waiting(self) -> None:
-        waiting = [p for p in self._pending.all_pending() if p.state in ("held", "ready")]
+        waiting = [p for p in self._pending.all_pending() if p.state.waiting]
         self.counts.waiting = len(waiting)
         self.counts.ahead = sum(
-            1 for p in waiting if p.state == "held" and self.policy.too_far_ahead(p.group, self.version)
+            1 for p in waiting if p.state is HELD and self.policy.too_far_ahead(p.group, self.version)
         )
 
     def close(self) -> None:
@@ -394,5 +393,6 @@ class FinalizedIntake:
         finally:
             self._consumer.close()
             self._outbox.close()
+            self._progress.close()
             if self._replay is not None:
                 self._replay.close()

@@ -15,9 +15,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from confluent_kafka import Producer
-
-from streams.config import KafkaConfig
+from workers.trainer.clients import TrainerClients
 
 # How long the broker has to acknowledge a notice before it is logged and sent again.
 DELIVERY_TIMEOUT_MS = 30_000
@@ -39,10 +37,10 @@ class Notice:
 class Outbox:
     """Notices waiting for acknowledgement, by source partition and offset; `flush` sends and collects them."""
 
-    def __init__(self, kafka: KafkaConfig, worker_id: str):
+    def __init__(self, clients: TrainerClients, worker_id: str):
         self.worker_id = worker_id
-        self._kafka = kafka
-        self._producer: Producer | None = None
+        self._clients = clients
+        self._producer = None
         self._waiting: dict[int, dict[int, Notice]] = {}
         self._in_flight: set[tuple[int, int]] = set()
         self._acked: list[tuple[int, int]] = []
@@ -64,7 +62,7 @@ class Outbox:
         if not self._waiting and not self._in_flight:
             return []
         if self._producer is None:
-            self._producer = Producer(self._kafka.producer(**{"message.timeout.ms": DELIVERY_TIMEOUT_MS}))
+            self._producer = self._clients.producer({"message.timeout.ms": DELIVERY_TIMEOUT_MS})
         for part, by_offset in self._waiting.items():
             for offset, notice in by_offset.items():
                 if (part, offset) not in self._in_flight:

@@ -9,6 +9,7 @@ is a duplicate waiting for its original; the consumer's dead-letter outbox holds
 
 from __future__ import annotations
 
+import enum
 import itertools
 import logging
 from collections import OrderedDict
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 
 from schemas.finalized import FinalizedGroup
 from streams.tq import KVStore
+from workers.trainer.errors import IllegalTransition
 from workers.trainer.position import PartitionPosition
 
 log = logging.getLogger("rlstream.trainer")
@@ -24,13 +26,54 @@ log = logging.getLogger("rlstream.trainer")
 NEW, DUPLICATE, REREAD = "new", "duplicate", "reread"
 
 
+class PendingState(enum.Enum):
+    """Where a record read and not yet resolved stands. A resolved record leaves `PendingGroups`."""
+
+    HELD = "held"  # the policy holds it: not usable at the trainer's version (yet)
+    READY = "ready"  # usable now: `select` may hand it out
+    YIELDED = "yielded"  # handed out to the trainer, not acked
+    DUPLICATE = "duplicate"  # a second record of a group id: waits for its original, resolved with it
+
+    @property
+    def waiting(self) -> bool:
+        """Held or ready: what backpressure counts and a version step decides again."""
+        return self in (PendingState.HELD, PendingState.READY)
+
+
+HELD, READY, YIELDED = PendingState.HELD, PendingState.READY, PendingState.YIELDED
+
+# Every move a pending record may make, in one place. A decision taken again (a version step, a batch
+# withdrawn or given back) makes a waiting or yielded record held or ready; only a ready one is handed
+# out, never one handed out already; a duplicate is never decided, it leaves with its original.
+_MOVES: dict[PendingState, frozenset[PendingState]] = {
+    HELD: frozenset({HELD, READY}),
+    READY: frozenset({HELD, READY, YIELDED}),
+    YIELDED: frozenset({HELD, READY}),
+    PendingState.DUPLICATE: frozenset(),
+}
+
+
 @dataclass
 class Pending:
+    """A record read and not resolved; its state changes only through `move`."""
+
     group: FinalizedGroup
     partition: int
     offset: int
-    state: str  # "held" | "ready" | "yielded" | "duplicate" (waits for its original)
+    _state: PendingState
     arrival: int = 0  # read order across partitions, for policies that keep arrival order
+
+    @property
+    def state(self) -> PendingState:
+        return self._state
+
+    def move(self, to: PendingState) -> None:
+        """Change state; `IllegalTransition` (a bug, never an expected failure) for a move `_MOVES` does not allow."""
+        if to not in _MOVES[self._state]:
+            raise IllegalTransition(
+                f"group {self.group.group_id} at [{self.partition}]@{self.offset}: {self._state.value} -> {to.value}"
+            )
+        self._state = to
 
 
 @dataclass
@@ -64,13 +107,9 @@ class PendingGroups:
 
     # ----- partitions ---------------------------------------------------------------------------
 
-    def assign(self, partition: int, offset: int, metadata: str | None) -> None:
-        """From the partition's committed offset and metadata; ValueError (and a plain position) if malformed."""
-        try:
-            self.positions[partition] = PartitionPosition.from_commit(offset, metadata)
-        except ValueError:
-            self.positions[partition] = PartitionPosition.from_commit(offset, None)
-            raise
+    def assign(self, partition: int, offset: int, ranges: Iterable[tuple[int, int]]) -> None:
+        """From the partition's committed offset (< 0: none) and the resolved ranges its commit names."""
+        self.positions[partition] = PartitionPosition.from_commit(offset, ranges)
 
     def restore(self, partition: int, offset: int, trained: list[tuple[int, int]]) -> None:
         """From a checkpoint: reading starts at `offset`, and records in `trained` were resolved before."""
@@ -78,12 +117,12 @@ class PendingGroups:
 
     def revoke(self, partition: int) -> None:
         for p in self.by_partition.pop(partition, {}).values():
-            if p.state == "duplicate":
+            if p.state is PendingState.DUPLICATE:
                 self._duplicates[p.group.group_id].remove(p)
                 continue
             # A yielded group stays "seen": if its record is read again it must not be yielded twice.
             seen = self._seen.get(p.group.group_id)
-            if p.state != "yielded" and seen is not None and (seen.partition, seen.offset) == (p.partition, p.offset):
+            if p.state is not YIELDED and seen is not None and (seen.partition, seen.offset) == (p.partition, p.offset):
                 del self._seen[p.group.group_id]
         self.positions.pop(partition, None)
 
@@ -108,7 +147,7 @@ class PendingGroups:
             # The same record again, after a rebalance, is no duplicate.
             return (REREAD if (first.partition, first.offset) == (partition, offset) else DUPLICATE), None
         self._remember(group.group_id, _Seen(partition, offset))
-        pending = Pending(group, partition, offset, "held", next(self._arrivals))
+        pending = Pending(group, partition, offset, HELD, next(self._arrivals))
         self.by_partition.setdefault(partition, {})[offset] = pending
         return NEW, pending
 
@@ -136,7 +175,7 @@ class PendingGroups:
             self.positions[partition].resolve(offset)
             self._clear(list(group.sample_ids), partition, offset)
             return
-        pending = Pending(group, partition, offset, "duplicate")
+        pending = Pending(group, partition, offset, PendingState.DUPLICATE)
         self.by_partition.setdefault(partition, {})[offset] = pending
         self._duplicates.setdefault(group.group_id, []).append(pending)
 
@@ -189,29 +228,16 @@ class PendingGroups:
 
     def commit_points(
         self,
-        topic: str,
         held_back: Callable[[int], list[int]],
         held: Callable[[int], list[int]] = lambda _p: [],
-    ) -> list[tuple[int, int, str]]:
-        """(partition, offset, metadata) to commit where it changed; `held_back(p)`: offsets unresolved elsewhere;
-        `held(p)`: resolved offsets to name in the metadata without passing them (rows still to clear)."""
+    ) -> list[tuple[int, int, list[tuple[int, int]]]]:
+        """(partition, offset, resolved ranges past it) to commit where it changed; `held_back(p)`: offsets
+        unresolved elsewhere; `held(p)`: resolved offsets to name without passing them (rows still to clear)."""
         out = []
         for part, position in self.positions.items():
             point = position.commit_point([*self.by_partition.get(part, ()), *held_back(part)], held(part))
-            if point is None:
-                continue
-            offset, metadata, truncated = point
-            if truncated and not position.warned_truncated:
-                position.warned_truncated = True
-                log.warning(
-                    "%s[%d]: too many resolved records past offset %d to name in the commit metadata; "
-                    "after a restart some will be reported as missing rows",
-                    topic,
-                    part,
-                    offset,
-                )
-            if position.committed != (offset, metadata):
-                out.append((part, offset, metadata))
+            if point is not None and position.committed != (point[0], tuple(point[1])):
+                out.append((part, *point))
         return out
 
     def snapshot(self, held_back: Callable[[int], list[int]]) -> dict[int, tuple[int, list[tuple[int, int]]]]:
@@ -223,9 +249,9 @@ class PendingGroups:
                 out[part] = cut
         return out
 
-    def committed(self, partition: int, offset: int, metadata: str) -> None:
+    def committed(self, partition: int, offset: int, ranges: Iterable[tuple[int, int]]) -> None:
         if partition in self.positions:
-            self.positions[partition].committed = (offset, metadata)
+            self.positions[partition].committed = (offset, tuple(ranges))
 
     def committed_offset(self, partition: int) -> int | None:
         """Where the partition's commit stands (as read at assignment or last committed; 0 when there was

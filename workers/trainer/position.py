@@ -10,9 +10,10 @@ purpose, which is no alarm (or left for it to clear). Any other group whose rows
 The metadata is `rlstream.trainer/1:` and comma-separated ranges `gap.length` (base 36), each gap
 counted from the end of the previous range (the first from the committed offset). Ranges run across
 offsets that never reach a consumer (transaction markers, aborted records), so their number is at
-most the number of unresolved records plus one. Past `MAX_METADATA_CHARS` (the broker refuses commit
-metadata over `offset.metadata.max.bytes`, 4096 by default) the last ranges are left out; their
-groups would be reported missing after a restart, so the truncation is logged where it happens.
+most the number of unresolved records plus one, bounded by backpressure. Past `MAX_METADATA_CHARS`
+(the broker refuses commit metadata over `offset.metadata.max.bytes`, 4096 by default), about 870
+alternating ranges, they travel on the progress topic instead (`progress.py`) and the metadata is
+`rlstream.trainer/2:<token>:<chunks>`, naming the entry the commit relies on.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ import bisect
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 
-METADATA_PREFIX = "rlstream.trainer/1:"
+METADATA_PREFIX = "rlstream.trainer/1:"  # the ranges inline
+CARRIED_PREFIX = "rlstream.trainer/2:"  # the ranges on the progress topic, under the token named
 MAX_METADATA_CHARS = 3500
 
 Range = tuple[int, int]  # first and last offset, inclusive
@@ -75,6 +77,27 @@ def decode_ranges(base: int, metadata: str | None) -> list[Range]:
     return ranges
 
 
+def carried_metadata(token: str, chunks: int) -> str:
+    """Commit metadata naming the progress entry (`token`, in `chunks` chunks) that holds the commit's ranges."""
+    if not token or ":" in token or chunks < 1:
+        raise ValueError(f"a progress token must be non-empty without ':' and chunks >= 1, got {token!r}, {chunks}")
+    return f"{CARRIED_PREFIX}{token}:{chunks:x}"
+
+
+def carried(metadata: str | None) -> tuple[str, int] | None:
+    """(token, chunks) when the metadata names a progress entry; None for other metadata; ValueError if malformed."""
+    if not metadata or not metadata.startswith(CARRIED_PREFIX):
+        return None
+    token, sep, chunks = metadata[len(CARRIED_PREFIX) :].rpartition(":")
+    try:
+        count = int(chunks, 16) if sep and token else 0
+    except ValueError:
+        count = 0
+    if count < 1:
+        raise ValueError(f"commit metadata {metadata[:80]!r} names no progress entry as token:chunks")
+    return token, count
+
+
 def runs(resolved: Iterable[int], unresolved: Iterable[int]) -> list[Range]:
     """Ranges covering the resolved offsets, broken only where an unresolved offset lies between them."""
     events = sorted([(o, True) for o in resolved] + [(o, False) for o in unresolved])
@@ -106,19 +129,19 @@ def _merged(ranges: list[Range]) -> list[Range]:
 class PartitionPosition:
     """One assigned partition: records read since the last commit, which are resolved, and what to commit."""
 
-    prior: list[Range] = field(default_factory=list)  # resolved by a predecessor, from the commit metadata
+    prior: list[Range] = field(default_factory=list)  # resolved by a predecessor, as its commit named them
     resolved: set[int] = field(default_factory=set)  # resolved by this consumer, past the committed offset
     position: int | None = None  # the next offset to read
-    committed: tuple[int, str] | None = None
-    warned_truncated: bool = False
+    committed: tuple[int, tuple[Range, ...]] | None = None  # the last commit: its offset and the ranges it named
     start: int | None = None  # where reading starts (committed or restored offset), if known
 
     @classmethod
-    def from_commit(cls, offset: int, metadata: str | None) -> PartitionPosition:
-        """From the partition's committed offset and metadata (offset < 0: none); ValueError if malformed."""
+    def from_commit(cls, offset: int, ranges: Iterable[Range] = ()) -> PartitionPosition:
+        """From the partition's committed offset (< 0: none) and the resolved ranges its commit names."""
         if offset < 0:
             return cls()
-        return cls(prior=decode_ranges(offset, metadata), committed=(offset, metadata or ""), start=offset)
+        ranges = tuple(ranges)
+        return cls(prior=list(ranges), committed=(offset, ranges), start=offset)
 
     @classmethod
     def from_state(cls, offset: int, trained: list[Range]) -> PartitionPosition:
@@ -152,26 +175,16 @@ class PartitionPosition:
         ranges += [(max(first, self.position), last) for first, last in self.prior if last >= self.position]
         return safe, _merged(ranges)
 
-    def commit_point(
-        self, unresolved: Collection[int], held: Collection[int] = (), limit: int = MAX_METADATA_CHARS
-    ) -> tuple[int, str, bool] | None:
-        """(offset, metadata, truncated) to commit given the unresolved offsets read; None before any record."""
-        cut = self.snapshot(unresolved, held) if self.position is not None else None
-        if cut is None:
-            return None
-        safe, ranges = cut
-        metadata, truncated = encode_ranges(safe, ranges, limit)
-        return safe, metadata, truncated
+    def commit_point(self, unresolved: Collection[int], held: Collection[int] = ()) -> tuple[int, list[Range]] | None:
+        """(offset, resolved ranges past it) to commit given the unresolved offsets read; None before any record."""
+        return self.snapshot(unresolved, held) if self.position is not None else None
 
     def names(self, offset: int) -> bool:
-        """Whether the last commit passed the record at `offset` or named it resolved in its metadata."""
+        """Whether the last commit passed the record at `offset` or named it resolved."""
         if self.committed is None:
             return False
-        base, metadata = self.committed
+        base, ranges = self.committed
         if offset < base:
             return True
-        try:
-            ranges = decode_ranges(base, metadata)
-        except ValueError:
-            return False
-        return any(first <= offset <= last for first, last in ranges)
+        i = bisect.bisect_right(ranges, (offset, float("inf"))) - 1
+        return i >= 0 and ranges[i][0] <= offset <= ranges[i][1]

@@ -39,8 +39,10 @@ from streams.tq import STAGING, KVStore
 from workers.reassembler.config import DEFAULT_CONSUMER_GROUP
 from workers.trainer.checkpoint import PartitionMark, decode_state
 from workers.trainer.checkpoint_dir import load_from_checkpoint
+from workers.trainer.clients import KafkaTrainerClients
 from workers.trainer.config import ConsumerConfig
-from workers.trainer.position import decode_ranges
+from workers.trainer.errors import CommitUnreadable
+from workers.trainer.progress import ProgressCarrier
 from workers.trainer.spill import Spill
 
 
@@ -86,17 +88,21 @@ def _trained_marks(kafka: KafkaConfig, config: ConsumerConfig, state: dict | Non
     topic = config.finalized_topic
     if state is not None:
         return dict(decode_state(state, topic=topic, consumer_group=config.consumer_group).partitions)
-    # No checkpoint: the trainer's commits (and their metadata) are its place.
-    c = Consumer(kafka.consumer(config.consumer_group))
+    # No checkpoint: the trainer's commits (and the resolved ranges they name) are its place, read by the
+    # trainer's own clients (`clients.py`): a consumer of its group that never joins it, and the progress topic.
+    clients = KafkaTrainerClients(kafka)
+    c = clients.consumer(config.consumer_group, {})
     try:
         parts = [TopicPartition(topic, p) for p in partitions_of(c, topic)]
-        marks = {}
-        for tp in c.committed(parts, timeout=30):
-            if tp.offset >= 0:
-                marks[tp.partition] = PartitionMark(tp.offset, decode_ranges(tp.offset, tp.metadata))
-        return marks
+        committed = [tp for tp in c.committed(parts, timeout=30) if tp.offset >= 0]
     finally:
         c.close()
+    carrier = ProgressCarrier(clients, config.topics.trainer_progress, config.consumer_group, topic, "resume")
+    named = carrier.read(committed)
+    if named.unreadable:
+        part, reason = next(iter(sorted(named.unreadable.items())))
+        raise CommitUnreadable(f"{topic}[{part}]: the trainer's commit cannot be read whole: {reason}")
+    return {tp.partition: PartitionMark(tp.offset, named.ranges[tp.partition]) for tp in committed}
 
 
 def _is_trained(marks: dict[int, PartitionMark], partition: int, offset: int) -> bool:

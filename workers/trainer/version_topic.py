@@ -24,7 +24,8 @@ import uuid
 from schemas.errors import InvalidArgument
 from schemas.trainer_version import TrainerVersion
 from streams.config import KafkaConfig
-from streams.producer import AckedProducer, Outgoing
+from streams.producer import Outgoing
+from workers.trainer.clients import KafkaTrainerClients, TrainerClients
 
 
 class VersionPublisher:
@@ -38,10 +39,10 @@ class VersionPublisher:
         trainer_id: str,
         consumer_group: str,
         batch_groups: int,
-        producer: AckedProducer | None = None,
+        clients: TrainerClients | None = None,
     ):
-        # `producer`: a test's stand-in for the acked producer built from `kafka`.
-        self._producer = producer if producer is not None else AckedProducer(kafka)
+        # `clients`: where its acked producer comes from (a test's or the explorer's; else the real ones of `kafka`).
+        self._producer = (clients if clients is not None else KafkaTrainerClients(kafka)).acked_producer()
         self._topic = topic
         self._trainer_id = trainer_id
         self._consumer_group = consumer_group

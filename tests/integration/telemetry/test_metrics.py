@@ -111,12 +111,15 @@ def test_reassemble_cli_serves_metrics_and_logs_json(kafka, tq_store, unique, tm
             time.sleep(0.5)
         assert port, log_path.read_text()
         drive([], lambda: len(finalized_records(kafka, names)) >= 3, timeout_s=120)
+        # The worker labels its series with its run's prefix: one Prometheus tells runs apart.
+        run = (("prefix", names.prefix),)
         deadline = time.monotonic() + 30
-        while _scrape(port).get(("rlstream_groups_finalized_total", ())) != 3 and time.monotonic() < deadline:
+        while _scrape(port).get(("rlstream_groups_finalized_total", run)) != 3 and time.monotonic() < deadline:
             time.sleep(0.5)
         m = _scrape(port)
-        assert m[("rlstream_groups_finalized_total", ())] == 3
-        assert m[("rlstream_receipts_consumed_total", ())] == 24
+        assert m[("rlstream_groups_finalized_total", run)] == 3
+        assert m[("rlstream_receipts_consumed_total", run)] == 24
+        assert not [k for k in m if k[0].startswith("rlstream_") and dict(k[1]).get("prefix") != names.prefix]
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=60)

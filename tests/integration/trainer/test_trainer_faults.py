@@ -24,6 +24,7 @@ from streams.tq import TRAIN
 from tests.integration.trainer.staging import committed_at_end, finalize_groups
 from workers.telemetry.prometheus import PrometheusTrainerSensor
 from workers.topics import TopicNames
+from workers.trainer.clients import KafkaTrainerClients
 from workers.trainer.config import ConsumerConfig
 from workers.trainer.consumer import ExperienceConsumer
 from workers.trainer.deadletters import MISSING_ROWS, UNDECODABLE_FINALIZED
@@ -291,6 +292,18 @@ class CommitsFail:
         return getattr(self._consumer, name)
 
 
+class FailingCommits(KafkaTrainerClients):
+    """The real trainer clients, except that the finalized topic's reader is a `CommitsFail`."""
+
+    def __init__(self, kafka):
+        super().__init__(kafka)
+        self.consumers: list[CommitsFail] = []
+
+    def consumer(self, consumer_group, settings):
+        self.consumers.append(CommitsFail(self.consumer_settings(consumer_group, settings)))
+        return self.consumers[-1]
+
+
 class ClearFails:
     """The real TQ store, except that clearing train rows fails (TQ unreachable from this trainer)."""
 
@@ -330,16 +343,15 @@ def test_groups_trained_while_commits_fail_are_trained_again_by_a_successor_neve
     trained group's rows gone and dead-lettered it as data loss."""
     names, finalized = finalize_groups(kafka, tq_store, f"tf-c-{unique}", versions=range(1), per_version=3)
     group = f"tf-c-{unique}"
-    failing: list[CommitsFail] = []
+    failing = FailingCommits(kafka)
     cfg = ConsumerConfig(prefix=names.prefix, consumer_group=group, checkpointed=checkpointed)
-    first = ExperienceConsumer(
-        kafka, tq_store, cfg, ready_first(), make_consumer=lambda conf: failing.append(CommitsFail(conf)) or failing[0]
-    )
+    first = ExperienceConsumer(kafka, tq_store, cfg, ready_first(), clients=failing)
     try:
         assert sorted(_train_all(first, len(finalized), checkpointed)) == sorted(finalized)
     finally:
         first.close()  # its last commit fails too: nothing of this run reached the broker
-    assert failing[0].attempts > 0 and set(committed_offsets(kafka, group, names.finalized).values()) == {-1001}
+    assert failing.consumers[0].attempts > 0
+    assert set(committed_offsets(kafka, group, names.finalized).values()) == {-1001}
     second, again, registry = _consumer(kafka, tq_store, names, group)
     try:
         _drain(second)

@@ -7,10 +7,12 @@ import pytest
 
 from schemas.deadletter import DeadLetter
 from schemas.finalized import FinalizedGroup
+from schemas.gym_receipt import GymReceipt
 from schemas.receipt import Receipt
 from schemas.regenerate import Regenerate
 from schemas.request import ReassemblyRequest, RolloutReassemblerActorConfig
 from schemas.state import GroupState, PartitionProgress
+from schemas.trainer_progress import TrainerProgress
 from schemas.trainer_version import TrainerVersion
 
 GOLDEN = Path(__file__).resolve().parents[3] / "schemas" / "golden"
@@ -18,6 +20,7 @@ KINDS = {
     cls.kind(): cls
     for cls in (
         Receipt,
+        GymReceipt,
         FinalizedGroup,
         DeadLetter,
         GroupState,
@@ -26,6 +29,7 @@ KINDS = {
         RolloutReassemblerActorConfig,
         TrainerVersion,
         Regenerate,
+        TrainerProgress,
     )
 }
 

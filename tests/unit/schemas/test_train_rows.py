@@ -4,9 +4,10 @@ row for row: the packed bytes TQ would store, the tags, the counts and the recor
 errors, on random groups with placeholders, truncation, flagged turns, routed experts (some calls
 staged without them) and corrupt rows.
 
-The reference below is the message-log path as `build_group` ran it before issue 33, kept here as
-the oracle: truncation of the message log, routed experts dropped without router replay, then the
-library's own `record_to_train_batch` and `pack_payload`.
+The reference is the message-log path, `build_group_from_logs` (`build_group` before issue 33, and
+still the path of a group with a NeMo Gym receipt): linearize, truncation of the message log, routed
+experts dropped without router replay, then the library's own `record_to_train_batch` and
+`pack_payload`, which also stamp NeMo RL's `rollout_environment` tag.
 """
 
 from __future__ import annotations
@@ -17,9 +18,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from schemas.group_build import build_group
-from schemas.linearize import Rejection, linearize
-from schemas.payload import Completion, PromptGroupRecord, pack_payload, record_to_train_batch
+from schemas.group_build import build_group, build_group_from_logs
 from schemas.request import RolloutReassemblerActorConfig
 from schemas.rowpack import pack_rows
 from tests.unit.schemas.chains import make_rollout
@@ -39,65 +38,19 @@ def _config(max_seq_len: int, router_replay: bool) -> RolloutReassemblerActorCon
     )
 
 
-def _truncate(log, limit):
-    total = sum(int(m["token_ids"].shape[0]) for m in log)
-    if total <= limit:
-        return log, False
-    out, remaining = [], limit
-    for message in log:
-        length = int(message["token_ids"].shape[0])
-        if remaining <= 0:
-            break
-        if length <= remaining:
-            out.append(message)
-        else:
-            out.append(
-                {k: v[:remaining] if isinstance(v, torch.Tensor) and v.dim() >= 1 else v for k, v in message.items()}
-            )
-        remaining -= length
-    return out, True
-
-
 def reference_build(*, group_id, prompt_idx, group_size, receipts, segments, config, loss_multiplier):
     """The message-log path: (sample ids, fields, tags, reasons, min/max wv, valid, canonical tokens)."""
-    completions, rollouts = [], []
-    for index, receipt in enumerate(receipts):
-        if receipt is None:
-            result = Rejection("missing_receipt", "")
-        elif (receipt.group_id, receipt.rollout_index, receipt.group_size, receipt.prompt_idx) != (
-            group_id,
-            index,
-            group_size,
-            prompt_idx,
-        ):
-            result = Rejection("invalid_receipt", "")
-        else:
-            result = linearize(receipt, segments)
-        if isinstance(result, Rejection):
-            completions.append(Completion([], 0.0, False, False, rejection_reason=result.reason))
-            rollouts.append(None)
-            continue
-        log, cut = _truncate(result.message_log, config.max_seq_len)
-        if not config.router_replay_enabled:
-            log = [{k: v for k, v in m.items() if k != "routed_experts"} for m in log]
-        completions.append(Completion(log, receipt.reward, receipt.truncated or cut, receipt.mask_sample))
-        rollouts.append(result)
-    valid = [r for r in rollouts if r is not None]
-    prompt = valid[0].prompt_ids if valid else torch.tensor([config.pad_token_id])
-    batch = record_to_train_batch(
-        PromptGroupRecord(prompt, tuple(completions), loss_multiplier),
-        pad_value_dict={"input_ids": config.pad_token_id},
-        include_message_violation_fields=True,
+    b = build_group_from_logs(
+        group_id=group_id,
+        prompt_idx=prompt_idx,
+        group_size=group_size,
+        receipts=receipts,
+        segments=segments,
+        config=config,
+        loss_multiplier=loss_multiplier,
     )
-    if not config.router_replay_enabled:
-        batch.pop("routed_experts", None)
-    min_wv = min((r.min_wv for r in valid), default=0)
-    max_wv = max((r.max_wv for r in valid), default=0)
-    ids, fields, tags = pack_payload(batch, weight_version=min_wv, group_id=group_id, prompt_idx=prompt_idx)
-    lengths = batch["input_lengths"].tolist()
-    canonical = sum(n for n, r in zip(lengths, rollouts) if r is not None)
-    reasons = tuple(c.rejection_reason for c in completions)
-    return ids, fields, tags, reasons, (min_wv, max_wv), len(valid), canonical
+    versions = (b.group_min_wv, b.group_max_wv)
+    return b.sample_ids, b.fields, b.tags, b.rejection_reasons, versions, b.valid_row_count, b.canonical_output_tokens
 
 
 calls = st.lists(st.tuples(st.integers(0, 6), st.integers(0, 6)), min_size=1, max_size=4).map(
@@ -106,7 +59,9 @@ calls = st.lists(st.tuples(st.integers(0, 6), st.integers(0, 6)), min_size=1, ma
 rollout = st.fixed_dictionaries(
     {
         "calls": calls,
-        "fate": st.sampled_from(["ok"] * 6 + ["missing_receipt", "failed", "missing_row", "bad_digest", "nan"]),
+        "fate": st.sampled_from(
+            ["ok"] * 6 + ["missing_receipt", "failed", "missing_row", "bad_digest", "nan", "not_mapping"]
+        ),
         "flags": st.dictionaries(
             st.integers(0, 3),
             st.fixed_dictionaries({"invalid_tool_call": st.booleans(), "malformed_thinking": st.booleans()}),
@@ -118,7 +73,7 @@ rollout = st.fixed_dictionaries(
 )
 
 
-def _group(specs, seed):
+def _group(specs, seed, environment="math"):
     receipts, segments = [], {}
     for i, spec in enumerate(specs):
         flags = {k: v for k, v in spec["flags"].items() if k < len(spec["calls"])}
@@ -140,7 +95,9 @@ def _group(specs, seed):
         if spec["experts"] == "uint8":
             for seg in segs.values():
                 seg["routed_experts"] = seg["routed_experts"].to(torch.uint8)
-        receipt = msgspec.structs.replace(receipt, mask_sample=spec["mask_sample"], truncated=spec["truncated"])
+        receipt = msgspec.structs.replace(
+            receipt, mask_sample=spec["mask_sample"], truncated=spec["truncated"], environment=environment
+        )
         last = f"r{i}/c{len(spec['calls']) - 1}"
         if spec["fate"] == "missing_receipt":
             receipts.append(None)
@@ -153,6 +110,8 @@ def _group(specs, seed):
             segs[last]["token_ids"] = segs[last]["token_ids"] + 1 if segs[last]["token_ids"].numel() else None
             if segs[last]["token_ids"] is None:
                 segs.pop(last)
+        elif spec["fate"] == "not_mapping":
+            segs[last] = list(segs[last].values())  # not an rlstream staged call
         elif spec["fate"] == "nan" and segs[last]["token_mask"].any():
             segs[last]["generation_logprobs"][segs[last]["token_mask"].nonzero()[0]] = float("nan")
         receipts.append(receipt)
@@ -172,11 +131,12 @@ def _packed(ids, fields) -> torch.Tensor:
     st.booleans(),
     st.sampled_from([1.0, 0.5]),
     st.integers(0, 10_000),
+    st.sampled_from(["math", "unknown", ""]),
 )
 def test_rows_assembled_from_segments_are_the_message_log_paths_byte_for_byte(
-    specs, max_seq_len, router_replay, multiplier, seed
+    specs, max_seq_len, router_replay, multiplier, seed, environment
 ):
-    receipts, segments = _group(specs, seed)
+    receipts, segments = _group(specs, seed, environment)
     config = _config(max_seq_len, router_replay)
     kw = dict(group_id="g", prompt_idx=1, group_size=len(specs), receipts=receipts, segments=segments, config=config)
     try:

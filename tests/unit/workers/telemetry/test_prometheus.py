@@ -2,16 +2,17 @@
 
 import urllib.request
 
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from workers.telemetry.prometheus import (
+    PrometheusPoolSensor,
     PrometheusReassemblerSensor,
     PrometheusTrainerSensor,
     process_registry,
     start_metrics_server,
 )
-from workers.telemetry.sensors import ReassemblerSensor, TrainerSensor
+from workers.telemetry.sensors import POOL_EXITS, ReassemblerSensor, TrainerSensor
 
 
 def _lag_series(registry: CollectorRegistry) -> dict[tuple[str, str], float]:
@@ -100,3 +101,123 @@ def test_metrics_server_serves_the_registry():
     samples = {s.name: s.value for fam in text_string_to_metric_families(body) for s in fam.samples}
     assert samples["rlstream_trainer_yielded_groups_total"] == 1
     assert samples["rlstream_trainer_staleness_versions_sum"] == 2
+
+
+def test_every_series_carries_its_run_prefix_and_a_run_without_one_has_no_prefix_label():
+    r = CollectorRegistry()
+    run1, run2, bare = (PrometheusReassemblerSensor(r, prefix=p) for p in ("run1", "run2", ""))
+    run1.on_receipts(5)
+    run2.on_receipts(7)
+    bare.on_receipts(1)
+    run1.on_commit(seconds=0.1, finalized=1, dead_letters={"decode_error": 2})
+    run1.on_lag("run1.rollout.receipts", {0: 4})
+    get = r.get_sample_value
+    assert get("rlstream_receipts_consumed_total", {"prefix": "run1"}) == 5
+    assert get("rlstream_receipts_consumed_total", {"prefix": "run2"}) == 7
+    assert get("rlstream_receipts_consumed_total") == 1, "an empty prefix is no label, as Prometheus reads it"
+    assert get("rlstream_dead_letters_total", {"prefix": "run1", "reason": "decode_error"}) == 2
+    assert get("rlstream_consumer_lag_records", {"prefix": "run1", "topic": "run1.rollout.receipts", "partition": "0"})
+    labelled = {s.labels.get("prefix") for fam in r.collect() for s in fam.samples if fam.name.startswith("rlstream_")}
+    assert labelled == {"run1", "run2", None}, 'no sample exports prefix=""'
+    body = generate_latest(r).decode()
+    assert 'prefix=""' not in body and 'rlstream_receipts_consumed_total{prefix="run2"} 7.0' in body
+
+
+def test_series_exist_at_zero_before_their_first_event():
+    """A rate of 0 is data; an absent series is not (the dashboard and the alerts need the former)."""
+    r = CollectorRegistry()
+    PrometheusReassemblerSensor(r, prefix="p")
+    PrometheusTrainerSensor(r, prefix="p")
+    get = r.get_sample_value
+    for name in (
+        "rlstream_receipts_consumed_total",
+        "rlstream_groups_finalized_total",
+        "rlstream_open_groups",
+        "rlstream_fetch_paused",
+        "rlstream_groups_handed_back_total",
+        "rlstream_transaction_aborts_total",
+        "rlstream_reassembler_staging_swept_total",
+        "rlstream_finalize_latency_seconds_count",
+        "rlstream_trainer_evicted_groups_total",
+        "rlstream_trainer_yielded_groups_total",
+        "rlstream_trainer_duplicate_groups_total",
+        "rlstream_trainer_undecodable_records_total",
+        "rlstream_trainer_missing_rows_total",
+        "rlstream_trainer_groups_handed_back_total",
+        "rlstream_trainer_staleness_versions_count",
+    ):
+        assert get(name, {"prefix": "p"}) == 0, name
+    for what in ("producer", "member"):
+        assert get("rlstream_reassembler_fenced_total", {"prefix": "p", "what": what}) == 0
+    for what in ("producer", "committed offsets", "restore"):
+        assert get("rlstream_reassembler_retries_total", {"prefix": "p", "what": what}) == 0
+
+
+def test_retries_are_counted_by_what_without_the_partition_a_restore_names():
+    r = CollectorRegistry()
+    s = PrometheusReassemblerSensor(r, prefix="p")
+    for what in ("restore of partition 3", "restore of partition 11", "producer", "committed offsets"):
+        s.on_retry(what)
+    get = r.get_sample_value
+    assert get("rlstream_reassembler_retries_total", {"prefix": "p", "what": "restore"}) == 2
+    assert get("rlstream_reassembler_retries_total", {"prefix": "p", "what": "producer"}) == 1
+    assert get("rlstream_reassembler_retries_total", {"prefix": "p", "what": "committed offsets"}) == 1
+    whats = {s.labels["what"] for fam in r.collect() if fam.name == "rlstream_reassembler_retries" for s in fam.samples}
+    assert whats == {"restore", "producer", "committed offsets"}, "one series per kind, whatever the partition"
+
+
+def test_fences_and_the_trainer_version_are_reported():
+    r = CollectorRegistry()
+    s = PrometheusReassemblerSensor(r, prefix="p")
+    s.on_fenced("producer")
+    s.on_fenced("producer")
+    s.on_fenced("member")
+    t = PrometheusTrainerSensor(r, prefix="p")
+    t.on_version(0)
+    t.on_version(7)
+    get = r.get_sample_value
+    assert get("rlstream_reassembler_fenced_total", {"prefix": "p", "what": "producer"}) == 2
+    assert get("rlstream_reassembler_fenced_total", {"prefix": "p", "what": "member"}) == 1
+    assert get("rlstream_trainer_version", {"prefix": "p"}) == 7
+
+
+def test_pool_sensor_counts_exits_by_how_and_restarts_by_spare_or_process():
+    r = CollectorRegistry()
+    p = PrometheusPoolSensor(r, prefix="p")
+    p.on_worker("w-0")
+    p.on_worker("w-1")
+    p.on_exit("w-0", "crashed")
+    p.on_restart("w-0", by_spare=True)
+    p.on_exit("w-0", "crashed")
+    p.on_restart("w-0", by_spare=False)
+    p.on_exit("w-1", "fenced")
+    p.on_running(1, spare_ready=False)
+    get = r.get_sample_value
+    exits = {(w, how): get("rlstream_pool_worker_exits_total", {"prefix": "p", "worker": w, "how": how})
+             for w in ("w-0", "w-1") for how in POOL_EXITS}  # fmt: skip
+    assert exits == {
+        ("w-0", "crashed"): 2, ("w-0", "fenced"): 0, ("w-0", "stopped"): 0, ("w-0", "failed"): 0,
+        ("w-1", "crashed"): 0, ("w-1", "fenced"): 1, ("w-1", "stopped"): 0, ("w-1", "failed"): 0,
+    }  # fmt: skip
+    assert get("rlstream_pool_worker_restarts_total", {"prefix": "p", "worker": "w-0", "by": "spare"}) == 1
+    assert get("rlstream_pool_worker_restarts_total", {"prefix": "p", "worker": "w-0", "by": "process"}) == 1
+    assert get("rlstream_pool_worker_restarts_total", {"prefix": "p", "worker": "w-1", "by": "spare"}) == 0
+    assert get("rlstream_pool_workers_running", {"prefix": "p"}) == 1
+    assert get("rlstream_pool_spare_ready", {"prefix": "p"}) == 0
+    p.on_running(2, spare_ready=True)
+    assert get("rlstream_pool_spare_ready", {"prefix": "p"}) == 1
+
+
+def test_the_trainer_s_partitions_waiting_for_their_commits_and_the_failed_reads_are_reported():
+    r = CollectorRegistry()
+    t = PrometheusTrainerSensor(r, prefix="p")
+    get = r.get_sample_value
+    # There from the start: a rate of 0 and a gauge at 0 are data, an absent series is not.
+    assert get("rlstream_trainer_partitions_waiting", {"prefix": "p"}) == 0
+    assert get("rlstream_trainer_commit_reads_failed_total", {"prefix": "p"}) == 0
+    t.on_partitions_waiting(3)
+    t.on_commit_reads_failed(2)
+    t.on_commit_reads_failed()
+    t.on_partitions_waiting(1)
+    assert get("rlstream_trainer_partitions_waiting", {"prefix": "p"}) == 1
+    assert get("rlstream_trainer_commit_reads_failed_total", {"prefix": "p"}) == 3

@@ -1,6 +1,6 @@
 """The sensor interfaces: the do-nothing defaults, the reassembler's running totals and fan_out."""
 
-from workers.telemetry.sensors import ReassemblerSensor, ReassemblerStats, TrainerSensor, fan_out
+from workers.telemetry.sensors import PoolSensor, ReassemblerSensor, ReassemblerStats, TrainerSensor, fan_out
 
 
 def test_base_sensors_accept_every_reading_and_keep_nothing():
@@ -15,7 +15,14 @@ def test_base_sensors_accept_every_reading_and_keep_nothing():
     t.on_yield(3, 1)
     t.on_evict(2)
     t.on_duplicate()
-    assert vars(r) == {} and vars(t) == {}
+    r.on_fenced("producer")
+    t.on_version(4)
+    p = PoolSensor()
+    p.on_worker("w-0")
+    p.on_exit("w-0", "crashed")
+    p.on_restart("w-0", by_spare=True)
+    p.on_running(2, spare_ready=True)
+    assert vars(r) == {} and vars(t) == {} and vars(p) == {}
 
 
 def test_reassembler_stats_fold_readings_into_totals():

@@ -5,7 +5,7 @@ from tensordict import TensorDict
 
 from tests.unit.memory_store import InMemoryStore
 from workers.trainer.clears import RowClears
-from workers.trainer.position import PartitionPosition, decode_ranges
+from workers.trainer.position import PartitionPosition
 
 
 def _put(store: InMemoryStore, ids: list[str]) -> None:
@@ -55,16 +55,15 @@ def test_a_failed_clear_forgets_nothing():
 
 
 def test_a_commit_stops_at_a_held_record_and_names_it_resolved():
-    position = PartitionPosition.from_commit(3, None)
+    position = PartitionPosition.from_commit(3)
     for offset in range(3, 8):
         position.read(offset)
     for offset in (3, 4, 6, 7):
         position.resolve(offset)
     # 5 is unresolved; 6 and 7 are resolved but their rows not cleared yet.
-    offset, metadata, _ = position.commit_point([5], held=[3, 4])
-    assert offset == 3 and decode_ranges(offset, metadata) == [(3, 4), (6, 7)]
-    position.committed = (offset, metadata)
+    offset, ranges = position.commit_point([5], held=[3, 4])
+    assert (offset, ranges) == (3, [(3, 4), (6, 7)])
+    position.committed = (offset, tuple(ranges))
     assert position.names(3) and position.names(7) and not position.names(5)
-    offset, metadata, _ = position.commit_point([5])  # rows gone: the offset passes them
-    assert offset == 5 and decode_ranges(offset, metadata) == [(6, 7)]
+    assert position.commit_point([5]) == (5, [(6, 7)])  # rows gone: the offset passes them
     assert not PartitionPosition().names(0)  # nothing committed: nothing named

@@ -44,12 +44,10 @@ def test_the_commit_stays_at_the_first_unresolved_record_and_names_what_is_resol
         assert not position.read(offset)
     for offset in (0, 2, 5):
         position.resolve(offset)
-    offset, metadata, truncated = position.commit_point([1, 4])
-    assert offset == 1 and not truncated
-    assert decode_ranges(1, metadata) == [(2, 2), (5, 5)]
+    assert position.commit_point([1, 4]) == (1, [(2, 2), (5, 5)])
     position.resolve(1)
     position.resolve(4)
-    assert position.commit_point([])[:2] == (6, "")
+    assert position.commit_point([]) == (6, [])
 
 
 def test_a_successor_knows_what_its_predecessor_resolved_and_carries_it_on():
@@ -58,14 +56,13 @@ def test_a_successor_knows_what_its_predecessor_resolved_and_carries_it_on():
         first.read(offset)
     for offset in (11, 12, 15, 16, 17, 18, 19):
         first.resolve(offset)
-    offset, metadata, _ = first.commit_point([10, 13, 14])
-    second = PartitionPosition.from_commit(offset, metadata)
+    offset, ranges = first.commit_point([10, 13, 14])
+    second = PartitionPosition.from_commit(offset, ranges)
     assert [second.read(o) for o in (10, 11, 12, 13)] == [False, True, True, False]
     # Not yet read again: 15..19 stay named in the successor's own commits.
     second.resolve(10)
-    offset2, metadata2, _ = second.commit_point([13])
-    assert offset2 == 13 and decode_ranges(13, metadata2) == [(15, 19)]
-    assert PartitionPosition.from_commit(-1001, None).commit_point([]) is None
+    assert second.commit_point([13]) == (13, [(15, 19)])
+    assert PartitionPosition.from_commit(-1001).commit_point([]) is None
 
 
 def test_a_successor_whose_poll_ends_inside_a_prior_range_writes_metadata_the_next_restart_reads():
@@ -74,15 +71,17 @@ def test_a_successor_whose_poll_ends_inside_a_prior_range_writes_metadata_the_ne
         first.read(offset)
     for offset in range(105, 110):
         first.resolve(offset)
-    offset, metadata, _ = first.commit_point(list(range(100, 105)))
+    offset, ranges = first.commit_point(list(range(100, 105)))
+    metadata, _ = encode_ranges(offset, ranges)
     assert (offset, decode_ranges(offset, metadata)) == (100, [(105, 109)])
-    second = PartitionPosition.from_commit(offset, metadata)
+    second = PartitionPosition.from_commit(offset, decode_ranges(offset, metadata))
     for o in range(100, 107):  # its first poll ends at 106, inside the predecessor's range
         second.read(o)
         second.resolve(o)
-    offset2, metadata2, _ = second.commit_point([])
+    offset2, ranges2 = second.commit_point([])
     assert offset2 == 107
     # The rest of the range starts at the committed offset itself: still readable after a restart.
+    metadata2, _ = encode_ranges(offset2, ranges2)
     assert decode_ranges(offset2, metadata2) == [(107, 109)]
-    third = PartitionPosition.from_commit(offset2, metadata2)
+    third = PartitionPosition.from_commit(offset2, decode_ranges(offset2, metadata2))
     assert [third.read(o) for o in (107, 108, 109, 110)] == [True, True, True, False]

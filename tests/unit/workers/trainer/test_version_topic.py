@@ -22,10 +22,22 @@ class SentRecords:
         pass
 
 
+class SendsTo:
+    """Trainer clients whose acked producer is `sent`."""
+
+    def __init__(self, sent: SentRecords) -> None:
+        self.sent = sent
+
+    def acked_producer(self) -> SentRecords:
+        return self.sent
+
+
 def publisher() -> tuple[VersionPublisher, SentRecords]:
     sent = SentRecords()
     kafka = KafkaConfig("localhost:1")
-    pub = VersionPublisher(kafka, "t.version", trainer_id="t", consumer_group="cg", batch_groups=4, producer=sent)
+    pub = VersionPublisher(
+        kafka, "t.version", trainer_id="t", consumer_group="cg", batch_groups=4, clients=SendsTo(sent)
+    )
     return pub, sent
 
 
