@@ -15,6 +15,7 @@ from streams.errors import MissingKeysError
 from streams.tq import TRAIN
 from tests.integration.trainer.staging import committed_at_end, finalize_groups
 from workers.trainer.batch import BatchMeta
+from workers.trainer.clients import KafkaTrainerClients
 from workers.trainer.config import ConsumerConfig
 from workers.trainer.consumer import ExperienceConsumer
 from workers.trainer.dataset import ExperienceDataset, stateful_loader
@@ -218,22 +219,32 @@ class ConsumeCalls:
         return getattr(self._consumer, name)
 
 
+class NotingClients(KafkaTrainerClients):
+    """The real trainer clients, the finalized topic's reader a `ConsumeCalls`."""
+
+    def __init__(self, kafka):
+        super().__init__(kafka)
+        self.made: list[ConsumeCalls] = []
+
+    def consumer(self, consumer_group, settings):
+        self.made.append(ConsumeCalls(self.consumer_settings(consumer_group, settings)))
+        return self.made[-1]
+
+
 def test_select_wakes_on_the_first_record_not_on_its_poll_interval(kafka, tq_store, unique):
     """librdkafka's consume(n, t) returns once it has n records or t has passed: a select that asked for
     a batch each poll woke for a lone record only when the poll's 0.1 s ran out (issue 33)."""
     names, finalized = finalize_groups(kafka, tq_store, f"se-w-{unique}", versions=range(1), per_version=2)
-    made: list[ConsumeCalls] = []
+    clients = NotingClients(kafka)
     cfg = ConsumerConfig(prefix=names.prefix, consumer_group=f"se-w-{unique}")
-    consumer = ExperienceConsumer(
-        kafka, tq_store, cfg, ready_first(), make_consumer=lambda conf: made.append(ConsumeCalls(conf)) or made[0]
-    )
+    consumer = ExperienceConsumer(kafka, tq_store, cfg, ready_first(), clients=clients)
     try:
         meta = consumer.select(1, min_groups=len(finalized), max_groups=len(finalized), timeout_s=60.0)
         assert meta is not None and len(meta) == len(finalized)
         consumer.ack(meta)
     finally:
         consumer.close()
-    calls = made[0].calls
+    calls = clients.made[0].calls
     waited = [c for c in calls if c[1] > 0]
     assert waited, "select polled"
     # A poll that may wait asks for one record only: it returns as soon as that one has arrived.
