@@ -30,7 +30,7 @@ from schemas.group_build import build_group
 from schemas.request import RolloutReassemblerActorConfig
 from schemas.rowpack import PACKED_FIELD, pack_rows
 from workers.reassembler.config import default_actor_config
-from workers.reassembler.staging_read import tensor_rows
+from workers.reassembler.staged_fetch import tensor_rows
 from workers.rollout.publisher import segments_to_fields
 from workers.rollout.synthetic import SyntheticShape, make_group
 

@@ -18,9 +18,11 @@ from schemas.jagged import concat_batches
 from schemas.regenerate import MAX_REGENERATIONS, regeneration_of
 from schemas.request import RolloutReassemblerActorConfig
 from streams.tq import KVStore
+from workers.reassembler.abandoned import ATTEMPT_TAG, attempt_of, clear_abandoned_rows
 from workers.reassembler.errors import LeaseRefused
 from workers.reassembler.groups import OpenGroup
-from workers.reassembler.staging_read import Fetched, Owned, Segments, Staged, read_staged
+from workers.reassembler.staged_fetch import Segments
+from workers.reassembler.staging_read import Fetched, Owned, Staged, read_staged
 from workers.runtime import REAL_RUNTIME, Runtime
 
 MISSING_STAGING_ROW = "missing_staging_row"  # schemas.linearize's rejection of a receipt whose row is gone
@@ -108,11 +110,17 @@ def finalize_groups(
     runtime: Runtime = REAL_RUNTIME,
     staged: Staged | None = None,
     placeholder_groups: bool = False,
+    may_hold_earlier_attempt: Callable[[OpenGroup], bool] | None = None,
 ) -> list[GroupOutcome]:
     """Finalize ready groups; rows go to TQ train now, staging is cleared by the caller after commit.
 
     `staged` is what `read_staged` read for (at least) these groups, if the caller read it already
     (a pipelined step reads the next step's staging while it finalizes its own); else it is read here.
+
+    Train rows are tagged with the attempt that put them (`abandoned.ATTEMPT_TAG`). Those an earlier,
+    uncommitted attempt put for a group decided now without rows, of the groups
+    `may_hold_earlier_attempt` names (None: none, as over Ray RPC, where nothing commits), are
+    cleared here, before the commit (`abandoned.py`).
 
     The rows of every group built go to TQ in one put per field layout, not one per group: TQ's cost
     is mostly per call (bench/dataplane). `lease_refusal(i, sample_ids)` is asked before put i and names why
@@ -131,8 +139,8 @@ def finalize_groups(
     ]
     if placeholder_groups:
         results = [placeholder_group(r, owned, fetched, config) for r in results]
-    builds = [r[1] for r in results if not isinstance(r, GroupOutcome)]
-    put_ms = _put_rows(store, config.partition_id, builds, lease_refusal) / max(1, len(builds))
+    built = [(r[0], r[1]) for r in results if not isinstance(r, GroupOutcome)]
+    put_ms = _put_rows(store, config.partition_id, built, lease_refusal) / max(1, len(built))
     outcomes = []
     for r in results:
         if isinstance(r, GroupOutcome):
@@ -155,6 +163,10 @@ def finalize_groups(
                 staging,
             )
         )
+    if may_hold_earlier_attempt is not None:
+        # Rows an uncommitted earlier attempt put for a group decided now without rows: no record will name them.
+        rowless = [o.group for o in outcomes if o.finalized is None and may_hold_earlier_attempt(o.group)]
+        clear_abandoned_rows(store, config.partition_id, rowless)
     return outcomes
 
 
@@ -226,17 +238,23 @@ def placeholder_group(
 
 
 def _put_rows(
-    store: KVStore, partition: str, builds: list[GroupBuild], lease_refusal: Callable[[int, list[str]], str | None]
+    store: KVStore,
+    partition: str,
+    built: list[tuple[OpenGroup, GroupBuild]],
+    lease_refusal: Callable[[int, list[str]], str | None],
 ) -> float:
-    """Put the rows of `builds`, one put per set of fields, each once the lease allows it; returns the ms it took."""
+    """Put the rows of `built`, one put per set of fields, each once the lease allows it, each row tagged
+    with the attempt putting it (`abandoned.ATTEMPT_TAG`); returns the ms it took."""
     t0 = time.perf_counter()
-    for i, (same, fields) in enumerate(_puts(builds)):
+    attempts = {id(b): attempt_of(g) for g, b in built}
+    for i, (same, fields) in enumerate(_puts([b for _, b in built])):
         sample_ids = [s for b in same for s in b.sample_ids]
         refusal = lease_refusal(i, sample_ids)
         if refusal is not None:
             names = ", ".join(b.sample_ids[0].rsplit("_g", 1)[0] for b in same[:3])
             raise LeaseRefused(f"not putting the rows of group(s) {names}{' ...' if len(same) > 3 else ''}: {refusal}")
-        store.put(partition, sample_ids, fields, [t for b in same for t in b.tags])
+        tags = [_tagged(t, attempts[id(b)]) for b in same for t in b.tags]
+        store.put(partition, sample_ids, fields, tags)
     return (time.perf_counter() - t0) * 1000.0
 
 
@@ -247,6 +265,10 @@ def _joined(parts: list[TensorDict]) -> TensorDict:
     if joined is None:
         return torch.cat(parts)
     return TensorDict(joined, batch_size=[sum(p.batch_size[0] for p in parts)])
+
+
+def _tagged(tag: Mapping[str, Any], attempt: list[int] | None) -> Mapping[str, Any]:
+    return tag if attempt is None else {**tag, ATTEMPT_TAG: attempt}
 
 
 def _puts(builds: list[GroupBuild]) -> list[tuple[list[GroupBuild], TensorDict]]:
