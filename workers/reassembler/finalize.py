@@ -4,7 +4,7 @@ idempotent put to TQ train."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,10 +22,9 @@ from workers.reassembler.abandoned import ATTEMPT_TAG, attempt_of, clear_abandon
 from workers.reassembler.errors import LeaseRefused
 from workers.reassembler.groups import OpenGroup
 from workers.reassembler.staged_fetch import Segments
+from workers.reassembler.staging_lost import staging_lost
 from workers.reassembler.staging_read import Fetched, Owned, Staged, read_staged
 from workers.runtime import REAL_RUNTIME, Runtime
-
-MISSING_STAGING_ROW = "missing_staging_row"  # schemas.linearize's rejection of a receipt whose row is gone
 
 
 @dataclass(frozen=True)
@@ -133,10 +132,7 @@ def finalize_groups(
     """
     staged = staged if staged is not None else read_staged(store, groups, config)
     owned, tags, fetched, fetch_ms = staged.owned, staged.tags, staged.fetched, staged.fetch_ms
-    results = [
-        _build_or_letter(group, owned[group.group_id], fetched, config, gone=_staging_gone(group, tags))
-        for group in groups
-    ]
+    results = [_build_or_letter(group, owned[group.group_id], fetched, config, present=tags.keys()) for group in groups]
     if placeholder_groups:
         results = [placeholder_group(r, owned, fetched, config) for r in results]
     built = [(r[0], r[1]) for r in results if not isinstance(r, GroupOutcome)]
@@ -173,18 +169,19 @@ def finalize_groups(
 _Built = tuple[OpenGroup, GroupBuild, tuple[str, ...], float]  # group, its rows, staging keys, build ms
 
 
-def _staging_gone(group: OpenGroup, tags: dict[str, dict[str, Any]]) -> bool:
-    """Whether not one staging key the group claims exists in TQ at all (under any owner)."""
-    return not any(k in tags for k in group.staging_keys())
-
-
 def _build_or_letter(
-    group: OpenGroup, mine: Owned, fetched: Fetched, config: RolloutReassemblerActorConfig, *, gone: bool
+    group: OpenGroup,
+    mine: Owned,
+    fetched: Fetched,
+    config: RolloutReassemblerActorConfig,
+    *,
+    present: Collection[str],
 ) -> GroupOutcome | _Built:
     """The group's rows, or its dead-letter outcome when it has no valid row or its build fails.
 
-    `gone`: none of the group's staging keys exist in TQ (a whole-job restart emptied it), so the
-    group is handed back. A group whose keys exist but belong to another group is hostile input and
+    `present`: the staging keys that exist in TQ (under any owner). A group none of whose valid rows is
+    left because its staging was lost (a whole-job restart emptied TQ; `staging_lost.py`) is handed back,
+    failed siblings or not. A group whose keys exist but belong to another group is hostile input and
     is dead-lettered like any other group without a valid row.
     """
     t1 = time.perf_counter()
@@ -201,10 +198,12 @@ def _build_or_letter(
         return GroupOutcome(group, None, INCONSISTENT_GROUP, message, staging)
     if build.valid_row_count == 0:
         reasons = sorted({r for r in build.rejection_reasons if r})
-        if reasons == [MISSING_STAGING_ROW] and gone and regeneration_of(group.group_id)[1] < MAX_REGENERATIONS:
-            # Not one row of the group is left, and no rollout failed: its staging was lost (a whole-job
-            # restart emptied TQ), not refused. Generating the prompt again is the only way to train it.
-            message = f"group {group.group_id}: none of its staged rows are in TQ; handed back for regeneration"
+        if staging_lost(group, build, present, mine.keys) and regeneration_of(group.group_id)[1] < MAX_REGENERATIONS:
+            # Generating the prompt again is the only way to train it.
+            message = (
+                f"group {group.group_id}: none of its staged rows are in TQ ({', '.join(reasons)});"
+                " handed back for regeneration"
+            )
             return GroupOutcome(group, None, None, message, staging, handed_back=True)
         kind = ALL_ROLLOUTS_FAILED if reasons == ["rollout_failed"] else INCONSISTENT_GROUP
         return GroupOutcome(group, None, kind, f"group {group.group_id}: no valid row ({', '.join(reasons)})", staging)
