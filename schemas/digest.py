@@ -14,6 +14,6 @@ def token_digest(token_ids: torch.Tensor) -> str:
     if token_ids.is_floating_point() or token_ids.is_complex() or token_ids.dtype == torch.bool:
         raise ValueError(f"token_digest expects integer token ids, got {token_ids.dtype}")
     array = token_ids.detach().to(device="cpu", dtype=torch.int64).contiguous().numpy()
-    # '<i8' pins the byte order so that a big-endian host computes the same digest.
-    data = array.astype("<i8", copy=False).tobytes()
-    return hashlib.blake2b(data, digest_size=8).hexdigest()
+    # '<i8' pins the byte order so that a big-endian host computes the same digest; the hash reads
+    # the array's buffer (no copy of the bytes on a little-endian host).
+    return hashlib.blake2b(array.astype("<i8", copy=False).data, digest_size=8).hexdigest()

@@ -1,5 +1,12 @@
 """`build_group`: the pure heart of finalization, from a group's receipts and staged segments to
 packed rows, tags and counts; every rollout yields a row, failed ones as placeholders.
+
+A group of rlstream receipts only (the common case) is checked as `linearize` checks it
+(`check_rollout`), then its rows are assembled straight from the checked segments
+(`schemas/train_rows.py`): the rows, tags and counts that `record_to_train_batch` and `pack_payload`
+make from message logs, without building them. A group with a NeMo Gym receipt (its staged rows,
+media and verification are `gym_linearize`'s) takes the message-log path, `build_group_from_logs`,
+which is also the oracle the segment path is held against (tests/unit/schemas/test_train_rows.py).
 """
 
 from __future__ import annotations
@@ -13,11 +20,12 @@ from tensordict import TensorDict
 
 from schemas.gym_linearize import gym_linearize
 from schemas.gym_receipt import GymReceipt
-from schemas.linearize import LinearizedRollout, Rejection, linearize, media_of
-from schemas.payload import Completion, PromptGroupRecord, pack_payload, record_to_train_batch
+from schemas.linearize import LinearizedRollout, Rejection, check_rollout, linearize, media_of
+from schemas.payload import Completion, PromptGroupRecord, _row_tags, _tensordict, pack_payload, record_to_train_batch
 from schemas.receipt import Receipt
 from schemas.request import RolloutReassemblerActorConfig
-from schemas.row_fields import taken_by_row
+from schemas.row_fields import ROLLOUT_ENVIRONMENT, taken_by_row
+from schemas.train_rows import CheckedRollout, group_rows
 
 AnyReceipt = Receipt | GymReceipt
 
@@ -63,6 +71,110 @@ def build_group(
     experts are kept only when `config.router_replay_enabled`. The prompt is the first valid
     rollout's (one pad token if none).
     """
+    if all(r is None or isinstance(r, Receipt) for r in receipts):
+        return _build_from_segments(
+            group_id, prompt_idx, group_size, receipts, segments, config, fallback_weight_version, loss_multiplier
+        )
+    return build_group_from_logs(
+        group_id=group_id,
+        prompt_idx=prompt_idx,
+        group_size=group_size,
+        receipts=receipts,
+        segments=segments,
+        config=config,
+        fallback_weight_version=fallback_weight_version,
+        loss_multiplier=loss_multiplier,
+        gym_rows=gym_rows,
+    )
+
+
+def _build_from_segments(
+    group_id: str,
+    prompt_idx: int,
+    group_size: int,
+    receipts: Sequence[Receipt | None],
+    segments: Mapping[str, Any],
+    config: RolloutReassemblerActorConfig,
+    fallback_weight_version: int,
+    loss_multiplier: float,
+) -> GroupBuild:
+    """`build_group` of rlstream receipts: checked as `linearize` checks them, rows from the segments."""
+    if len(receipts) != group_size:
+        raise ValueError(f"got {len(receipts)} receipt slots for a group of {group_size}")
+    slots: list[CheckedRollout | None] = []
+    reasons: list[str | None] = []
+    for index, receipt in enumerate(receipts):
+        result = _slot_rejection(index, receipt, group_id, prompt_idx, group_size)
+        if result is None:
+            result = check_rollout(receipt, segments)
+        if isinstance(result, Rejection):
+            slots.append(None)
+            reasons.append(result.reason)
+        else:
+            slots.append(CheckedRollout(receipt, result))
+            reasons.append(None)
+    rows = group_rows(
+        slots,
+        pad_token_id=config.pad_token_id,
+        max_seq_len=config.max_seq_len,
+        router_replay=config.router_replay_enabled,
+        loss_multiplier=loss_multiplier,
+    )
+    versions = [c.weight_version for s in slots if s is not None for c in s.receipt.manifest]
+    min_wv = min(versions, default=fallback_weight_version)
+    max_wv = max(versions, default=fallback_weight_version)
+    shapes = {"routed_experts": list(rows.routed_rest)} if rows.routed_rest is not None else {}
+    tags = _row_tags({"violation_counts": rows.counts}, group_size, rows.lengths, shapes, min_wv, group_id, prompt_idx)
+    environment = _environment(receipts)
+    if environment != "unknown":  # as pack_payload tags rows
+        for tag in tags:
+            tag[ROLLOUT_ENVIRONMENT] = environment
+    valid = sum(s is not None for s in slots)
+    return GroupBuild(
+        sample_ids=[f"{group_id}_g{i}" for i in range(group_size)],
+        fields=_tensordict(rows.fields, group_size),
+        tags=tags,
+        rejection_reasons=tuple(reasons),
+        group_min_wv=min_wv,
+        group_max_wv=max_wv,
+        valid_row_count=valid,
+        total_row_count=group_size,
+        canonical_output_tokens=sum(n for n, s in zip(rows.lengths, slots) if s is not None),
+        all_failed=not valid,
+    )
+
+
+def _environment(receipts: Sequence[AnyReceipt | None]) -> str:
+    """NeMo RL's `rollout_environment` of the group: its first receipt's, "unknown" if none names one."""
+    return next((r.environment for r in receipts if r is not None), "unknown") or "unknown"
+
+
+def build_group_from_logs(
+    *,
+    group_id: str,
+    prompt_idx: int,
+    group_size: int,
+    receipts: Sequence[AnyReceipt | None],
+    segments: Mapping[str, Any],
+    config: RolloutReassemblerActorConfig,
+    fallback_weight_version: int = 0,
+    loss_multiplier: float = 1.0,
+    gym_rows: Mapping[str, Any] | None = None,
+) -> GroupBuild:
+    """`build_group` by the message-log path: linearize each rollout (receipts indexed by
+    rollout_index; None = missing), keep failures as placeholder rows, and pack the group stamped
+    with its lowest weight version.
+
+    Receipts may be rlstream's (`segments[key]`: the call's staged tensors) or NeMo Gym's
+    (`gym_rows[key]`: its `schemas.staged_rows.GymStagedRow`, or why it cannot be read), even
+    within one group; `gym_rows` defaults to `segments` (one mapping holding both kinds).
+
+    A row longer than `config.max_seq_len` is cut to that length and marked truncated (not
+    rejected): its prefix is still on-policy data. Media rides only with all the tokens it stands in
+    (`_media_cut`: a cut inside a media call's fed tokens moves back to that call's start). Routed
+    experts are kept only when `config.router_replay_enabled`. The prompt is the first valid
+    rollout's (one pad token if none).
+    """
     if len(receipts) != group_size:
         raise ValueError(f"got {len(receipts)} receipt slots for a group of {group_size}")
     completions: list[Completion] = []
@@ -88,8 +200,7 @@ def build_group(
     valid = [r for r in rollouts if r is not None]
     # NeMo RL's placeholder prompt too: one pad token when no rollout has a prompt to lend.
     prompt = valid[0].prompt_ids if valid and valid[0].prompt_ids.numel() else torch.tensor([config.pad_token_id])
-    environment = next((r.environment for r in receipts if r is not None), "unknown") or "unknown"
-    record = PromptGroupRecord(prompt, tuple(completions), loss_multiplier, rollout_environment=environment)
+    record = PromptGroupRecord(prompt, tuple(completions), loss_multiplier, rollout_environment=_environment(receipts))
     batch = record_to_train_batch(
         record,
         pad_value_dict={"input_ids": config.pad_token_id},
@@ -123,6 +234,18 @@ def _linearize_slot(
     group_size: int,
     segments: Mapping[str, Any],
 ) -> LinearizedRollout | Rejection:
+    rejection = _slot_rejection(index, receipt, group_id, prompt_idx, group_size)
+    if rejection is not None:
+        return rejection
+    if isinstance(receipt, GymReceipt):
+        return gym_linearize(receipt, segments)
+    return linearize(receipt, segments)
+
+
+def _slot_rejection(
+    index: int, receipt: AnyReceipt | None, group_id: str, prompt_idx: int, group_size: int
+) -> Rejection | None:
+    """Why slot `index` holds no receipt of this group's rollout `index`, or None."""
     if receipt is None:
         return Rejection("missing_receipt", f"no receipt for rollout {index}")
     expected = (group_id, index, group_size, prompt_idx)
@@ -133,9 +256,7 @@ def _linearize_slot(
             "invalid_receipt",
             f"slot {index}: (group_id, rollout_index, group_size, prompt_idx) is {got}, expected {expected}",
         )
-    if isinstance(receipt, GymReceipt):
-        return gym_linearize(receipt, segments)
-    return linearize(receipt, segments)
+    return None
 
 
 def _kept(

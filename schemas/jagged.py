@@ -5,7 +5,7 @@ by one native call per field (a memcpy and a fill per row), numpy when the copie
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 import numpy as np
@@ -151,6 +151,55 @@ class JaggedLayout:
         if _FAST_NJT is not None:
             return _FAST_NJT[1](values, rows)
         return make_jagged(values, rows.offsets, rows.lengths)  # pragma: no cover
+
+
+def jagged_at(values: torch.Tensor, offsets: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """`make_jagged` with row lengths, for contiguous 1-D `values`, at about half its cost (no copy)."""
+    if _FAST_NJT is None or values.dim() != 1 or not values.is_contiguous():
+        return make_jagged(values, offsets, lengths)
+    return _FAST_NJT[1](values, _FAST_NJT[0](offsets, lengths))
+
+
+def jagged_views(values: Mapping[str, torch.Tensor], offsets: torch.Tensor) -> dict[str, torch.Tensor]:
+    """1-D `values` whose rows lie one after another, row i from offsets[i] to offsets[i + 1], as jagged
+    tensors over the same memory that share one ragged dimension (fields of one group's rows)."""
+    if _FAST_NJT is None:  # pragma: no cover - depends on the torch build
+        return {name: make_jagged(v.contiguous(), offsets) for name, v in values.items()}
+    rows = _FAST_NJT[0](offsets, None)
+    return {name: _FAST_NJT[1](v.contiguous(), rows) for name, v in values.items()}
+
+
+def concat_batches(parts: Sequence[Mapping[str, torch.Tensor]]) -> dict[str, torch.Tensor] | None:
+    """The rows of several batches of the same fields, one batch after another (one copy of the
+    values per field); None if they do not line up (other fields or dtypes, jagged rows with gaps).
+
+    What `torch.cat` of their TensorDicts gives, at a fraction of its cost: a nested tensor's cat
+    dispatches per field and per part; here each jagged field is one concatenation of its values,
+    sharing one offsets tensor with the other fields whose rows have the same lengths.
+    """
+    if not parts or any(p.keys() != parts[0].keys() for p in parts):
+        return None
+    out: dict[str, torch.Tensor] = {}
+    shared: dict[tuple[int, ...], torch.Tensor] = {}
+    for name, first in parts[0].items():
+        values = [p[name] for p in parts]
+        if any(v.dtype != first.dtype for v in values):
+            return None
+        if not is_nested(first):
+            if any(is_nested(v) or v.shape[1:] != first.shape[1:] for v in values):
+                return None
+            out[name] = torch.cat(values)
+            continue
+        rows = [jagged_rows(v) if is_nested(v) else None for v in values]
+        if any(r is None or r.lengths is not None or r.scale != 1 or r.rest for r in rows):
+            return None
+        lengths = tuple(n for r in rows for n in r.item_lengths())
+        offsets = shared.get(lengths)
+        if offsets is None:
+            offsets = shared[lengths] = offsets_from_lengths(torch.tensor(lengths, dtype=torch.int64))
+        flat = [r.values[int(r.offsets[0]) : int(r.offsets[-1])] for r in rows]
+        out[name] = jagged_views({name: torch.cat(flat)}, offsets)[name]
+    return out
 
 
 def _row_starts(n: int, stride: int, device: torch.device) -> torch.Tensor:

@@ -85,27 +85,10 @@ def media_of(spans: Sequence[MediaSpan]) -> dict[str, list[torch.Tensor]]:
 def linearize(receipt: Receipt, segments: Mapping[str, Mapping[str, torch.Tensor]]) -> LinearizedRollout | Rejection:
     """Check the receipt's call chain and staged segments, then split each call's delta into
     prompt/environment runs (mask False) and assistant runs (mask True, with logprobs)."""
-    if receipt.failure_reason is not None:
-        return Rejection("rollout_failed", receipt.failure_reason)
+    checked = check_rollout(receipt, segments)
+    if isinstance(checked, Rejection):
+        return checked
     manifest = receipt.manifest
-    rejection = _check_chain(manifest)
-    if rejection is not None:
-        return rejection
-    checked = []
-    for i, call in enumerate(manifest):
-        segment = segments.get(call.staging_key)
-        if segment is None:
-            detail = f"manifest[{i}]: no segment {call.staging_key!r}"
-            return Rejection("missing_staging_row", detail)
-        if not isinstance(segment, Mapping):
-            return Rejection("invalid_staging_row", f"manifest[{i}] ({call.staging_key}): not an rlstream staged call")
-        problem = _segment_problem(call, segment)
-        if problem is not None:
-            detail = f"manifest[{i}] ({call.staging_key}): {problem}"
-            return Rejection("invalid_staging_row", detail)
-        checked.append(segment)
-    if int(checked[0]["token_mask"][:1].sum()) or manifest[0].delta_len == 0:
-        return Rejection("rebuild_failed", "call 0 does not begin with prompt tokens")
     message_log = []
     for i, (call, segment) in enumerate(zip(manifest, checked)):
         message_log.extend(_messages(call, segment, first_call=i == 0))
@@ -118,6 +101,68 @@ def linearize(receipt: Receipt, segments: Mapping[str, Mapping[str, torch.Tensor
         max_wv=max(versions),
         length=manifest[-1].cum_len,
     )
+
+
+def check_rollout(
+    receipt: Receipt, segments: Mapping[str, Mapping[str, torch.Tensor]]
+) -> list[Mapping[str, torch.Tensor]] | Rejection:
+    """What `linearize` checks, without the message log: the rollout's segments in call order, or the
+    first reason it cannot be a training row, exactly as `linearize` names it.
+
+    The value checks (logprobs finite on generated tokens, token digests) run over the whole
+    rollout at once, and only a rollout that fails them is checked again call by call, so that the
+    first failing call, and its first failing check, is the one named.
+    """
+    if receipt.failure_reason is not None:
+        return Rejection("rollout_failed", receipt.failure_reason)
+    manifest = receipt.manifest
+    rejection = _check_chain(manifest)
+    if rejection is not None:
+        return rejection
+    checked = []
+    for i, call in enumerate(manifest):
+        segment = segments.get(call.staging_key)
+        rejection = _shape_rejection(i, call, segment)
+        if rejection is not None:
+            # A value problem of an earlier call comes first, as `_segment_problem` call by call has it.
+            return _first_value_problem(manifest, checked) or rejection
+        checked.append(segment)
+    if not _values_ok(manifest, checked):
+        return _first_value_problem(manifest, checked)
+    if bool(checked[0]["token_mask"][:1].any()) or manifest[0].delta_len == 0:
+        return Rejection("rebuild_failed", "call 0 does not begin with prompt tokens")
+    return checked
+
+
+def _shape_rejection(i: int, call: CallRecord, segment: Any) -> Rejection | None:
+    """Why call `i`'s staged segment is missing or not shaped as its record says (no tensor op)."""
+    if segment is None:
+        return Rejection("missing_staging_row", f"manifest[{i}]: no segment {call.staging_key!r}")
+    if not isinstance(segment, Mapping):
+        return Rejection("invalid_staging_row", f"manifest[{i}] ({call.staging_key}): not an rlstream staged call")
+    problem = _shape_problem(call, segment)
+    if problem is not None:
+        return Rejection("invalid_staging_row", f"manifest[{i}] ({call.staging_key}): {problem}")
+    return None
+
+
+def _values_ok(manifest: tuple[CallRecord, ...], checked: list[Mapping[str, torch.Tensor]]) -> bool:
+    """Every call's logprobs finite on its generated tokens and its digest its record's (few tensor ops)."""
+    if any(token_digest(s["token_ids"]) != c.digest for c, s in zip(manifest, checked)):
+        return False
+    logprobs = torch.cat([s["generation_logprobs"] for s in checked])
+    generated = torch.cat([s["token_mask"] for s in checked])
+    return bool(torch.isfinite(logprobs).logical_or_(~generated).all())
+
+
+def _first_value_problem(
+    manifest: tuple[CallRecord, ...], checked: list[Mapping[str, torch.Tensor]]
+) -> Rejection | None:
+    for i, (call, segment) in enumerate(zip(manifest, checked)):
+        problem = _value_problem(call, segment)
+        if problem is not None:
+            return Rejection("invalid_staging_row", f"manifest[{i}] ({call.staging_key}): {problem}")
+    return None
 
 
 def _check_chain(manifest: tuple[CallRecord, ...]) -> Rejection | None:
@@ -147,6 +192,11 @@ def _check_chain(manifest: tuple[CallRecord, ...]) -> Rejection | None:
 
 def _segment_problem(call: CallRecord, segment: Mapping[str, Any]) -> str | None:
     """Describe how a staged segment disagrees with its call record, or None if it matches."""
+    return _shape_problem(call, segment) or _value_problem(call, segment)
+
+
+def _shape_problem(call: CallRecord, segment: Mapping[str, Any]) -> str | None:
+    """The checks of a segment's fields, dtypes and shapes (no tensor op)."""
     expected = {
         "token_ids": torch.int64,
         "token_mask": torch.bool,
@@ -168,6 +218,11 @@ def _segment_problem(call: CallRecord, segment: Mapping[str, Any]) -> str | None
             return f"routed_experts must hold integers, got {routed.dtype}"
         if routed.shape[0] != call.delta_len:
             return f"routed_experts has {routed.shape[0]} rows, delta_len is {call.delta_len}"
+    return None
+
+
+def _value_problem(call: CallRecord, segment: Mapping[str, Any]) -> str | None:
+    """The checks of a segment's values: logprobs finite on generated tokens, the token digest."""
     logprobs = segment["generation_logprobs"][segment["token_mask"]]
     if not bool(torch.isfinite(logprobs).all()):
         return "generation_logprobs hold NaN or inf on generated tokens"

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from schemas.errors import LayoutError
-from schemas.jagged import is_nested, jagged_rows, make_jagged
+from schemas.jagged import is_nested, jagged_at, jagged_rows, make_jagged
 
 LAYOUT_VERSION = 1
 # The one TQ field of a packed row; a row with other fields is in the previous layout (one TQ
@@ -215,7 +215,7 @@ def _column(buf: torch.Tensor, placed: list[tuple[str, str, list[int], int, int]
     if dims == {1}:
         offsets = torch.tensor([e[3] // size for e in placed] + [typed.numel()], dtype=torch.int64)
         lengths = torch.tensor([e[4] // size for e in placed], dtype=torch.int64)
-        return make_jagged(typed, offsets, lengths)
+        return jagged_at(typed, offsets, lengths)
     if dims == {0}:
         return typed[torch.tensor([e[3] // size for e in placed], dtype=torch.int64)]
     rows = [typed[e[3] // size : (e[3] + e[4]) // size].view(e[2]) for e in placed]

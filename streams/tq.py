@@ -34,6 +34,7 @@ from streams.tq_setup import (
     init_tq,
     nodes_offering,
     ray_address,
+    set_torch_threads,
     start_tq_metrics,
 )
 
@@ -51,6 +52,7 @@ __all__ = [
     "init_tq",
     "nodes_offering",
     "ray_address",
+    "set_torch_threads",
     "start_tq_metrics",
     "with_call_deadline",
     "with_clear_guard",

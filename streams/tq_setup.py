@@ -141,6 +141,23 @@ def bound_tq_calls(budget_s: float) -> None:
             setattr(storage, name, value)
 
 
+def set_torch_threads(threads: int) -> None:
+    """This process's torch intra-op threads, and the count TQ's put and get restore after their own.
+
+    TQ sets torch's threads to its `TQ_NUM_THREADS` for each put and get and then back to the count
+    it saw when it was imported: in a process that imported TQ already, that count is set too, or
+    every TQ call would undo this one.
+    """
+    import torch
+
+    if threads < 1:
+        raise ValueError(f"torch threads must be at least 1, got {threads}")
+    torch.set_num_threads(threads)
+    common = sys.modules.get("transfer_queue.utils.common")
+    if common is not None:
+        common.DEFAULT_TORCH_NUM_THREADS = threads
+
+
 def init_tq(config: TQConfig = TQConfig()) -> TQSession:
     """Start or attach to Ray, then create or attach to the TQ controller and its storage units."""
     if config.call_budget_s is not None:

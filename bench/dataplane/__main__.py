@@ -7,6 +7,8 @@ One run, one Ray/TQ and one local broker, two group shapes side by side (`cycles
   (a) raw TQ cycle: put a group's 32 staged rows, get them, put its 8 training rows, get them, clear
       both, with TQ's KV API in this process and TQ's own layout (one item per row and field)
       (`cycles.py`), at 1 and at 8 groups per call (moe: 1);
+  (a') the same cycle with rlstream's packed rows (`schemas/rowpack.py`: one uint8 TQ field per
+      row), packed before each call: the honest bound of rlstream's own path (e2e / packed);
   (b) the same cycle against a Ray actor that receives and returns the tensors by value;
   (c) rlstream: `RolloutPublisher` -> reassembler process(es) -> `ExperienceConsumer` select,
       materialize and ack, 8 groups per publish and per select (moe: 1), first publish to last ack
@@ -23,7 +25,7 @@ The machine is shared and loaded: compare ratios from one run, not figures acros
 breakdowns (seconds in each TQ operation per role, Kafka commit steps) follow the summary.
 
     .venv/bin/python -m bench.dataplane [--quick] [--rounds 3] [--shapes dense,moe]
-        [--only raw,rpc,memcpy,e2e,fetch,latency]
+        [--only raw,packed,rpc,memcpy,e2e,fetch,latency]
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from bench.dataplane.cycles import (
     CycleResult,
     make_payload,
     memcpy_cycle,
+    packed_tq_cycle,
     raw_tq_cycle,
     ray_rpc_cycle,
 )
@@ -55,10 +58,15 @@ from streams.broker import BrokerConfig, LocalBroker
 from streams.config import KafkaConfig
 from streams.tq import TQConfig, init_tq
 
-PHASES = ("raw", "rpc", "memcpy", "e2e", "fetch", "latency")
+PHASES = ("raw", "packed", "rpc", "memcpy", "e2e", "fetch", "latency")
 KAFKA_PHASES = ("e2e", "fetch", "latency")
-CYCLES = {"raw": raw_tq_cycle, "rpc": ray_rpc_cycle, "memcpy": memcpy_cycle}
-NAMES = {"raw": "(a) raw TQ cycle", "rpc": "(b) Ray RPC by value", "memcpy": "(d) memcpy"}
+CYCLES = {"raw": raw_tq_cycle, "packed": packed_tq_cycle, "rpc": ray_rpc_cycle, "memcpy": memcpy_cycle}
+NAMES = {
+    "raw": "(a) raw TQ cycle",
+    "packed": "(a') packed TQ cycle",
+    "rpc": "(b) Ray RPC by value",
+    "memcpy": "(d) memcpy",
+}
 
 
 class Measured:
@@ -188,11 +196,38 @@ def _print_summary(m: Measured, shapes: list[BenchShape]) -> None:
         k = s.e2e_groups_per_call
         if e2e:
             print(_row("(c) rlstream e2e", k, [r.groups_per_s for r in e2e], s, nbytes))
-        for phase, label in (("raw", "raw-TQ"), ("rpc", "Ray-RPC"), ("memcpy", "memcpy")):
+        for phase, label in (("raw", "raw-TQ"), ("packed", "packed-TQ"), ("rpc", "Ray-RPC"), ("memcpy", "memcpy")):
             if e2e and (phase, k) in cycles:
                 ratios = [e.groups_per_s / c.groups_per_s for e, c in zip(e2e, cycles[(phase, k)])]
                 per_round = ", ".join(f"{x:.3g}" for x in ratios)
                 print(f"{s.name} e2e/{label} ({k} per call): {statistics.median(ratios):.3g}  (per round: {per_round})")
+
+
+def _ratio(m: Measured, shape: str, phase: str) -> float | None:
+    """The median over rounds of e2e / the bound `phase` of `shape`, at the e2e's groups per call."""
+    e2e, k = m.e2e.get(shape, []), SHAPES[shape].e2e_groups_per_call
+    bound = m.cycles.get(shape, {}).get((phase, k), [])
+    if not e2e or not bound:
+        return None
+    return statistics.median(e.groups_per_s / c.groups_per_s for e, c in zip(e2e, bound))
+
+
+def _print_targets(m: Measured) -> None:
+    """Issue 33's targets, each figure beside its target and whether this run met it."""
+    fetch = statistics.median(r.ratio for r in m.fetches) if m.fetches else None
+    rows = [
+        ("dense e2e / Ray RPC by value, 8 groups per call", _ratio(m, "dense", "rpc"), ">=", 1.0, "x"),
+        ("dense e2e / packed-row TQ cycle", _ratio(m, "dense", "packed"), ">=", 0.9, "x"),
+        ("MoE e2e / raw TQ cycle", _ratio(m, "moe", "raw"), ">=", 0.8, "x"),
+        ("p99 last receipt -> committed record, half of peak", m.latency and m.latency.p99_ms, "<", 100.0, " ms"),
+        ("trainer select + materialize / raw TQ get", fetch, ">=", 0.9, "x"),
+    ]
+    print("\ntargets (issue 33), this run:")
+    for name, value, op, target, unit in rows:
+        if value is None:
+            continue
+        met = value >= target if op == ">=" else value < target
+        print(f"  {name:<52} {value:>8.3g}{unit:<3} target {op} {target:g}{unit}: {'met' if met else 'NOT met'}")
 
 
 def _print_cycle_ops(shape: str, cycles: dict) -> None:
@@ -243,6 +278,7 @@ def main() -> None:
     print_fetch_summary(m.fetches)
     if m.latency is not None:
         print_latency(m.latency)
+    _print_targets(m)
     for s in args.shapes:
         _print_cycle_ops(s.name, m.cycles.get(s.name, {}))
         _print_e2e_ops(s.name, m.e2e.get(s.name, []))

@@ -21,7 +21,7 @@ from pathlib import Path
 from bench.dataplane.timing import CommitTimer, TimedStore
 from streams.config import KafkaConfig
 from streams.pids import die_with_parent
-from streams.tq import TQConfig, TQStore, init_tq
+from streams.tq import TQConfig, TQStore, init_tq, set_torch_threads
 from workers.reassembler.config import ReassemblerConfig
 from workers.reassembler.run import child_process, read_spec
 
@@ -58,6 +58,7 @@ def main() -> None:
 
     out = Path(sys.argv[1])
     spec = read_spec(sys.stdin.buffer.read())
+    set_torch_threads(spec.reassembler.torch_threads)  # as a pool's child sets it
     init_tq(spec.tq)
     stop, dump = threading.Event(), threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

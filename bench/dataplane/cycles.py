@@ -6,9 +6,12 @@ group at 8 rollouts x 8,192 tokens with mixture-of-experts router replay (routed
 top-8 per token, uint8). A group's 32 staged call deltas (token ids int64, mask bool, logprobs
 float32, routed experts, jagged) are put and fetched, then its 8 training rows (as `build_group`
 makes them) are put and fetched, then both are cleared, with TQ's own per-(row, field) layout (the
-raw cycle is TQ's API with nothing of rlstream). `groups_per_call` groups share each call. Each
-function returns a `CycleResult`: wall seconds for `groups` groups and the seconds spent in each
-operation, summed over calls.
+raw cycle is TQ's API with nothing of rlstream). `packed_tq_cycle` is the same cycle in the layout
+rlstream writes (`schemas/rowpack.py`: one uint8 TQ field per row, a key's fields behind a header),
+the honest bound of rlstream's own path: rows are packed before each call and not unpacked after a
+get, so it times TQ alone. `groups_per_call` groups share each call. Each function returns a
+`CycleResult`: wall seconds for `groups` groups and the seconds spent in each operation, summed
+over calls.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from tensordict import TensorDict
 from bench.common import SHAPE
 from schemas.group_build import build_group
 from schemas.request import RolloutReassemblerActorConfig
+from schemas.rowpack import PACKED_FIELD, pack_rows
 from workers.reassembler.config import default_actor_config
 from workers.reassembler.staged_fetch import tensor_rows
 from workers.rollout.publisher import segments_to_fields
@@ -159,13 +163,24 @@ def _timed(ops: dict[str, float], name: str, call: Callable[[], object]) -> obje
     return out
 
 
-def _run(name: str, payload: Payload, calls: int, one_call: Callable[[int, dict[str, float]], None]) -> CycleResult:
+def _run(
+    name: str,
+    payload: Payload,
+    calls: int,
+    one_call: Callable[[int, dict[str, float]], None],
+    prepare: Callable[[int], None] = lambda i: None,
+) -> CycleResult:
+    """`calls` timed calls after one warm-up; `prepare(i)` runs before call i, outside the timing."""
+    prepare(-1)
     one_call(-1, {})  # warm-up: first-use costs (connections, allocator) are not the steady state
     ops: dict[str, float] = {}
-    t0 = time.perf_counter()
+    seconds = 0.0
     for i in range(calls):
+        prepare(i)
+        t0 = time.perf_counter()
         one_call(i, ops)
-    return CycleResult(name, payload.groups, calls * payload.groups, time.perf_counter() - t0, ops)
+        seconds += time.perf_counter() - t0
+    return CycleResult(name, payload.groups, calls * payload.groups, seconds, ops)
 
 
 def _keys(payload: Payload, i: int) -> tuple[list[str], list[str]]:
@@ -187,6 +202,36 @@ def raw_tq_cycle(payload: Payload, calls: int) -> CycleResult:
         _timed(ops, "clear", lambda: (tq.kv_clear(skeys, RAW_STAGING), tq.kv_clear(tkeys, RAW_TRAIN)))
 
     return _run("raw TQ cycle", payload, calls, one_call)
+
+
+def packed_tq_cycle(payload: Payload, calls: int) -> CycleResult:
+    """The raw cycle in rlstream's packed layout: one uint8 TQ field per row (`schemas.rowpack`).
+
+    TQ's KV API as in `raw_tq_cycle`; each call's rows are packed under its keys before the call
+    (untimed: packing is rlstream's cost, which its end to end pays) and a get's rows are left packed.
+    """
+    import transfer_queue as tq
+
+    rows: dict[str, TensorDict] = {}
+
+    def packed(partition: str, keys: list[str], fields: TensorDict) -> TensorDict:
+        return TensorDict({PACKED_FIELD: pack_rows(partition, keys, fields)}, batch_size=[len(keys)])
+
+    def prepare(i: int) -> None:
+        skeys, tkeys = _keys(payload, i)
+        rows["staging"] = packed(RAW_STAGING, skeys, payload.staging)
+        rows["train"] = packed(RAW_TRAIN, tkeys, payload.train)
+
+    def one_call(i: int, ops: dict[str, float]) -> None:
+        skeys, tkeys = _keys(payload, i)
+        p, s, t = payload, rows["staging"], rows["train"]
+        _timed(ops, "put_staging", lambda: tq.kv_batch_put(skeys, RAW_STAGING, s, p.staging_tags))
+        _timed(ops, "get_staging", lambda: tq.kv_batch_get(skeys, RAW_STAGING))
+        _timed(ops, "put_train", lambda: tq.kv_batch_put(tkeys, RAW_TRAIN, t, p.train_tags))
+        _timed(ops, "get_train", lambda: tq.kv_batch_get(tkeys, RAW_TRAIN))
+        _timed(ops, "clear", lambda: (tq.kv_clear(skeys, RAW_STAGING), tq.kv_clear(tkeys, RAW_TRAIN)))
+
+    return _run("raw TQ cycle, packed", payload, calls, one_call, prepare)
 
 
 class _KVActor:

@@ -8,7 +8,8 @@ read_committed consumer sees its record. Where the time goes, per group, from th
 timings (`finalized_at_ms`, `metrics`) and the worker's commit ends (wall clocks of one machine):
 
   poll          acked -> the step starts fetching (the poll's wake-up, and receipts batched into a step)
-  TQ fetch      the ownership lookup and the staged rows' get
+  TQ fetch      what the step still waited for its staged rows (the ownership lookup and the get;
+                less when the previous step read them ahead, `workers/reassembler/prefetch.py`)
   build + put   the pure build and this group's share of the train put
   transaction   record built -> the step's Kafka commit returned (produce, offsets, commit)
   visibility    commit returned -> the record seen by a read_committed consumer
@@ -24,7 +25,7 @@ from bisect import bisect_left
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.common import Arrivals, percentile
+from bench.common import Arrivals, percentile, wake_on_arrival
 from bench.dataplane.child import request_timings, spawn
 from bench.dataplane.e2e import wait_for_members
 from schemas.finalized import FinalizedGroup
@@ -59,7 +60,7 @@ class _Records(Arrivals):
 
     def run(self) -> None:
         while not self.stop.is_set():
-            for m in self._consumer.consume(500, 0.01):
+            for m in wake_on_arrival(self._consumer, 500, 0.01):
                 if m.error() is None:
                     group = FinalizedGroup.from_bytes(m.value())
                     self.seen.setdefault(group.group_id, time.time())

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from streams.tq import set_torch_threads
 from tests.tools.faults import CRASH_POINTS, CrashAt, FreezeBeforePut, SlowCommit
 from workers.reassembler.faults import NO_FAULTS, Faults
 from workers.reassembler.run import read_spec, run_worker, spawn_worker
@@ -51,6 +52,7 @@ def main(argv: list[str]) -> int:
     faults = faults_from(argv)
     spec = read_spec(sys.stdin.buffer.readline())
     configure_logging()
+    set_torch_threads(spec.reassembler.torch_threads)  # as a pool's child sets it
     run_worker(spec.kafka, spec.reassembler, spec.tq, faults=faults)
     return 0
 

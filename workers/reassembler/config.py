@@ -148,6 +148,12 @@ class ReassemblerConfig(Settings, frozen=True):
     staging_sweep_interval_s: Annotated[
         float, Meta(gt=0, le=86_400, description="seconds between two sweeps of the staging partition")
     ] = 60.0
+    # A step's tensor ops are many and small: on a node of busy cores a second intra-op thread mostly
+    # waits for the first (measured: the group build 2 to 15 times slower with 2 threads on 2 loaded cores).
+    torch_threads: Annotated[
+        int,
+        Meta(ge=1, le=256, description="torch intra-op threads of a reassembler process (a pool's child)"),
+    ] = 1
     # NeMo RL publishes every group, N placeholder rows (sample_mask 0) when none of its rollouts is
     # valid; rlstream dead-letters such a group by default, so it is visible, redrivable and counted
     # as a loss by the admission gate, instead of taking a training batch's slot for nothing.

@@ -1,9 +1,10 @@
-"""Finalization of ready groups: one batched fetch from TQ staging, the pure build, an idempotent put to TQ train."""
+"""Finalization of ready groups: one batched fetch from TQ staging (`staging_read.py`), the pure build, an
+idempotent put to TQ train."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,17 +14,16 @@ from tensordict import TensorDict
 from schemas.deadletter import ALL_ROLLOUTS_FAILED, INCONSISTENT_GROUP
 from schemas.finalized import FinalizedGroup, SourceRange
 from schemas.group_build import GroupBuild, build_group
+from schemas.jagged import concat_batches
 from schemas.regenerate import MAX_REGENERATIONS, regeneration_of
 from schemas.request import RolloutReassemblerActorConfig
-from schemas.staged_rows import owned_by
-from streams.errors import RowsUnsettled
 from streams.tq import KVStore
 from workers.reassembler.abandoned import ATTEMPT_TAG, attempt_of, clear_abandoned_rows
-from workers.reassembler.errors import LeaseRefused, StagingUnstable
+from workers.reassembler.errors import LeaseRefused
 from workers.reassembler.groups import OpenGroup
-from workers.reassembler.gym_fetch import fetch_gym_rows, is_gym
-from workers.reassembler.staged_fetch import Segments, fetch_segments
+from workers.reassembler.staged_fetch import Segments
 from workers.reassembler.staging_lost import staging_lost
+from workers.reassembler.staging_read import Fetched, Owned, Staged, read_staged
 from workers.runtime import REAL_RUNTIME, Runtime
 
 
@@ -39,47 +39,6 @@ class GroupOutcome:
     # Set when none of the group's staged rows exist any more (TQ lost with the job): the group is
     # handed back for regeneration instead of dead-lettered; the caller makes the `Regenerate`.
     handed_back: bool = False
-
-
-@dataclass(frozen=True)
-class Owned:
-    """A group's staging keys that its own receipts may use, by the kind of receipt that claimed them.
-
-    A key is read the way its claim's receipt says (an rlstream receipt's as rlstream tensors, a NeMo
-    Gym receipt's as a NeMo Gym call), so a claim of the other kind never changes how it is read.
-    """
-
-    rlstream: frozenset[str] = frozenset()
-    gym: frozenset[str] = frozenset()
-
-    @property
-    def keys(self) -> frozenset[str]:
-        return self.rlstream | self.gym
-
-
-def owned_keys(
-    store: KVStore, staging_partition: str, groups: Sequence[OpenGroup]
-) -> tuple[dict[str, Owned], dict[str, dict[str, Any]]]:
-    """Per group, the staging keys of its receipts that were staged by that very group and rollout.
-
-    A receipt is input: it could name another rollout's staged rows, whose tokens would become this
-    group's rows and then be cleared under their owner. Staged rows carry the group and rollout they
-    belong to in their tags (`stage_rollouts`); a row whose tags say otherwise is treated as missing.
-    Two groups of one step may name the same key: each is judged on its own claim, and a key is
-    owned per kind of the receipt that claimed it. Returns the owned keys per group and the tags
-    looked up.
-    """
-    tags = store.tags(staging_partition, list(dict.fromkeys(_claimed_keys(groups))))
-    owned: dict[str, tuple[set[str], set[str]]] = {g.group_id: (set(), set()) for g in groups}
-    for g in groups:
-        for r in g.receipts.values():
-            mine = owned[g.group_id][is_gym(r)]
-            mine.update(k for c in r.manifest if owned_by(tags.get(k := c.staging_key), g.group_id, r.rollout_id))
-    return {gid: Owned(frozenset(rl), frozenset(gym)) for gid, (rl, gym) in owned.items()}, tags
-
-
-def _claimed_keys(groups: Sequence[OpenGroup]) -> Iterator[str]:
-    return (c.staging_key for g in groups for r in g.receipts.values() for c in r.manifest)
 
 
 def _source(group: OpenGroup, topic: str) -> SourceRange | None:
@@ -118,21 +77,6 @@ def _finalized_record(
     )
 
 
-@dataclass(frozen=True)
-class Fetched:
-    """The staged rows a step read: rlstream's tensors and NeMo Gym's calls, each by key."""
-
-    segments: Segments
-    gym_rows: Segments
-
-    def of(self, owned: Owned) -> tuple[Segments, Segments]:
-        """What one group may build from: the rows of its own keys, each as its claim's kind."""
-        return (
-            {k: v for k, v in self.segments.items() if k in owned.rlstream},
-            {k: v for k, v in self.gym_rows.items() if k in owned.gym},
-        )
-
-
 def build_one(
     group: OpenGroup, segments: Segments, config: RolloutReassemblerActorConfig, gym_rows: Segments | None = None
 ) -> GroupBuild:
@@ -163,10 +107,14 @@ def finalize_groups(
     now_ms: int,
     lease_refusal: Callable[[int, list[str]], str | None] = lambda put, sample_ids: None,
     runtime: Runtime = REAL_RUNTIME,
+    staged: Staged | None = None,
     placeholder_groups: bool = False,
     may_hold_earlier_attempt: Callable[[OpenGroup], bool] | None = None,
 ) -> list[GroupOutcome]:
     """Finalize ready groups; rows go to TQ train now, staging is cleared by the caller after commit.
+
+    `staged` is what `read_staged` read for (at least) these groups, if the caller read it already
+    (a pipelined step reads the next step's staging while it finalizes its own); else it is read here.
 
     Train rows are tagged with the attempt that put them (`abandoned.ATTEMPT_TAG`). Those an earlier,
     uncommitted attempt put for a group decided now without rows, of the groups
@@ -182,28 +130,8 @@ def finalize_groups(
     `placeholder_groups`, a group with no valid row is published as masked placeholder rows (NeMo
     RL's way) instead of dead-lettered.
     """
-    t0 = time.perf_counter()
-    try:
-        owned, tags = owned_keys(store, config.staging_partition, groups) if groups else ({}, {})
-    except RowsUnsettled as exc:  # which staged rows are there is not known now: the step is rebuilt
-        raise StagingUnstable(f"staged rows could not be looked up now ({exc})") from exc
-    # In the order owned_keys looked them up: a store that keeps that lookup's row locations
-    # (TQStore) then fetches the rows without looking them up again. Each key is read as the kind
-    # of receipt that owns it claims it is (a foreign claim of the other kind owns nothing).
-    lookup = list(dict.fromkeys(_claimed_keys(groups)))
-    rl_keys = set().union(*(o.rlstream for o in owned.values()))
-    gym_keys = set().union(*(o.gym for o in owned.values()))
-    fetched = Fetched(
-        fetch_segments(
-            store,
-            config.staging_partition,
-            [k for k in lookup if k in rl_keys],
-            routed_experts=config.router_replay_enabled,
-            tags=tags,
-        ),
-        fetch_gym_rows(store, config.staging_partition, [k for k in lookup if k in gym_keys], tags),
-    )
-    fetch_ms = (time.perf_counter() - t0) * 1000.0
+    staged = staged if staged is not None else read_staged(store, groups, config)
+    owned, tags, fetched, fetch_ms = staged.owned, staged.tags, staged.fetched, staged.fetch_ms
     results = [_build_or_letter(group, owned[group.group_id], fetched, config, present=tags.keys()) for group in groups]
     if placeholder_groups:
         results = [placeholder_group(r, owned, fetched, config) for r in results]
@@ -329,6 +257,15 @@ def _put_rows(
     return (time.perf_counter() - t0) * 1000.0
 
 
+def _joined(parts: list[TensorDict]) -> TensorDict:
+    """The groups' rows as one batch: by their values where they line up (a TensorDict cat of jagged
+    fields costs twice the copy of the rows it joins), else by `torch.cat`."""
+    joined = concat_batches(parts)
+    if joined is None:
+        return torch.cat(parts)
+    return TensorDict(joined, batch_size=[sum(p.batch_size[0] for p in parts)])
+
+
 def _tagged(tag: Mapping[str, Any], attempt: list[int] | None) -> Mapping[str, Any]:
     return tag if attempt is None else {**tag, ATTEMPT_TAG: attempt}
 
@@ -341,7 +278,7 @@ def _puts(builds: list[GroupBuild]) -> list[tuple[list[GroupBuild], TensorDict]]
     puts = []
     for same in by_layout.values():
         try:
-            puts.append((same, same[0].fields if len(same) == 1 else torch.cat([b.fields for b in same])))
+            puts.append((same, same[0].fields if len(same) == 1 else _joined([b.fields for b in same])))
         except (RuntimeError, TypeError, ValueError):
             # Fields that do not concatenate (dtypes or per-token shapes differing between groups):
             # one put per group, as the rows are alike within a group.

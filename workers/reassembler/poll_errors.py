@@ -8,9 +8,14 @@ depends on the cause named in its text.
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
+
 from confluent_kafka import KafkaError, KafkaException
 
 from workers.reassembler.errors import ConsumerGroupProtocolMismatch, MemberFenced
+
+log = logging.getLogger("rlstream.reassembler")
 
 
 def check_poll_error(error: KafkaError, worker_id: str, consumer_group: str) -> None:
@@ -30,3 +35,20 @@ def check_poll_error(error: KafkaError, worker_id: str, consumer_group: str) -> 
         )
     if error.code() == KafkaError._FATAL or error.fatal():
         raise KafkaException(error)
+
+
+class PollWarnings:
+    """The errors that pass by themselves, logged: one line per error kind a minute (a missing topic or
+    a broker down repeats on every poll); the end of a partition is no error at all."""
+
+    def __init__(self, worker_id: str, clock: Callable[[], float]):
+        self._worker_id, self._clock = worker_id, clock
+        self._warned: dict[int, float] = {}
+
+    def warn(self, error: KafkaError) -> None:
+        if error.code() == KafkaError._PARTITION_EOF:
+            return
+        now = self._clock()
+        if now - self._warned.get(error.code(), -1e9) >= 60:
+            self._warned[error.code()] = now
+            log.warning("%s: consumer error, retried by the client: %s", self._worker_id, error.str())

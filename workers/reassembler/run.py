@@ -21,7 +21,7 @@ import msgspec
 from streams.config import KafkaConfig
 from streams.errors import ConfigError
 from streams.pids import die_with_parent
-from streams.tq import TQConfig, TQStore, init_tq
+from streams.tq import TQConfig, TQStore, init_tq, set_torch_threads
 from workers.reassembler.config import ReassemblerConfig
 from workers.reassembler.faults import NO_FAULTS, Faults
 from workers.reassembler.lease import call_budget_s
@@ -249,6 +249,7 @@ def run_child(stdin: BinaryIO, configure_logging: Callable[[bool, bool], Callabl
 
     spec = read_spec(stdin.readline())
     log = configure_logging(spec.log_json, spec.debug)
+    set_torch_threads(spec.reassembler.torch_threads)  # the whole process is this worker's
     if spec.as_spare:
         promoted = await_promotion(spec, stdin, log=log)
         if promoted is None:

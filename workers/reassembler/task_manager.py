@@ -22,7 +22,7 @@ from streams.tq import KVStore
 from workers.reassembler.clearing import StagingClearer
 from workers.reassembler.clients import WorkerClients
 from workers.reassembler.config import ReassemblerConfig
-from workers.reassembler.errors import StepAborted
+from workers.reassembler.errors import LeaseRefused, StepAborted
 from workers.reassembler.groups import OpenGroup
 from workers.reassembler.restore import restore_partition
 from workers.reassembler.retry import retrying
@@ -64,6 +64,9 @@ class TaskManager(Mapping[int, PartitionTask]):
         self.paused = False
         # The consumer is closing: an assignment served now is not restored (see `on_assign`).
         self.closing = False
+        # Moves with every change of tasks (assignment, revocation, rebuild, reset): what was read for
+        # the tasks of an older epoch (a prefetched staging read, `prefetch.py`) is no longer theirs.
+        self.epoch = 0
 
     # ----- the tasks, by partition -------------------------------------------------------------
 
@@ -83,6 +86,7 @@ class TaskManager(Mapping[int, PartitionTask]):
             # An assignment served while the consumer closes (a rebalance under way): restoring
             # partitions now is wasted, and the client refuses calls made from it once destroyed.
             return
+        self.epoch += 1
         for tp in partitions:
             self._tasks[tp.partition] = self.restore_task(tp.partition)
         # librdkafka keeps a partition's paused state across revoke and re-assign: assign (what the
@@ -100,6 +104,7 @@ class TaskManager(Mapping[int, PartitionTask]):
         # Before the partitions are given up: their next owner clears what this worker did not
         # record cleared, and two clears of one key must never overlap (`settle_clear`).
         self.settle_clear()
+        self.epoch += 1
         for tp in partitions:
             self._tasks.pop(tp.partition, None)
         log.info("%s revoked %s", self.config.worker_id, sorted(tp.partition for tp in partitions))
@@ -112,6 +117,7 @@ class TaskManager(Mapping[int, PartitionTask]):
         """Every task dropped, for a static member fenced by the coordinator that joins again with a new
         consumer (its partitions restore as after any rebalance)."""
         self.settle_clear()
+        self.epoch += 1
         self._tasks = {}
         self.paused = False
 
@@ -152,6 +158,7 @@ class TaskManager(Mapping[int, PartitionTask]):
     def rebuild(self) -> None:
         """Every task again from the state topic, and the consumer back at the committed offsets."""
         self.settle_clear()
+        self.epoch += 1
         assigned = [tp.partition for tp in self.consumer.assignment()]
         self._tasks = {part: self.restore_task(part) for part in assigned}
         committed = self._retrying(
@@ -181,6 +188,11 @@ class TaskManager(Mapping[int, PartitionTask]):
 
     # ----- what a step asks ------------------------------------------------------------------
 
+    def holds(self, group: OpenGroup) -> bool:
+        """Whether `group` is still open in the task this manager has for its partition (the same object)."""
+        task = self._tasks.get(group.partition)
+        return task is not None and task.groups.open.get(group.group_id) is group
+
     @property
     def open_groups(self) -> int:
         return sum(len(task.groups.open) for task in self._tasks.values())
@@ -198,6 +210,35 @@ class TaskManager(Mapping[int, PartitionTask]):
             for part, task in self._tasks.items()
             for g in task.ready(task.clock(now_ms, caught_up=self.caught_up(part), paused=self.paused), timeout_ms)
         ]
+
+    def clear_restored(self, keys: list[str], refusal: str | None) -> None:
+        """Clear the staging restored partitions' predecessors left, for this step to record cleared.
+
+        In a step, not in the restore: a restore also follows a step aborted because the worker may be
+        a zombie, and then no TQ write of its is safe until its membership is confirmed. `refusal` is
+        the worker's lease's answer, asked like before a put.
+        """
+        if refusal is not None:
+            raise LeaseRefused(f"not clearing the staging restored partitions left: {refusal}")
+        try:
+            self.store.clear(self.config.actor.staging_partition, keys)
+        except Exception as exc:  # noqa: BLE001 - a TQ failure: the next step clears them again
+            raise StepAborted(f"clearing restored staging failed ({type(exc).__name__}: {exc})") from exc
+        self.restored_staging_cleared()
+
+    def apply_backpressure(self) -> None:
+        """Pause every assigned partition at `max_open_groups` open groups; resume below 80% of it."""
+        open_groups, cap = self.open_groups, self.config.max_open_groups
+        assignment = self.consumer.assignment()
+        if not self.paused and open_groups >= cap and assignment:
+            self.consumer.pause(assignment)
+            self.paused = True
+            log.info("%s: %d open groups >= cap %d, pausing", self.config.worker_id, open_groups, cap)
+        elif self.paused and open_groups < max(1, int(cap * 0.8)):
+            if assignment:
+                self.consumer.resume(assignment)
+            self.paused = False
+        self.sensor.on_open_groups(open_groups, paused=self.paused)
 
     @property
     def restored_staging(self) -> list[str]:

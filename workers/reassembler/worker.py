@@ -11,6 +11,10 @@ offsets and the state topic, so a step either happened entirely or not at all.
 Unlike a StreamTask's prepareCommit, `PartitionTask.prepare` closes the groups it is handed: an
 aborted step leaves them closed in memory, which is safe only because every abort ends in
 `TaskManager.rebuild`, which replaces every task with one restored from what was committed.
+
+The step is pipelined: once its own rows are read it polls again, and the staging read of the
+groups ready then runs in the background (`prefetch.py`) while it builds, puts and commits. An
+abort, or any change of tasks, drops that read: no step commits on what an abort threw away.
 """
 
 from __future__ import annotations
@@ -18,8 +22,9 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from concurrent.futures import Future
 
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import KafkaException
 
 from schemas.errors import InvalidArgument
 from streams.config import KafkaConfig
@@ -37,7 +42,8 @@ from workers.reassembler.fencing import TwinWatch
 from workers.reassembler.finalize import finalize_groups
 from workers.reassembler.groups import OpenGroup
 from workers.reassembler.lease import Lease, call_budget_s
-from workers.reassembler.poll_errors import check_poll_error
+from workers.reassembler.poll_errors import PollWarnings, check_poll_error
+from workers.reassembler.prefetch import StagingPrefetch
 from workers.reassembler.retry import retrying
 from workers.reassembler.stepsize import StepSize
 from workers.reassembler.sweeper import StagingSweeper
@@ -89,7 +95,8 @@ class ReassemblerWorker:
         # The partition tasks, by partition (a mapping), and their assignment, restore and rebuild.
         self._tasks = TaskManager(config, self.store, self._clients, self._clearer, sensor=self.sensor, runtime=runtime)
         self._sweeper = StagingSweeper(self.store, config, runtime=runtime)
-        self._warned: dict[int, float] = {}
+        self._prefetch = StagingPrefetch(self.store, config.actor, runtime=runtime)
+        self._warnings = PollWarnings(config.worker_id, runtime.monotonic)
         self._step = StepSize(config.worker_id, config.max_poll_records, config.max_poll_interval_ms)
         # When the open transaction began (None: none open): a fence after its timeout is the
         # coordinator aborting it, not a twin.
@@ -148,9 +155,27 @@ class ReassemblerWorker:
 
     def step(self) -> int:
         """Poll, finalize what is ready, commit one transaction; returns the number of records consumed."""
+        # With the next step's rows being read already, there is work now: no waiting for receipts.
+        consumed = self._poll(0.0 if self._prefetch.pending else self.config.poll_timeout_s)
+        if consumed is None:
+            return 0
+        now_ms = self.runtime.wall_ms()
+        # The groups whose rows the previous step started reading, if this worker still holds them;
+        # else what is ready. What does not fit stays ready for the next step (`PartitionTask.prepare`).
+        taken = self._prefetch.take(self._tasks)
+        groups, prefetched = taken if taken is not None else (self._tasks.ready(now_ms)[: self._step.groups], None)
+        if groups or self._tasks.has_work:
+            self._commit_step(groups, now_ms, prefetched)
+        self._tasks.apply_backpressure()
+        self._sweep()
+        self.sensor.on_lag(self.config.receipts_topic, self._tasks.lags())
+        return consumed
+
+    def _poll(self, timeout_s: float) -> int | None:
+        """Take in the receipts that arrive within `timeout_s`; the number taken, None if the member rejoined."""
         # Wait for the first receipt only, then take what else has arrived without waiting: a batch
         # consume would hold a lone last receipt until the poll timeout ran out.
-        msgs = self._consumer.consume(1, self.config.poll_timeout_s)
+        msgs = self._consumer.consume(1, timeout_s)
         if msgs and self.config.max_poll_records > 1:
             msgs += self._consumer.consume(self.config.max_poll_records - 1, 0)
         self._lease.polled()
@@ -162,9 +187,8 @@ class ReassemblerWorker:
                     check_poll_error(m.error(), self.config.worker_id, self.config.consumer_group)
                 except MemberFenced as fenced:
                     self._rejoin(fenced)
-                    return 0
-                if m.error().code() != KafkaError._PARTITION_EOF:
-                    self._warn_once(m.error())
+                    return None
+                self._warnings.warn(m.error())
                 continue
             task = self._tasks.get(m.partition())
             if task is None:  # revoked during this poll
@@ -172,13 +196,6 @@ class ReassemblerWorker:
             consumed += 1
             task.intake(Record.of(m), now_ms)
         self.sensor.on_receipts(consumed)
-        # What does not fit this step stays ready for the next one (`PartitionTask.prepare`).
-        ready = self._tasks.ready(now_ms)[: self._step.groups]
-        if ready or self._tasks.has_work:
-            self._commit_step(ready, now_ms)
-        self._apply_backpressure()
-        self._sweep()
-        self.sensor.on_lag(self.config.receipts_topic, self._tasks.lags())
         return consumed
 
     def _lease_refusal(self, put: int, sample_ids: list[str]) -> str | None:
@@ -186,20 +203,29 @@ class ReassemblerWorker:
         self.faults.before_put(put, sample_ids)
         return self._lease.refusal()
 
-    def _warn_once(self, error: KafkaError) -> None:
-        # A missing topic or a broker down repeats on every poll: one line per error kind a minute.
-        now = self._clock()
-        if now - self._warned.get(error.code(), -1e9) >= 60:
-            self._warned[error.code()] = now
-            log.warning("%s: consumer error, retried by the client: %s", self.config.worker_id, error.str())
+    def _overlap(self, ready: list[OpenGroup], now_ms: int) -> list[OpenGroup] | None:
+        """The next step's poll and staging read, run while this step builds, puts and commits; this
+        step's groups less those that took a receipt since their rows were read, None if tasks changed."""
+        claims, epoch = {g.group_id: g.staging_keys() for g in ready}, self._tasks.epoch
+        if self._poll(0.0) is None or self._tasks.epoch != epoch:
+            return None
+        ready = [g for g in ready if g.staging_keys() == claims[g.group_id]]
+        chosen = {g.group_id for g in ready}
+        following = [g for g in self._tasks.ready(now_ms) if g.group_id not in chosen]
+        self._prefetch.start(following[: self._step.groups], epoch)
+        return ready
 
-    def _commit_step(self, ready: list[OpenGroup], now_ms: int) -> None:
+    def _commit_step(self, ready: list[OpenGroup], now_ms: int, prefetched: Future | None = None) -> None:
         t0 = self._clock()
         tasks = list(self._tasks.values())
         try:
             restored = self._tasks.restored_staging
             if (ready or restored) and self._lease.unconfirmed:
                 self._confirm_membership(tasks)
+            # This step's rows first (read now, or waited for), then the next step's poll and read.
+            staged = self._prefetch.rows(ready, prefetched) if ready else None
+            if (ready := self._overlap(ready, now_ms)) is None:
+                return  # uncommitted, nothing written: the next step chooses again from the tasks it has
             outcomes = (
                 finalize_groups(
                     self.store,
@@ -209,6 +235,7 @@ class ReassemblerWorker:
                     now_ms=now_ms,
                     lease_refusal=self._lease_refusal,
                     runtime=self.runtime,
+                    staged=staged,
                     placeholder_groups=self.config.placeholder_groups,
                     may_hold_earlier_attempt=lambda g: self._tasks[g.partition].may_hold_earlier_attempt,
                 )
@@ -219,7 +246,7 @@ class ReassemblerWorker:
             # The previous step's clear is done before this transaction records it as done.
             self._tasks.settle_clear(strict=True)
             if restored:
-                self._clear_restored(restored)
+                self._tasks.clear_restored(restored, self._lease.refusal())
             by_partition: dict[int, list] = {}
             for o in outcomes:
                 by_partition.setdefault(o.group.partition, []).append(o)
@@ -255,7 +282,7 @@ class ReassemblerWorker:
                 task.post_commit(commit, writes.get(task.partition), staging_to_clear=staging_to_clear)
         except TQError as exc:  # clearing refused receipts' rows: the sweeper finds what is left
             log.warning("%s: after the commit: %s; rebuilding from committed state", self.config.worker_id, exc)
-            self._tasks.rebuild()
+            self._rebuild()
             return
         self._clearer.submit(staging_to_clear)
 
@@ -285,6 +312,11 @@ class ReassemblerWorker:
         self.sensor.on_abort()
         if self._lease.slow_step():  # the same records come back after the rebuild (`stepsize.py`)
             self._step.too_slow(groups)
+        self._rebuild()
+
+    def _rebuild(self) -> None:
+        """Every task from committed state; the next step's prefetched read goes with the old tasks."""
+        self._prefetch.discard()
         self._tasks.rebuild()
 
     def _report_commit(self, commits: list[PartitionCommit], seconds: float) -> None:
@@ -319,28 +351,13 @@ class ReassemblerWorker:
                 else:
                     log.warning("%s: abort failed (%s); starting a new producer", self.config.worker_id, abort_exc)
                     self._producer = self._new_producer()
-        self._tasks.rebuild()
+        self._rebuild()
 
     def _fenced(self, open_s: float) -> None:
         """A fence `open_s` into a transaction: a new producer, unless a live twin holds the id (`fencing.py`)."""
         self.sensor.on_fenced("producer")
         self._twins.producer_fenced(open_s)
         self._producer = self._new_producer()
-
-    def _clear_restored(self, keys: list[str]) -> None:
-        """Clear the staging restored partitions' predecessors left, for this step to record cleared.
-
-        Here, not in the restore: a restore also follows a step aborted because this worker may be a
-        zombie, and then no TQ write of its is safe until its membership is confirmed (done above).
-        """
-        refusal = self._lease.refusal()
-        if refusal is not None:
-            raise LeaseRefused(f"not clearing the staging restored partitions left: {refusal}")
-        try:
-            self.store.clear(self.config.actor.staging_partition, keys)
-        except Exception as exc:  # noqa: BLE001 - a TQ failure: the next step clears them again
-            raise StepAborted(f"clearing restored staging failed ({type(exc).__name__}: {exc})") from exc
-        self._tasks.restored_staging_cleared()
 
     def _sweep(self) -> None:
         """Now and then, clear staged rows that no receipt will use (`sweeper.py`)."""
@@ -354,20 +371,6 @@ class ReassemblerWorker:
             log.warning("%s: sweeping staging failed (%s); trying again later", self.config.worker_id, exc)
             return
         self.sensor.on_swept(found)
-
-    def _apply_backpressure(self) -> None:
-        open_groups = self.open_groups
-        cap = self.config.max_open_groups
-        assignment = self._consumer.assignment()
-        if not self._tasks.paused and open_groups >= cap and assignment:
-            self._consumer.pause(assignment)
-            self._tasks.paused = True
-            log.info("%s: %d open groups >= cap %d, pausing", self.config.worker_id, open_groups, cap)
-        elif self._tasks.paused and open_groups < max(1, int(cap * 0.8)):
-            if assignment:
-                self._consumer.resume(assignment)
-            self._tasks.paused = False
-        self.sensor.on_open_groups(open_groups, paused=self._tasks.paused)
 
     # ----- lifecycle -------------------------------------------------------------------------
 
@@ -398,5 +401,6 @@ class ReassemblerWorker:
         except RuntimeError:
             pass
         self._producer.flush(5)
+        self._prefetch.close()
         # Last: a failed clear leaves rows that the partition's next owner clears when it restores.
         self._clearer.close()

@@ -17,6 +17,7 @@ import torch
 from tensordict import TensorDict
 
 from schemas.gym_receipt import GymReceipt
+from schemas.jagged import jagged_views, offsets_from_lengths
 from schemas.metadata_guard import assert_metadata_only
 from schemas.receipt import Receipt
 from schemas.staged_rows import ROUTED_EXPERTS, ROUTED_EXPERTS_K_TAG, SEGMENT_FIELDS, row_tags
@@ -45,17 +46,21 @@ class StagedRollout:
 def segments_to_fields(segments: Sequence[Mapping[str, torch.Tensor]]) -> tuple[TensorDict, list[dict]]:
     """Stack call deltas as jagged rows; routed experts [len, k] are flattened with k kept in the tag."""
     n = len(segments)
-    fields: dict[str, torch.Tensor] = {
-        name: torch.nested.nested_tensor([s[name] for s in segments], layout=torch.jagged) for name in SEGMENT_FIELDS
-    }
+    fields: dict[str, torch.Tensor] = {name: _jagged([s[name] for s in segments]) for name in SEGMENT_FIELDS}
     tags: list[dict] = [{} for _ in range(n)]
     if all(ROUTED_EXPERTS in s for s in segments) and n:
-        fields[ROUTED_EXPERTS] = torch.nested.nested_tensor(
-            [s[ROUTED_EXPERTS].reshape(-1) for s in segments], layout=torch.jagged
-        )
+        fields[ROUTED_EXPERTS] = _jagged([s[ROUTED_EXPERTS].reshape(-1) for s in segments])
         for tag, s in zip(tags, segments):
             tag[ROUTED_EXPERTS_K_TAG] = int(s[ROUTED_EXPERTS].shape[-1])
     return TensorDict(fields, batch_size=[n]), tags
+
+
+def _jagged(rows: list[torch.Tensor]) -> torch.Tensor:
+    """Rows as one jagged tensor: one concatenation, the rows views of it (nested_tensor costs twice that)."""
+    if not rows or any(r.dim() != 1 or r.dtype != rows[0].dtype for r in rows):  # as nested_tensor has them
+        return torch.nested.nested_tensor(rows, layout=torch.jagged)
+    offsets = offsets_from_lengths(torch.tensor([int(r.shape[0]) for r in rows], dtype=torch.int64))
+    return jagged_views({"rows": torch.cat(rows)}, offsets)["rows"]
 
 
 def stage_rollouts(store: KVStore, rollouts: Sequence[StagedRollout], staging_partition: str = STAGING) -> None:

@@ -230,7 +230,13 @@ class FinalizedIntake:
     def poll(self, timeout_s: float = 0.1) -> int:
         """Fetch new finalized records and decide each; returns how many were read."""
         read = 0
-        for m in self._consumer.consume(self.config.max_poll_records, timeout_s):
+        # librdkafka's consume(n, t) returns once it has n records or t has passed: asked for a batch,
+        # a select waiting for one group would wake only when its poll interval ran out. So wait for
+        # the first record alone, then take what else has arrived without waiting.
+        msgs = self._consumer.consume(1, timeout_s)
+        if msgs and self.config.max_poll_records > 1:
+            msgs += self._consumer.consume(self.config.max_poll_records - 1, 0)
+        for m in msgs:
             if m.error() is not None:
                 self._errors.handle(m.error())
                 continue

@@ -17,6 +17,7 @@ from streams.tq import TRAIN
 from tests.integration.helpers import stale_clear
 from tests.integration.trainer.staging import committed_at_end, finalize_groups
 from workers.trainer.batch import BatchMeta
+from workers.trainer.clients import KafkaTrainerClients
 from workers.trainer.config import ConsumerConfig
 from workers.trainer.consumer import ExperienceConsumer
 from workers.trainer.dataset import ExperienceDataset, stateful_loader
@@ -233,3 +234,55 @@ def test_a_batch_given_back_untrained_is_selected_again(kafka, tq_store, unique)
         assert consumer.counts.lost == 0 and not tq_store.present(TRAIN, list(again.sample_ids))
     finally:
         consumer.close()
+
+
+class ConsumeCalls:
+    """A real Kafka consumer that notes each consume: (records asked for, timeout, records returned, seconds)."""
+
+    def __init__(self, conf):
+        from confluent_kafka import Consumer
+
+        self._consumer = Consumer(conf)
+        self.calls: list[tuple[int, float, int, float]] = []
+
+    def consume(self, num_messages=1, timeout=-1):
+        t0 = time.monotonic()
+        msgs = self._consumer.consume(num_messages, timeout)
+        self.calls.append((num_messages, timeout, len(msgs), time.monotonic() - t0))
+        return msgs
+
+    def __getattr__(self, name):
+        return getattr(self._consumer, name)
+
+
+class NotingClients(KafkaTrainerClients):
+    """The real trainer clients, the finalized topic's reader a `ConsumeCalls`."""
+
+    def __init__(self, kafka):
+        super().__init__(kafka)
+        self.made: list[ConsumeCalls] = []
+
+    def consumer(self, consumer_group, settings):
+        self.made.append(ConsumeCalls(self.consumer_settings(consumer_group, settings)))
+        return self.made[-1]
+
+
+def test_select_wakes_on_the_first_record_not_on_its_poll_interval(kafka, tq_store, unique):
+    """librdkafka's consume(n, t) returns once it has n records or t has passed: a select that asked for
+    a batch each poll woke for a lone record only when the poll's 0.1 s ran out (issue 33)."""
+    names, finalized = finalize_groups(kafka, tq_store, f"se-w-{unique}", versions=range(1), per_version=2)
+    clients = NotingClients(kafka)
+    cfg = ConsumerConfig(prefix=names.prefix, consumer_group=f"se-w-{unique}")
+    consumer = ExperienceConsumer(kafka, tq_store, cfg, ready_first(), clients=clients)
+    try:
+        meta = consumer.select(1, min_groups=len(finalized), max_groups=len(finalized), timeout_s=60.0)
+        assert meta is not None and len(meta) == len(finalized)
+        consumer.ack(meta)
+    finally:
+        consumer.close()
+    calls = clients.made[0].calls
+    waited = [c for c in calls if c[1] > 0]
+    assert waited, "select polled"
+    # A poll that may wait asks for one record only: it returns as soon as that one has arrived.
+    assert all(asked == 1 for asked, _, _, _ in waited), calls
+    assert any(got for _, _, got, _ in calls)

@@ -201,3 +201,35 @@ def test_layout_flattens_a_strided_trailing_dim_into_unit_stride_values():
     view = layout.view(experts)
     assert view._values.stride() == (1,)
     assert [r.tolist() for r in view.unbind()] == [[0, 2, 4, 6], [8, 10]]
+
+
+def _batch(lengths: list[int], seed: int) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    offsets = offsets_from_lengths(torch.tensor(lengths))
+    ids = torch.randint(0, 100, (sum(lengths),), generator=gen)
+    return {
+        "ids": jagged.jagged_views({"v": ids}, offsets)["v"],
+        "mask": jagged.jagged_views({"v": ids % 2 == 0}, offsets)["v"],
+        "reward": torch.rand(len(lengths), generator=gen),
+        "prompt": torch.randint(0, 9, (len(lengths), 3), generator=gen),
+    }
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.lists(st.integers(1, 9), min_size=1, max_size=4), min_size=1, max_size=5), st.integers(0, 99))
+def test_concatenated_batches_hold_every_part_s_rows_in_order(parts_lengths, seed):
+    parts = [_batch(lengths, seed + i) for i, lengths in enumerate(parts_lengths)]
+    joined = jagged.concat_batches(parts)
+    assert joined is not None and list(joined) == list(parts[0])
+    for name in parts[0]:
+        want = [r for p in parts for r in (p[name].unbind() if p[name].is_nested else p[name])]
+        got = list(joined[name].unbind()) if joined[name].is_nested else list(joined[name])
+        assert len(got) == len(want) and all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+def test_batches_that_do_not_line_up_are_not_concatenated():
+    a, b = _batch([2, 3], 0), _batch([1], 1)
+    assert jagged.concat_batches([a, {k: v for k, v in b.items() if k != "mask"}]) is None
+    assert jagged.concat_batches([a, {**b, "reward": b["reward"].double()}]) is None
+    gapped = make_jagged(torch.arange(10), torch.tensor([0, 5]), torch.tensor([2]))  # a row with a gap after it
+    assert jagged.concat_batches([a, {**b, "ids": gapped}]) is None

@@ -66,3 +66,24 @@ def test_the_client_module_imported_before_init_tq_takes_the_settings_too(attach
 def test_a_setting_below_one_is_refused_naming_it(attached):
     with pytest.raises(TQError, match="TQ_CLIENT_ZMQ_IO_THREADS must be at least 1, got 0"):
         attached(1, TQConfig(client_io_threads=0))
+
+
+def test_torch_threads_set_for_a_process_survive_tqs_own_put_and_get():
+    """TQ sets torch's threads for each put and get and restores the count it saw at import: without
+    its copy set too, the first TQ call would undo the process's setting."""
+    import torch
+    from transfer_queue.utils import common
+
+    from streams.tq_setup import set_torch_threads
+
+    before, default = torch.get_num_threads(), common.DEFAULT_TORCH_NUM_THREADS
+    try:
+        set_torch_threads(1)
+        with common.limit_pytorch_auto_parallel_threads(target_num_threads=1):
+            pass
+        assert torch.get_num_threads() == 1
+        with pytest.raises(ValueError):
+            set_torch_threads(0)
+    finally:
+        torch.set_num_threads(before)
+        common.DEFAULT_TORCH_NUM_THREADS = default

@@ -72,6 +72,8 @@ class FakeBroker:
     members_notice: bool = True
     # Static members the coordinator fenced: their consumer's next poll reports it (a fatal error).
     fenced_members: set = field(default_factory=set)
+    # Partitions a cooperative rebalance takes from a consumer group's member at its next poll.
+    revocations: dict[str, set[int]] = field(default_factory=dict)
     _ts: Any = field(default_factory=lambda: itertools.count(1_000))
 
     def create(self, topic: str, partitions: int = 1) -> None:
@@ -90,6 +92,11 @@ class FakeBroker:
     def kick(self, consumer_group: str) -> None:
         """The coordinator expelled the group's members (a session timeout): their generation is over."""
         self.generations[consumer_group] = self.generations.get(consumer_group, 0) + 1
+
+    def revoke(self, consumer_group: str, partitions) -> None:
+        """A cooperative rebalance: the member's next poll gives `partitions` up (on_revoke) and keeps
+        the rest under a new generation; they are assigned to nobody here."""
+        self.revocations.setdefault(consumer_group, set()).update(partitions)
 
     def clients(self) -> FakeClients:
         return FakeClients(self)
@@ -132,12 +139,21 @@ class FakeConsumer:
         self.positions: dict[int, int] = {}
         self.paused: set[int] = set()
         self.closed = False
+        self.timeouts: list[float] = []  # of every consume call: how long it would have waited
 
     def subscribe(self, topics, on_assign=None, on_revoke=None, on_lost=None) -> None:
         (self.topic,) = topics
         self.callbacks = {"assign": on_assign, "revoke": on_revoke, "lost": on_lost}
 
     def _rebalance(self) -> None:
+        revoked = sorted(self.broker.revocations.pop(self.group, set()) & set(self.positions))
+        if revoked:
+            self.callbacks["revoke"](self, [TopicPartition(self.topic, p) for p in revoked])
+            for p in revoked:
+                self.positions.pop(p)
+            self.broker.kick(self.group)
+            self.generation = self.broker.generations[self.group]  # rejoined at once, keeping the rest
+            return
         current = self.broker.generations.get(self.group, 0)
         if self.generation == current or (self.generation is not None and not self.broker.members_notice):
             return
@@ -149,6 +165,7 @@ class FakeConsumer:
         self.callbacks["assign"](self, everything)
 
     def consume(self, num_messages: int = 1, timeout: float = -1) -> list[FakeMessage]:
+        self.timeouts.append(timeout)
         if self.group in self.broker.fenced_members:
             self.broker.fenced_members.discard(self.group)
             error = KafkaError(
