@@ -232,7 +232,10 @@ def run_round(
     if duplicate:
         say(f"  published again the finalized record of {duplicate}, trained before the last checkpoint")
     restart = Job([*argv, "--resume"], workdir, f"{prefix}-restart")
-    code = restart.wait(args.timeout)
+    try:
+        code = restart.wait(args.timeout)
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"the restarted job ran past {args.timeout:g}s, killed:\n{restart.output[-6000:]}") from None
     out = restart.output
     for line in out.splitlines():
         if line.startswith("resume: "):
