@@ -78,7 +78,7 @@ class ReassemblerWorker:
         self.config = config
         self.sensor = sensor if sensor is not None else ReassemblerSensor()
         self.faults = faults
-        self._clients = clients if clients is not None else KafkaClients(kafka)
+        self._clients = clients if clients is not None else KafkaClients(kafka, runtime=runtime)
         self.runtime = runtime
         self._clock = runtime.monotonic
         self._lease = Lease(config.session_timeout_ms / 1000, config.max_poll_interval_ms / 1000, runtime=runtime)

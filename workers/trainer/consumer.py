@@ -12,7 +12,6 @@ The Kafka side (reading, policy decisions, dead letters, commits) is `intake.py`
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -81,12 +80,12 @@ class ExperienceConsumer(FinalizedIntake):
         """Groups ready at the current version once `want` are (or `at_deadline` by the deadline); else None."""
         while True:
             ready = self._ready()
-            if len(ready) >= want or (len(ready) >= at_deadline and time.monotonic() >= deadline):
+            if len(ready) >= want or (len(ready) >= at_deadline and self._runtime.monotonic() >= deadline):
                 return ready
-            if time.monotonic() >= deadline:
+            if self._runtime.monotonic() >= deadline:
                 self._update_waiting()
                 return None
-            self.poll(min(0.1, max(0.0, deadline - time.monotonic())))
+            self.poll(min(0.1, max(0.0, deadline - self._runtime.monotonic())))
 
     def select(
         self, version: int, min_groups: int = 1, max_groups: int | None = None, timeout_s: float = 10.0
@@ -107,7 +106,7 @@ class ExperienceConsumer(FinalizedIntake):
                 f"min_groups ({min_groups}) is above max_waiting_groups ({self.config.max_waiting_groups})"
             )
         self.set_version(version)
-        deadline = time.monotonic() + timeout_s
+        deadline = self._runtime.monotonic() + timeout_s
         while (ready := self._wait_ready(min_groups, min_groups, deadline)) is not None:
             chosen = self._with_rows(ready[:most])
             if len(chosen) >= min_groups:
@@ -183,7 +182,7 @@ class ExperienceConsumer(FinalizedIntake):
         """Up to num_groups usable groups with their padded tensors, waiting at most timeout_s for any."""
         if num_groups < 1:
             raise InvalidArgument(f"num_groups must be >= 1, got {num_groups}")
-        deadline = time.monotonic() + timeout_s
+        deadline = self._runtime.monotonic() + timeout_s
         while (ready := self._wait_ready(num_groups, 1, deadline)) is not None:
             chosen = ready[:num_groups]
             # One fetch, no metadata call first: rows found missing are dead-lettered, then retried.
@@ -247,6 +246,7 @@ class ExperienceConsumer(FinalizedIntake):
                 UNUSABLE_GROUP,
                 message,
                 worker_id=self._outbox.worker_id,
+                time_ms=self._runtime.wall_ms(),
             )
             notice = Notice(
                 self.config.topics.trainer_deadletter, letter.source_key, letter.to_bytes(), UNUSABLE_GROUP, where

@@ -18,13 +18,13 @@ over-admitted for good, never fewer admitted (docs/DESIGN.md, "Admission control
 from __future__ import annotations
 
 import threading
-import time
 import uuid
 
 from schemas.errors import InvalidArgument
 from schemas.trainer_version import TrainerVersion
 from streams.config import KafkaConfig
 from streams.producer import Outgoing
+from streams.runtime import REAL_RUNTIME, Runtime
 from workers.trainer.clients import KafkaTrainerClients, TrainerClients
 
 
@@ -40,9 +40,12 @@ class VersionPublisher:
         consumer_group: str,
         batch_groups: int,
         clients: TrainerClients | None = None,
+        runtime: Runtime = REAL_RUNTIME,
     ):
-        # `clients`: where its acked producer comes from (a test's or the explorer's; else the real ones of `kafka`).
+        # `clients`: where its acked producer comes from (a test's or the explorer's; else the real ones of
+        # `kafka`); `runtime`: the wall clock its records carry.
         self._producer = (clients if clients is not None else KafkaTrainerClients(kafka)).acked_producer()
+        self._runtime = runtime
         self._topic = topic
         self._trainer_id = trainer_id
         self._consumer_group = consumer_group
@@ -78,7 +81,7 @@ class VersionPublisher:
                 consumer_group=self._consumer_group,
                 version=version,
                 batch_groups=self._batch_groups,
-                time_ms=int(time.time() * 1000),
+                time_ms=self._runtime.wall_ms(),
                 lost_groups=lost_groups,
                 run=self._run,
             )
