@@ -27,7 +27,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import TopicPartition
 
 from schemas.errors import SchemaError
 from schemas.finalized import FinalizedGroup
@@ -35,6 +35,8 @@ from schemas.receipt import Receipt
 from schemas.state import CLOSED, FINALIZED, GroupState, decode_state_entry
 from streams.config import KafkaConfig
 from streams.consumer import partitions_of, read_topic
+from streams.kafka_api import REAL_KAFKA, KafkaApi
+from streams.runtime import REAL_RUNTIME, Runtime
 from streams.tq import STAGING, KVStore
 from workers.reassembler.config import DEFAULT_CONSUMER_GROUP
 from workers.trainer.checkpoint import PartitionMark, decode_state
@@ -83,20 +85,41 @@ class ResumeReport:
         ]
 
 
-def _trained_marks(kafka: KafkaConfig, config: ConsumerConfig, state: dict | None) -> dict[int, PartitionMark]:
+@dataclass(frozen=True)
+class _Kafka:
+    """Where resume's Kafka clients come from and what its reads wait on (the real ones by default)."""
+
+    kafka: KafkaConfig
+    api: KafkaApi
+    runtime: Runtime
+
+    def read(self, topic: str, **kw):
+        return read_topic(self.kafka, topic, api=self.api, runtime=self.runtime, **kw)
+
+    def consumer(self, group: str):
+        return self.api.Consumer(self.kafka.consumer(group))
+
+
+def _trained_marks(k: _Kafka, config: ConsumerConfig, state: dict | None) -> dict[int, PartitionMark]:
     """Per finalized partition, the first record not trained and the trained ranges past it."""
     topic = config.finalized_topic
     if state is not None:
         return dict(decode_state(state, topic=topic, consumer_group=config.consumer_group).partitions)
     # No checkpoint: the trainer's commits (and the resolved ranges they name) are its place.
-    c = Consumer(kafka.consumer(config.consumer_group))
+    c = k.consumer(config.consumer_group)
     try:
         parts = [TopicPartition(topic, p) for p in partitions_of(c, topic)]
         committed = [tp for tp in c.committed(parts, timeout=30) if tp.offset >= 0]
     finally:
         c.close()
     carrier = ProgressCarrier(
-        KafkaTrainerClients(kafka), config.topics.trainer_progress, config.consumer_group, topic, "resume"
+        KafkaTrainerClients(k.kafka, api=k.api, runtime=k.runtime),
+        config.topics.trainer_progress,
+        config.consumer_group,
+        topic,
+        "resume",
+        k.runtime.monotonic,
+        k.runtime.wall_ms,
     )
     named = carrier.read(committed)
     if named.unreadable:
@@ -112,9 +135,9 @@ def _is_trained(marks: dict[int, PartitionMark], partition: int, offset: int) ->
     return offset < mark.offset or any(first <= offset <= last for first, last in mark.trained)
 
 
-def _latest_states(kafka: KafkaConfig, topic: str) -> dict[str, GroupState]:
+def _latest_states(k: _Kafka, topic: str) -> dict[str, GroupState]:
     latest: dict[str, GroupState] = {}
-    for r in read_topic(kafka, topic):
+    for r in k.read(topic):
         if r.value is None:
             latest.pop(r.key.decode(errors="replace"), None)  # a tombstone: forgotten behind the horizon
             continue
@@ -127,16 +150,16 @@ def _latest_states(kafka: KafkaConfig, topic: str) -> dict[str, GroupState]:
     return latest
 
 
-def _open_receipts(kafka: KafkaConfig, topic: str, consumer_group: str) -> dict[str, list[Receipt]]:
+def _open_receipts(k: _Kafka, topic: str, consumer_group: str) -> dict[str, list[Receipt]]:
     """Receipts from the reassemblers' committed offsets on, by group (offsets never pass an open group)."""
-    c = Consumer(kafka.consumer(consumer_group))
+    c = k.consumer(consumer_group)
     try:
         parts = [TopicPartition(topic, p) for p in partitions_of(c, topic)]
         start = {tp.partition: tp.offset for tp in c.committed(parts, timeout=30) if tp.offset >= 0}
     finally:
         c.close()
     groups: dict[str, list[Receipt]] = {}
-    for r in read_topic(kafka, topic, start=start):
+    for r in k.read(topic, start=start):
         try:
             receipt = Receipt.from_bytes(r.value)
         except SchemaError:
@@ -145,8 +168,8 @@ def _open_receipts(kafka: KafkaConfig, topic: str, consumer_group: str) -> dict[
     return groups
 
 
-def _finalized(kafka: KafkaConfig, topic: str) -> Iterable[tuple[int, int, FinalizedGroup]]:
-    for r in read_topic(kafka, topic):
+def _finalized(k: _Kafka, topic: str) -> Iterable[tuple[int, int, FinalizedGroup]]:
+    for r in k.read(topic):
         try:
             yield r.partition, r.offset, FinalizedGroup.from_bytes(r.value)
         except SchemaError:
@@ -160,19 +183,24 @@ def resume(
     checkpoint: str | Path | None,
     *,
     reassembler_consumer_group: str = DEFAULT_CONSUMER_GROUP,
+    api: KafkaApi = REAL_KAFKA,
+    runtime: Runtime = REAL_RUNTIME,
 ) -> ResumeReport:
     """Put back the rows the checkpoint's spill kept that groups past it still need; account for every group.
 
     Run before the reassemblers and the trainer start; `checkpoint` None means no checkpoint (every
     row still needed is lost). Raises SpillError for a checkpoint whose state or spill is unusable.
+    Its Kafka clients come from `api` and its reads wait on `runtime` (the real ones by default; the
+    explorer's models and clock).
     """
+    k = _Kafka(kafka, api, runtime)
     state, spill = load_from_checkpoint(checkpoint) if checkpoint is not None else (None, None)
     report = ResumeReport(checkpoint=str(checkpoint) if checkpoint is not None else "none")
     names = config.topics
-    marks = _trained_marks(kafka, config, state)
+    marks = _trained_marks(k, config, state)
     kept = spill.keys(config.train_partition) if spill is not None else set()
     first: dict[str, tuple[int, int, bool]] = {}  # group id -> its first record, resolved before the cut
-    for part, offset, group in _finalized(kafka, config.finalized_topic):
+    for part, offset, group in _finalized(k, config.finalized_topic):
         gid = group.group_id
         resolved = _is_trained(marks, part, offset)
         if gid in first:
@@ -191,7 +219,7 @@ def resume(
             report.restored += 1
         else:
             report.hand_back_finalized += 1
-    states = _latest_states(kafka, names.state)
+    states = _latest_states(k, names.state)
     for gid, entry in states.items():
         if entry.status != CLOSED:
             continue
@@ -200,13 +228,13 @@ def resume(
                 report.unaccounted.append(gid)
         else:
             report.closed_without_record += 1
-    _restore_open(kafka, store, names.receipts, reassembler_consumer_group, states, spill, report)
+    _restore_open(k, store, names.receipts, reassembler_consumer_group, states, spill, report)
     return report
 
 
-def _restore_open(kafka, store, receipts_topic, consumer_group, states, spill: Spill | None, report) -> None:
+def _restore_open(k: _Kafka, store, receipts_topic, consumer_group, states, spill: Spill | None, report) -> None:
     held = spill.keys(STAGING) if spill is not None else set()
-    for gid, receipts in _open_receipts(kafka, receipts_topic, consumer_group).items():
+    for gid, receipts in _open_receipts(k, receipts_topic, consumer_group).items():
         entry = states.get(gid)
         if entry is not None and entry.status == CLOSED:
             continue
