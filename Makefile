@@ -11,10 +11,14 @@ STAMP := $(VENV)/.rlstream-installed
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z][a-z-]*:.*## / {printf "  make %-13s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
+# nemo-gym: NeMo Gym's token-staging contract, the reference the NeMo Gym adapter and its tests are held
+# to. The wheel declares Python >= 3.13 and serving dependencies (openai, mlflow, ray, ...) that
+# nemo_gym.token_id_capture.staging never imports; it needs only pydantic (Ray's) and orjson.
 $(STAMP): pyproject.toml setup.py schemas/_rowcopy.c
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --progress-bar off -e '.[dev]'
+	$(BIN)/python -m pip install --progress-bar off --no-deps --ignore-requires-python 'nemo-gym==0.7.0' 'orjson>=3.10,<4'
 	@touch $@
 
 jars: $(STAMP) ## the environment .venv and the locked Kafka jars (make test and make demo do it)

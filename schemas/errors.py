@@ -40,3 +40,23 @@ class LayoutError(RlstreamError, ValueError):
 
     def __reduce__(self):
         return (type(self), (self.partition, self.key, self.layout, self.reason))
+
+
+class ReceiptVerificationError(RlstreamError, ValueError):
+    """A NeMo Gym receipt or staged call failed a custody check; `code` is NeMo Gym's code for it.
+
+    The codes are NeMo Gym's (`nemo_gym.token_id_capture.staging.rebuild`), so a rejection reads the
+    same whichever side verified it; the message is `"{code}: {detail}"` as NeMo Gym's is.
+    """
+
+    def __init__(self, code: str, detail: str) -> None:
+        super().__init__(f"{code}: {detail}")
+        self.code = code
+        self.detail = detail
+
+    def __reduce__(self):
+        return (type(self), (self.code, self.detail))
+
+
+class RebuildError(ReceiptVerificationError):
+    """A verified manifest cannot form the declared terminal ancestry (NeMo Gym's `RebuildError`)."""

@@ -8,8 +8,9 @@ from schemas.codec import Message
 from schemas.errors import SchemaError
 from schemas.validate import all_finite, at_least, non_empty, optional_non_empty, same_length
 
-# A per-row tag value; list[int] carries `<field>__row_shapes`.
-TagValue = str | int | float | bool | None | list[int]
+# A per-row tag value; `<field>__row_shapes` is a list[int] ([length, *per-token shape]) for a
+# token-aligned field, and NeMo RL's {"shapes": [[...], ...], "pad": bool} for a packed multimodal one.
+TagValue = str | int | float | bool | None | list[int] | dict[str, bool | list[list[int]]]
 
 
 class SourceRange(msgspec.Struct, frozen=True):

@@ -6,16 +6,18 @@ that gives each corruption its own reason; the group keeps the row as a placehol
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from schemas.digest import token_digest
+from schemas.gym_verify import VERIFICATION_CODES
+from schemas.payload import INVALID_TOOL_CALL, MALFORMED_THINKING
 from schemas.receipt import CallRecord, Receipt
 
-REJECTION_REASONS = (
+_OWN_REASONS = (
     "missing_receipt",
     "invalid_receipt",
     "rollout_failed",
@@ -23,7 +25,14 @@ REJECTION_REASONS = (
     "missing_staging_row",
     "invalid_staging_row",
     "rebuild_failed",
+    # A row whose media (a NeMo Gym call's attachments) has another dtype than its group's earlier rows'.
+    "inconsistent_media",
+    # A row longer than max_seq_len whose cut would fall inside the prompt its media stands in.
+    "truncated_media",
 )
+# rlstream's own reasons, then NeMo Gym's verification codes (a NeMo Gym receipt's row is rejected
+# with the code NeMo Gym's verifier gives it; `rollout_failed` and `duplicate_staging_key` are both).
+REJECTION_REASONS = _OWN_REASONS + tuple(c for c in VERIFICATION_CODES if c not in _OWN_REASONS)
 
 
 @dataclass(frozen=True)
@@ -39,6 +48,16 @@ class Rejection:
 
 
 @dataclass(frozen=True, eq=False)
+class MediaSpan:
+    """A call's media and where in the row lie the tokens it was fed ([start, fed_end)), which the
+    media stands in (an image's placeholder tokens are among a call's input, not its output)."""
+
+    start: int
+    fed_end: int
+    tensors: dict[str, torch.Tensor]
+
+
+@dataclass(frozen=True, eq=False)
 class LinearizedRollout:
     """A rollout's message log in order, its prompt, and the weight versions of its calls."""
 
@@ -48,6 +67,19 @@ class LinearizedRollout:
     min_wv: int
     max_wv: int
     length: int
+    # Packed multimodal inputs of the row (field -> segments); a NeMo Gym receipt's attachments.
+    multimodal: dict[str, list[torch.Tensor]] = field(default_factory=dict)
+    # The calls those segments come from, in row order (a cut row keeps only the media it keeps the tokens of).
+    media_spans: tuple[MediaSpan, ...] = ()
+
+
+def media_of(spans: Sequence[MediaSpan]) -> dict[str, list[torch.Tensor]]:
+    """The packed multimodal inputs of a row's media spans: per field, its segments in row order."""
+    out: dict[str, list[torch.Tensor]] = {}
+    for span in spans:
+        for name, tensor in sorted(span.tensors.items()):
+            out.setdefault(name, []).append(tensor)
+    return out
 
 
 def linearize(receipt: Receipt, segments: Mapping[str, Mapping[str, torch.Tensor]]) -> LinearizedRollout | Rejection:
@@ -65,6 +97,8 @@ def linearize(receipt: Receipt, segments: Mapping[str, Mapping[str, torch.Tensor
         if segment is None:
             detail = f"manifest[{i}]: no segment {call.staging_key!r}"
             return Rejection("missing_staging_row", detail)
+        if not isinstance(segment, Mapping):
+            return Rejection("invalid_staging_row", f"manifest[{i}] ({call.staging_key}): not an rlstream staged call")
         problem = _segment_problem(call, segment)
         if problem is not None:
             detail = f"manifest[{i}] ({call.staging_key}): {problem}"
@@ -157,8 +191,8 @@ def _messages(call: CallRecord, segment: Mapping[str, Any], *, first_call: bool)
         if bool(mask[start]):
             message["role"] = "assistant"
             message["generation_logprobs"] = segment["generation_logprobs"][start:end]
-            message["invalid_tool_call"] = call.invalid_tool_call
-            message["malformed_thinking"] = call.malformed_thinking
+            message[INVALID_TOOL_CALL] = call.invalid_tool_call
+            message[MALFORMED_THINKING] = call.malformed_thinking
         else:
             message["role"] = "user" if first_call and run == 0 else "environment"
         if routed is not None:

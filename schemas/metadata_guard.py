@@ -28,7 +28,12 @@ _FORBIDDEN_RPC_KEYS: frozenset[str] = frozenset(
         "token_ids_delta",
         "token_mask_delta",
         "generation_logprobs_delta",
+        "generation_log_probs_delta",
         "routed_experts_delta",
+        # Packed multimodal inputs (NeMo RL's names): media stays in TQ like tokens do.
+        "pixel_values",
+        "pixel_values_videos",
+        "input_features",
     }
 )
 

@@ -1,29 +1,56 @@
 """Producer-side payload helpers: violation counts and masks, `record_to_train_batch`, and the
 jagged `pack_payload` / `unpack_payload` pair that moves rows through TQ.
+
+The message keys are NeMo RL's (`nemo_rl.experience.payload`): a generated assistant turn is flagged
+by `is_invalid_tool_call` and `has_malformed_thinking`. rlstream's earlier spellings
+(`invalid_tool_call`, `malformed_thinking`) are still read, never counted as 0; a message carrying
+both spellings with different values is refused, naming both. Rows are tagged with NeMo RL's
+`rollout_environment` (unless it is "unknown") and carry packed multimodal inputs
+(`schemas.multimodal`) with their `<field>__row_shapes` tags.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from tensordict import TensorDict, TensorDictBase
 
 from schemas.jagged import JaggedLayout, JaggedRows, is_nested, jagged_rows, pad_rows, stack_padded
-
-VIOLATION_TAG_KEYS = (
-    "num_invalid_tool_calls",
-    "num_malformed_thinking",
-    "num_assistant_messages",
-    "num_routed_experts_backfilled",
+from schemas.multimodal import ROW_SHAPES_SUFFIX, PackedRows, packed_fields
+from schemas.row_fields import ROLLOUT_ENVIRONMENT, taken_by_row
+from schemas.violations import (
+    _INVALID_MASK,
+    _MALFORMED_MASK,
+    _VIOLATION_COUNTS_KEY,
+    INVALID_TOOL_CALL,
+    MALFORMED_THINKING,
+    VIOLATION_TAG_KEYS,
+    _add_message_violation_masks,
+    _is_generated,
+    _violation_counts,
 )
-_VIOLATION_COUNTS_KEY = "violation_counts"
-_INVALID_MASK = "invalid_tool_call_mask"
-_MALFORMED_MASK = "malformed_thinking_mask"
-ROW_SHAPES_SUFFIX = "__row_shapes"
+
+# NeMo RL's `nemo_rl.experience.payload` names, re-exported where its users look for them.
+__all__ = [
+    "INVALID_TOOL_CALL",
+    "ROW_SHAPES_SUFFIX",
+    "MALFORMED_THINKING",
+    "VIOLATION_TAG_KEYS",
+    "_VIOLATION_COUNTS_KEY",
+    "Completion",
+    "PromptGroupRecord",
+    "_add_message_violation_masks",
+    "_violation_counts",
+    "pack_payload",
+    "record_to_train_batch",
+    "unpack_payload",
+]
+
+_UNKNOWN_ENVIRONMENT = "unknown"
 # Per-row fields that are never token-aligned, even when their width happens to equal L.
 _PER_ROW_FIELDS = frozenset({"prompt_ids_for_adv"})
 
@@ -37,6 +64,8 @@ class Completion:
     truncated: bool
     mask_sample: bool
     rejection_reason: str | None = None
+    # Packed multimodal inputs of this row: field -> its segments (e.g. one pixel tensor per image).
+    multimodal: Mapping[str, Sequence[torch.Tensor]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, eq=False)
@@ -46,39 +75,8 @@ class PromptGroupRecord:
     prompt_ids: torch.Tensor
     completions: tuple[Completion, ...]
     loss_multiplier: float = 1.0
-
-
-def _is_generated(message: Mapping[str, Any]) -> bool:
-    # Field presence is the marker: only turns the model sampled carry generation_logprobs.
-    return message.get("role") == "assistant" and "generation_logprobs" in message
-
-
-def _violation_counts(message_log: Sequence[Mapping[str, Any]]) -> dict[str, int]:
-    """Count invalid tool calls / malformed thinking over flagged generated assistant turns."""
-    counts = dict.fromkeys(VIOLATION_TAG_KEYS, 0)
-    for message in message_log:
-        if _is_generated(message):
-            counts["num_assistant_messages"] += 1
-            counts["num_invalid_tool_calls"] += bool(message.get("invalid_tool_call", False))
-            counts["num_malformed_thinking"] += bool(message.get("malformed_thinking", False))
-            counts["num_routed_experts_backfilled"] += bool(message.get("routed_experts_backfilled", False))
-    return counts
-
-
-def _add_message_violation_masks(message_logs: Sequence[list[dict[str, Any]]]) -> None:
-    """Attach token-aligned masks for generated assistant violations to every message.
-
-    Must run before anything fills missing generation_logprobs on prompt and environment
-    messages: the presence of that field is what marks a turn as generated.
-    """
-    for message_log in message_logs:
-        for message in message_log:
-            length = int(message["token_ids"].shape[0])
-            generated = _is_generated(message)
-            message[_INVALID_MASK] = torch.full((length,), generated and bool(message.get("invalid_tool_call", False)))
-            message[_MALFORMED_MASK] = torch.full(
-                (length,), generated and bool(message.get("malformed_thinking", False))
-            )
+    # NeMo RL's `record.metadata["rollout_environment"]`: stamped on every row's tags unless "unknown".
+    rollout_environment: str = _UNKNOWN_ENVIRONMENT
 
 
 def record_to_train_batch(
@@ -160,6 +158,20 @@ def _train_rows(
     for name in (_INVALID_MASK, _MALFORMED_MASK, "routed_experts"):
         if name in batch:
             out[name] = batch[name]
+    out[ROLLOUT_ENVIRONMENT] = record.rollout_environment
+    out.update(_multimodal(completions))
+    return out
+
+
+def _multimodal(completions: Sequence[Completion]) -> dict[str, PackedRows]:
+    """Each packed multimodal field of the group, one row per completion (none for a placeholder)."""
+    names = sorted({name for c in completions if c.rejection_reason is None for name in c.multimodal})
+    out = {}
+    for name in names:
+        if taken_by_row(name):
+            raise ValueError(f"multimodal input {name!r} would take the name of a row field")
+        rows = [list(c.multimodal.get(name, ())) if c.rejection_reason is None else [] for c in completions]
+        out[name] = PackedRows(rows)
     return out
 
 
@@ -249,8 +261,17 @@ def pack_payload(
 
     fields: dict[str, torch.Tensor] = {}
     row_shapes: dict[str, list[int]] = {}
+    geometry: list[list[dict[str, Any]]] = []
     for name, value in train_batch.items():
-        if name == _VIOLATION_COUNTS_KEY:
+        if name in (_VIOLATION_COUNTS_KEY, ROLLOUT_ENVIRONMENT):
+            continue
+        if isinstance(value, PackedRows):
+            if len(value) != n:
+                raise ValueError(f"train_batch[{name!r}] holds {len(value)} rows, not {n}")
+            wire = value.to_wire()
+            if wire is not None:  # every row empty: the field is not sent (NeMo RL omits it too)
+                fields[name] = wire
+                geometry.append(value.row_tags(name))
             continue
         if not isinstance(value, torch.Tensor):
             raise TypeError(f"train_batch[{name!r}] is a {type(value).__name__}, not a tensor")
@@ -265,6 +286,12 @@ def pack_payload(
             fields[name] = value
 
     tags = _row_tags(train_batch, n, length_list, row_shapes, weight_version, group_id, prompt_idx)
+    environment = train_batch.get(ROLLOUT_ENVIRONMENT, _UNKNOWN_ENVIRONMENT)
+    for i, tag in enumerate(tags):
+        if environment != _UNKNOWN_ENVIRONMENT:
+            tag[ROLLOUT_ENVIRONMENT] = environment
+        for per_field in geometry:
+            tag.update(per_field[i])
     sample_ids = [f"{group_id}_g{i}" for i in range(n)]
     return sample_ids, _tensordict(fields, n), tags
 
@@ -304,14 +331,17 @@ def unpack_payload(
     """Turn jagged rows (of one or several groups) back into padded tensors for the trainer.
 
     Each jagged field is padded to its longest row with `pad_value_dict.get(field, 0)`
-    (`prompt_ids_for_adv` falls back to the input_ids pad); regular tensors pass through.
+    (`prompt_ids_for_adv` falls back to the input_ids pad); regular tensors pass through, and so do
+    packed multimodal fields, jagged as they came (`schemas.multimodal.PackedRows.from_wire` gives
+    their segments back).
     """
     out: dict[str, torch.Tensor] = {}
+    packed = packed_fields(tags)
     # Fields packed together share their offsets and lengths tensors: measure those rows once.
     # Each entry holds its rows, so that no id() in a key can be reused within this call.
     measured: dict[tuple[int, int, int], tuple[list[int], int, JaggedRows]] = {}
     for name, value in fields.items():
-        if not is_nested(value):
+        if not is_nested(value) or name in packed:
             out[name] = value
             continue
         rows = jagged_rows(value)

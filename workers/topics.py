@@ -17,6 +17,7 @@ from schemas.codec import Message
 from schemas.deadletter import DeadLetter
 from schemas.errors import InvalidArgument, SchemaError
 from schemas.finalized import FinalizedGroup
+from schemas.gym_receipt import GymReceipt
 from schemas.receipt import Receipt
 from schemas.regenerate import Regenerate
 from schemas.state import GroupState, PartitionProgress
@@ -139,7 +140,8 @@ _SUFFIXES = {
 # The state topic holds two kinds (a prompt group's entry and its partition's progress); the first
 # kind of a role is what an unrecognised value is decoded as, so its error names the usual message.
 _BY_ROLE: dict[str, tuple[type[Message], ...]] = {
-    RECEIPTS_ROLE: (Receipt,),
+    # rlstream's own receipts and NeMo Gym's, side by side (a consumer group reads both).
+    RECEIPTS_ROLE: (Receipt, GymReceipt),
     FINALIZED_ROLE: (FinalizedGroup,),
     DEADLETTER_ROLE: (DeadLetter,),
     STATE_ROLE: (GroupState, PartitionProgress),
@@ -200,13 +202,19 @@ def _role_class(role: str, value: bytes) -> type[Message] | None:
     return kinds[0] if kinds else None
 
 
+def receipt_from_bytes(value: bytes) -> Receipt | GymReceipt:
+    """A receipt of either kind (rlstream's or NeMo Gym's); SchemaError if it is neither."""
+    cls = GymReceipt if sniff_kind(value) == GymReceipt.kind() else Receipt
+    return cls.from_bytes(value)
+
+
 def message_group_id(msg: Message) -> str | None:
     """The prompt group a message is about (a dead letter: the group of its original receipt, if any)."""
-    if isinstance(msg, (Receipt, FinalizedGroup, GroupState, Regenerate)):
+    if isinstance(msg, (Receipt, GymReceipt, FinalizedGroup, GroupState, Regenerate)):
         return msg.group_id
     if isinstance(msg, DeadLetter):
         try:
-            return Receipt.from_bytes(msg.original).group_id
+            return receipt_from_bytes(msg.original).group_id
         except SchemaError:
             return msg.source_key.decode(errors="replace") if msg.source_key else None
     return None
@@ -216,12 +224,12 @@ def message_weight_versions(msg: Message) -> tuple[int, int] | None:
     """(lowest, highest) policy weight version a message carries, or None when it carries none."""
     if isinstance(msg, FinalizedGroup):
         return msg.group_min_wv, msg.group_max_wv
-    if isinstance(msg, Receipt):
+    if isinstance(msg, (Receipt, GymReceipt)):
         versions = [c.weight_version for c in msg.manifest]
         return (min(versions), max(versions)) if versions else None
     if isinstance(msg, DeadLetter):
         try:
-            return message_weight_versions(Receipt.from_bytes(msg.original))
+            return message_weight_versions(receipt_from_bytes(msg.original))
         except SchemaError:
             return None
     return None

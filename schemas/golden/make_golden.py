@@ -11,6 +11,7 @@ from pathlib import Path
 
 from schemas.deadletter import DECODE_ERROR, DeadLetter
 from schemas.finalized import FinalizedGroup, SourceRange
+from schemas.gym_receipt import GymCallRecord, GymReceipt, GymRolloutReceipt
 from schemas.receipt import CallRecord, Receipt
 from schemas.request import ReassemblyRequest, RolloutReassemblerActorConfig
 from schemas.state import GroupState, PartitionProgress
@@ -41,8 +42,42 @@ RECEIPT = Receipt(
     truncated=False,
 )
 
+# A NeMo Gym receipt of two calls (a text root and a token_in child) as rlstream carries it.
+GYM_RECEIPT = GymReceipt(
+    group_id="group-000042",
+    prompt_idx=42,
+    rollout_index=2,
+    group_size=4,
+    reward=0.5,
+    mask_sample=True,
+    loss_multiplier=1.0,
+    environment="math",
+    receipt=GymRolloutReceipt(
+        rollout_id="group-000042_g2",
+        reward=0.5,
+        terminal_model_call_id="call-1",
+        manifest=(
+            GymCallRecord(
+                model_call_id="call-0", prev_len=0, delta_len=5, cum_len=5, weight_version=7,
+                digest="a" * 64, extras_digest="b" * 64, staging_key="group-000042_g2/call-0", mode="text",
+                chain_hash="c" * 64, cumulative_hash="d" * 64, response_id="resp-0", admitted_at=1.5,
+            ),
+            GymCallRecord(
+                model_call_id="call-1", parent_call_id="call-0", prev_len=5, delta_len=3, cum_len=8,
+                weight_version=8, digest="e" * 64, extras_digest="b" * 64,
+                staging_key="group-000042_g2/call-1", chain_hash="f" * 64, cumulative_hash="0" * 64,
+                response_id="resp-1", output_fingerprint="1" * 64, fingerprint_version=1,
+            ),
+        ),
+        terminal_selection="response_id",
+        terminal_attribution_reason="response_id_match",
+    ),
+    invalid_tool_call_calls=("call-1",),
+)
+
 EXAMPLES = {
     "receipt": RECEIPT,
+    "gym_receipt": GYM_RECEIPT,
     "finalized_group": FinalizedGroup(
         group_id="group-000042",
         prompt_idx=42,

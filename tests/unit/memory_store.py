@@ -51,11 +51,20 @@ class InMemoryStore:
         out: dict[str, torch.Tensor] = {}
         if partition in self._packed and select is None and any(part[k][0].keys() != set(names) for k in keys):
             raise ValueError(f"rows of TQ partition {partition!r} do not all have the fields {names}")
+        packed = partition in self._packed
         for name in names:
-            if any(name not in part[k][0] for k in keys):
+            lacking = next((k for k in keys if name not in part[k][0]), None)
+            if lacking is not None:
+                if packed:  # as TQStore's packed read (`schemas.rowpack.unpack_rows`)
+                    raise ValueError(f"field {name!r} is not in row {lacking!r} of TQ partition {partition!r}")
                 continue  # as TQ's select_fields: a field some of the rows lack is left out, silently
             rows = [part[k][0][name] for k in keys]
-            if all(r.shape == rows[0].shape for r in rows):
+            if packed and len({r.dtype for r in rows}) > 1:
+                raise ValueError(f"rows of field {name!r} disagree on their dtype")
+            if packed and any(r.dim() == 1 for r in rows):
+                # As TQStore's packed read: 1-D rows come back jagged, even all of one length.
+                out[name] = torch.nested.nested_tensor(rows, layout=torch.jagged)
+            elif all(r.shape == rows[0].shape for r in rows):
                 out[name] = torch.stack(rows)
             else:
                 out[name] = torch.nested.nested_tensor(rows, layout=torch.jagged)

@@ -2,8 +2,10 @@
 
 An actor owns a connect-only TQ client. It finalizes one metadata-only request at a time over RPC,
 runs TQ checkpoint commands owner-locally, and can run the Kafka worker loop, so a Ray pool of
-actors is a consumer group. Ray restarts an actor whose process dies and retries the calls that were
-in flight on it (see `RolloutReassemblerActor` for why each method may run again).
+actors is a consumer group. A request's receipts may be rlstream's, or NeMo Gym `RolloutReceipt`
+dicts as the seed's `ReassemblyRequest` carries them (their group fields come from the request).
+Ray restarts an actor whose process dies and retries the calls that were in flight on it (see
+`RolloutReassemblerActor` for why each method may run again).
 """
 
 from __future__ import annotations
@@ -16,11 +18,13 @@ from typing import Any
 
 import msgspec
 
-from schemas.errors import SchemaError
+from schemas.errors import RlstreamError, SchemaError
 from schemas.finalized import FinalizedGroup
+from schemas.gym_receipt import GymReceipt, GymRolloutReceipt
 from schemas.metadata_guard import assert_metadata_only
 from schemas.receipt import Receipt
 from schemas.request import ReassemblyRequest, RolloutReassemblerActorConfig
+from schemas.staged_rows import sample_id
 from streams.tq import TQConfig, nodes_offering
 
 # How often Ray restarts a dead actor (its process killed or its node lost) before it stays dead, and
@@ -31,9 +35,20 @@ MAX_TASK_RETRIES = -1
 NODE_RESOURCE_SHARE = 0.001
 
 
+# NeMo Gym's finalization API, as the seed's check_dependencies imports it (nemo-gym 0.7.0).
+NEMO_GYM_INSTALL = "pip install --no-deps --ignore-requires-python nemo-gym==0.7.0 orjson"
+
+
 @dataclass(frozen=True)
 class DataPlaneConfig:
-    """How an actor reaches the data plane: the Ray/TQ address and what it must be able to import."""
+    """How an actor reaches the data plane (the Ray/TQ address), what it must be able to import, and
+    how its RPC finalize treats a group with no valid rollout.
+
+    `nemo_gym`: the actors finalize NeMo Gym receipts, so `check_dependencies` imports NeMo Gym's
+    staging API and checks this process agrees with its golden vectors (rlstream verifies with its
+    own `schemas.gym_verify`, held to NeMo Gym's). `placeholder_groups`: a group with no valid
+    rollout comes back as masked placeholder rows (NeMo RL's way) instead of an error.
+    """
 
     tq: TQConfig = TQConfig()
     required_modules: tuple[str, ...] = (
@@ -42,6 +57,8 @@ class DataPlaneConfig:
         "schemas.group_build",
         "workers.reassembler.finalize",
     )
+    nemo_gym: bool = False
+    placeholder_groups: bool = False
 
 
 class RolloutReassemblerActor:
@@ -91,28 +108,24 @@ class RolloutReassemblerActor:
         """Import the finalization API and attach to TQ before the controller starts rollouts."""
         for name in self.dp_config.required_modules:
             importlib.import_module(name)
+        if self.dp_config.nemo_gym:
+            check_nemo_gym()
         self._tq()
 
     def finalize(self, request: ReassemblyRequest) -> FinalizedGroup:
         """Finalize one request without allowing tensor payloads across Ray RPC."""
         assert_metadata_only(request, path="rpc")
         from workers.reassembler.finalize import finalize_groups
-        from workers.reassembler.groups import OpenGroup
 
-        receipts = [_receipt(r, f"rpc.receipts[{i}]") for i, r in enumerate(request.receipts)]
-        group = OpenGroup(
-            request.group_id,
-            partition=-1,
-            group_size=len(request.rollout_ids),
-            prompt_idx=request.prompt_idx,
-            first_offset=0,
-            last_offset=0,
-            first_seen_ms=0,
+        group = request_group(request)
+        (outcome,) = finalize_groups(
+            self._tq(),
+            [group],
+            self.config,
+            receipts_topic="rpc",
+            now_ms=0,
+            placeholder_groups=self.dp_config.placeholder_groups,
         )
-        for i, r in enumerate(receipts):
-            if r is not None:
-                group.receipts[i] = r
-        (outcome,) = finalize_groups(self._tq(), [group], self.config, receipts_topic="rpc", now_ms=0)
         if outcome.finalized is None:
             raise ValueError(f"group {request.group_id}: {outcome.dead_letter_message}")
         result = outcome.finalized
@@ -166,13 +179,138 @@ class RolloutReassemblerActor:
         return ray.get_runtime_context().get_node_id()
 
 
-def _receipt(value: dict | None, path: str) -> Receipt | None:
+def check_nemo_gym() -> None:
+    """Import NeMo Gym's finalization API as the seed does, and check rlstream's digests agree with the
+    installed NeMo Gym's golden vectors; one clear error if it is missing or disagrees."""
+    try:
+        from nemo_gym.token_id_capture.staging.conformance import assert_golden_vectors, load_golden_vectors
+        from nemo_gym.token_id_capture.staging.rebuild import (  # noqa: F401
+            RebuildError,
+            ReceiptVerificationError,
+            verify_and_linearize,
+        )
+        from nemo_gym.token_id_capture.staging.records import RolloutReceipt  # noqa: F401
+    except ImportError as exc:
+        raise RlstreamError(f"NeMo Gym receipts need nemo-gym 0.7.0, which is not importable here ({exc}): "
+                            f"{NEMO_GYM_INSTALL}") from None  # fmt: skip
+    from schemas import gym_digest
+
+    assert_golden_vectors()
+    vectors = load_golden_vectors()
+    if gym_digest.compute_staging_digest(**vectors["staged_call"]) != vectors["staged_call_digest"] or (
+        gym_digest.compute_extras_digest(vectors["extras"]) != vectors["extras_digest"]
+    ):
+        raise RlstreamError(
+            "the installed nemo-gym's golden vectors disagree with rlstream's digests (another version?)"
+        )
+
+
+def request_group(request: ReassemblyRequest) -> Any:
+    """The open group a request finalizes (`workers.reassembler.groups.OpenGroup`), its receipts in
+    their slots; `SchemaError` naming the field for a request that would not build N distinct rows.
+
+    One rollout in two slots would be trained twice (the Kafka path's intake refuses it as a
+    duplicate), so a rollout id named twice, or one receipt's rollout in two slots, is refused.
+    """
+    from workers.reassembler.groups import OpenGroup
+
+    expected = tuple(sample_id(request.group_id, i) for i in range(len(request.rollout_ids)))
+    if request.canonical_sample_ids != expected:
+        # NeMo RL's finalizer asserts the same: rows are put under {group_id}_g{i}, nothing else.
+        raise SchemaError(
+            "rpc.canonical_sample_ids",
+            f"must be {list(expected[:3])}... ({{group_id}}_g{{i}}), got {list(request.canonical_sample_ids[:3])}",
+        )
+    _distinct("rpc.rollout_ids", "slots {} and {}", request.rollout_ids)
+    receipts = [_receipt(r, f"rpc.receipts[{i}]", request, i) for i, r in enumerate(request.receipts)]
+    seen: dict[str, int] = {}
+    for i, r in enumerate(receipts):
+        if r is None:
+            continue
+        if r.rollout_id in seen:
+            raise SchemaError(
+                f"rpc.receipts[{i}].rollout_id",
+                f"{r.rollout_id!r} is also receipts[{seen[r.rollout_id]}]'s: one rollout cannot fill two slots",
+            )
+        seen[r.rollout_id] = i
+    group = OpenGroup(
+        request.group_id,
+        partition=-1,
+        group_size=len(request.rollout_ids),
+        prompt_idx=request.prompt_idx,
+        first_offset=0,
+        last_offset=0,
+        first_seen_ms=0,
+    )
+    for i, r in enumerate(receipts):
+        if r is not None:
+            group.receipts[i] = r
+    return group
+
+
+def _distinct(path: str, where: str, values: Sequence[str]) -> None:
+    first: dict[str, int] = {}
+    for i, value in enumerate(values):
+        if value in first:
+            raise SchemaError(path, f"names {value!r} twice ({where.format(first[value], i)}): each rollout once")
+        first[value] = i
+
+
+def _receipt(value: dict | None, path: str, request: ReassemblyRequest, index: int) -> Receipt | GymReceipt | None:
     if value is None:
         return None
+    kind = value.get("kind")
     try:
+        if kind == GymReceipt.kind():
+            return msgspec.convert(value, GymReceipt)
+        if kind is None and "group_id" not in value:
+            return _from_nemo_gym(value, request, index, path)
         return msgspec.convert(value, Receipt)
     except (msgspec.ValidationError, SchemaError) as exc:
         raise SchemaError(path, str(exc)) from None
+
+
+def _from_nemo_gym(value: dict, request: ReassemblyRequest, index: int, path: str) -> GymReceipt:
+    """A NeMo Gym `RolloutReceipt` dict (the seed's form): its group fields are the request's.
+
+    Read as the seed reads it, with NeMo Gym's own model when it is installed: pydantic's lax
+    coercions (`"reward": "0.5"`, `"capture_poisoned": "false"`, `"schema_version": 2.0`) are
+    accepted and applied exactly as pydantic applies them, and what it refuses is refused with the
+    field's path. Without NeMo Gym, rlstream's structs read it strictly (no coercion at all).
+    """
+    receipt = msgspec.convert(_as_nemo_gym_reads_it(value, path), GymRolloutReceipt)
+    if receipt.rollout_id != request.rollout_ids[index]:
+        raise SchemaError(
+            f"{path}.rollout_id",
+            f"is {receipt.rollout_id!r}, but rollout_ids[{index}] is {request.rollout_ids[index]!r}",
+        )
+    return GymReceipt(
+        group_id=request.group_id,
+        prompt_idx=request.prompt_idx,
+        rollout_index=index,
+        group_size=len(request.rollout_ids),
+        reward=request.rewards[index],
+        mask_sample=request.mask_sample[index],
+        loss_multiplier=request.loss_multiplier,
+        environment="unknown",
+        receipt=receipt,
+    )
+
+
+def _as_nemo_gym_reads_it(value: dict, path: str) -> dict:
+    try:
+        from nemo_gym.token_id_capture.staging.records import RolloutReceipt
+        from pydantic import ValidationError
+    except ImportError:
+        return value
+    try:
+        return RolloutReceipt.model_validate(value).model_dump(mode="json")
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ()))
+        raise SchemaError(
+            f"{path}.{where}" if where else path, f"{first.get('msg')} (NeMo Gym's RolloutReceipt)"
+        ) from None
 
 
 def create_rollout_reassembler_actors(

@@ -87,6 +87,16 @@ class DemoConfig(Settings, frozen=True):
             "and TQ's own exporter (0: free ports; every endpoint is logged)"
         ),
     ] = None
+    # On: each rollout is captured with NeMo Gym's own code (RolloutTokenCapture into rlstream's
+    # TQStagingSink, NeMo Gym's ledger and receipt) and published as a NeMo Gym receipt; needs
+    # nemo-gym 0.7.0 (docs/NEMO.md).
+    nemo_gym: Annotated[
+        bool,
+        Meta(
+            description="produce NeMo Gym receipts: capture rollouts with NeMo Gym's RolloutTokenCapture into "
+            "rlstream's staging sink (needs nemo-gym 0.7.0)"
+        ),
+    ] = False
     shape: SyntheticShape = msgspec.field(default_factory=demo_shape)
 
     @property

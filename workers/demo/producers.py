@@ -84,8 +84,15 @@ class _Producer:
         self.todo = deque(enumerate(range(index, cfg.groups, cfg.producers)))
         self.inflight: deque[_Started] = deque()
         self.depth = cfg.inflight_groups if shared.gate is not None else 1
-        self.pub = RolloutPublisher(kafka, TQStore(), names.receipts)
+        store = TQStore()
+        self.pub = RolloutPublisher(kafka, store, names.receipts)
         self.poison = AckedProducer(kafka) if index == 0 else None
+        # NeMo Gym's capture stages each call as the group is generated; its receipts are published later.
+        self.gym = None
+        if cfg.nemo_gym:
+            from workers.adapters.nemo_gym_capture import SyntheticGymGroups
+
+            self.gym = SyntheticGymGroups(store)
 
     def _version(self) -> int | None:
         """The version to generate the next group at, None while the gate has no room (waited a little)."""
@@ -109,14 +116,20 @@ class _Producer:
             all_failed = self.index == 0 and n == ALL_FAILED_AT
             shape = replace(self.cfg.shape, failure_rate=1.0) if all_failed else self.cfg.shape
             gid = group_id(self.names, g)
-            rollouts = make_group(gid, g, wv, shape=shape, seed=self.index)
+            if self.gym is not None:
+                rollouts = self.gym.make_group(gid, g, wv, shape=shape, seed=self.index)
+            else:
+                rollouts = make_group(gid, g, wv, shape=shape, seed=self.index)
             self.inflight.append(_Started(n, gid, rollouts))
 
     def _publish_next(self, stop: threading.Event) -> None:
         group = self.inflight.popleft()
         with self.shared.lock:
             self.shared.produced.append(group.gid)
-        self.pub.publish(group.rollouts)
+        if self.gym is not None:
+            self.pub.publish_receipts(group.rollouts)
+        else:
+            self.pub.publish(group.rollouts)
         with self.shared.lock:
             self.shared.acked_at[group.gid] = time.time()
         if self.shared.gate is not None:

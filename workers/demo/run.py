@@ -46,7 +46,7 @@ class _Reassemblers:
         self._ray = ray
         self.group = f"reassemblers.{names.prefix}"
         self.actors = create_rollout_reassembler_actors(
-            DataPlaneConfig(tq=tq),
+            DataPlaneConfig(tq=tq, nemo_gym=cfg.nemo_gym),
             default_actor_config(),
             num_workers=cfg.reassemblers,
             node_resource=cfg.placement_resource,
@@ -183,6 +183,10 @@ def run_demo(
     stop = threading.Event()
     t_start = time.monotonic()
     try:
+        if cfg.nemo_gym:
+            from workers.actors.reassembler import check_nemo_gym
+
+            check_nemo_gym()  # before anything starts: one line if NeMo Gym is missing
         kafka = _start_kafka(cfg, client_settings or {}, cleanups, log)
         report.bootstrap_servers = kafka.bootstrap_servers
         pool = _start_pipeline(kafka, names, cfg, report, cleanups, log)
@@ -193,7 +197,8 @@ def run_demo(
         producers = start_producers(kafka, names, cfg, shared, stop)
         log(
             f"producers: {cfg.producers} x {cfg.groups // cfg.producers} groups of {cfg.shape.group_size} "
-            f"rollouts; trainer: {cfg.policy} policy, staleness bound {cfg.max_staleness}"
+            f"rollouts{' captured by NeMo Gym (NeMo Gym receipts)' if cfg.nemo_gym else ''}; "
+            f"trainer: {cfg.policy} policy, staleness bound {cfg.max_staleness}"
         )
         trainer.run(producers, pool.failure if pool is not None else lambda: None)
         stop.set()

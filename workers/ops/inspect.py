@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from schemas.finalized import FinalizedGroup
+from schemas.gym_receipt import GymReceipt
 from schemas.receipt import Receipt
 from streams.config import KafkaConfig
 from streams.consumer import read_topic
@@ -38,11 +39,14 @@ def inspect_group(
             d for d in (describe_record(r, role) for r in read_topic(kafka, topic)) if matches_group(d, group_id)
         ]
     report: dict[str, Any] = {"group_id": group_id, **found}
-    receipts = [d["value"] for d in found["receipts"] if d.get("kind") == Receipt.kind()]
+    receipts = [d["value"] for d in found["receipts"] if d.get("kind") in (Receipt.kind(), GymReceipt.kind())]
     receipts += [
         d["value"]["original_receipt"] for d in found["dead_letters"] if "original_receipt" in d.get("value", {})
     ]
-    staging_keys = sorted({c["staging_key"] for r in receipts for c in r["manifest"]})
+    # A NeMo Gym receipt's manifest is its inner receipt's.
+    staging_keys = sorted(
+        {c["staging_key"] for r in receipts for c in r.get("manifest", r.get("receipt", {}).get("manifest", []))}
+    )
     finalized = [d["value"] for d in found["finalized"] if d.get("kind") == FinalizedGroup.kind()]
     sample_ids = sorted({s for f in finalized for s in f["sample_ids"]})
     train = finalized[-1]["partition_id"] if finalized else TRAIN

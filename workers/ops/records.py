@@ -7,9 +7,8 @@ from typing import Any
 
 from schemas.deadletter import DeadLetter
 from schemas.errors import SchemaError
-from schemas.receipt import Receipt
 from streams.consumer import Record
-from workers.topics import decode_value, message_group_id
+from workers.topics import decode_value, message_group_id, receipt_from_bytes
 
 
 def _text(data: bytes | None) -> str | None:
@@ -47,7 +46,7 @@ def describe_record(rec: Record, role: str | None = None) -> dict[str, Any]:
         value["source_key"] = _text(msg.source_key)
         out.update(error_kind=msg.error_kind, message=msg.message, redrive_count=msg.redrive_count)
         try:
-            value["original_receipt"] = Receipt.from_bytes(msg.original).to_dict()
+            value["original_receipt"] = receipt_from_bytes(msg.original).to_dict()
         except SchemaError:
             value["original_bytes"] = msg.original_size if msg.original_truncated else len(msg.original)
     out["value"] = value

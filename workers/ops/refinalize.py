@@ -19,6 +19,7 @@ import torch
 
 from schemas.errors import InvalidArgument, SchemaError
 from schemas.finalized import FinalizedGroup
+from schemas.gym_receipt import GymReceipt
 from schemas.receipt import Receipt
 from schemas.request import RolloutReassemblerActorConfig
 from streams.config import KafkaConfig
@@ -28,6 +29,7 @@ from streams.tq import KVStore
 from workers.reassembler.config import default_actor_config
 from workers.reassembler.finalize import build_one, fetch_segments, tensor_rows
 from workers.reassembler.groups import OpenGroup, PromptGroups
+from workers.reassembler.gym_fetch import fetch_gym_rows, is_gym
 from workers.topics import TopicNames, decode_value
 
 # Compared field by field; partition_id, source, metrics and finalized_at_ms describe the run, not the result.
@@ -73,7 +75,7 @@ def replayed_groups(kafka: KafkaConfig, topic: str) -> dict[str, OpenGroup]:
             msg = decode_value(rec.value)
         except SchemaError:
             continue
-        if isinstance(msg, Receipt):
+        if isinstance(msg, (Receipt, GymReceipt)):
             parts.setdefault(rec.partition, PromptGroups(rec.partition)).add(msg, rec.offset, rec.timestamp_ms)
     return {gid: g for groups in parts.values() for gid, g in groups.open.items()}
 
@@ -117,8 +119,16 @@ def _diff_group(
 ) -> list[Diff]:
     gid = group.group_id
     keys = group.staging_keys()
-    segments = fetch_segments(store, config.staging_partition, keys, routed_experts=config.router_replay_enabled)
-    if keys and not segments and record is not None and record.valid_row_count:
+    # Each receipt's staged calls read as its kind: a NeMo Gym receipt's are NeMo Gym rows.
+    rl_keys = list(dict.fromkeys(c.staging_key for r in group.receipts.values() if not is_gym(r) for c in r.manifest))
+    gym_keys = list(dict.fromkeys(c.staging_key for r in group.receipts.values() if is_gym(r) for c in r.manifest))
+    segments = fetch_segments(store, config.staging_partition, rl_keys, routed_experts=config.router_replay_enabled)
+    gym_rows = (
+        fetch_gym_rows(store, config.staging_partition, gym_keys, store.tags(config.staging_partition, gym_keys))
+        if gym_keys
+        else {}
+    )
+    if keys and not segments and not gym_rows and record is not None and record.valid_row_count:
         return [
             Diff(
                 gid,
@@ -128,7 +138,7 @@ def _diff_group(
                 detail=f"none of its {len(keys)} staged tensors are in TQ {config.staging_partition!r}; cannot rebuild",
             )
         ]
-    build = build_one(group, segments, config)
+    build = build_one(group, segments, config, gym_rows)
     if record is None:
         if build.valid_row_count == 0:
             return []  # dead-lettered both times

@@ -148,6 +148,16 @@ class ReassemblerConfig(Settings, frozen=True):
     staging_sweep_interval_s: Annotated[
         float, Meta(gt=0, le=86_400, description="seconds between two sweeps of the staging partition")
     ] = 60.0
+    # NeMo RL publishes every group, N placeholder rows (sample_mask 0) when none of its rollouts is
+    # valid; rlstream dead-letters such a group by default, so it is visible, redrivable and counted
+    # as a loss by the admission gate, instead of taking a training batch's slot for nothing.
+    placeholder_groups: Annotated[
+        bool,
+        Meta(
+            description="publish a prompt group with no valid rollout as group_size masked placeholder rows "
+            "(NeMo RL's behaviour) instead of dead-lettering it"
+        ),
+    ] = False
     actor: RolloutReassemblerActorConfig = msgspec.field(default_factory=default_actor_config)
 
     def __post_init__(self) -> None:

@@ -1,4 +1,9 @@
-"""Receipt records at the reassembler's boundary: decoded and checked, or refused with a dead-letter kind."""
+"""Receipt records at the reassembler's boundary: decoded and checked, or refused with a dead-letter kind.
+
+The receipts topic carries two kinds, told apart by their `kind`: rlstream's `Receipt` and
+`GymReceipt` (a NeMo Gym `RolloutReceipt` with its group fields). Both pass the same checks here
+and join prompt groups alike; a group may even hold both.
+"""
 
 from __future__ import annotations
 
@@ -9,8 +14,11 @@ import msgpack
 
 from schemas import deadletter as dl
 from schemas.errors import MetadataViolation, SchemaError
+from schemas.gym_receipt import GymReceipt
 from schemas.metadata_guard import assert_metadata_only
 from schemas.receipt import Receipt
+
+AnyReceipt = Receipt | GymReceipt
 
 # Header `rlstream deadletter redrive` puts on a re-published record: how many times it was redriven.
 REDRIVE_HEADER = "rlstream.redrive_count"
@@ -39,7 +47,7 @@ class Limits:
     max_id_bytes: int = 256
 
 
-def decode_receipt(value: bytes | None, limits: Limits = Limits(), key: bytes | None = None) -> Receipt | Refused:
+def decode_receipt(value: bytes | None, limits: Limits = Limits(), key: bytes | None = None) -> AnyReceipt | Refused:
     """The receipt a record value holds, or why it is refused.
 
     Refused: not MessagePack, a tensor in the metadata, a schema violation, sizes past `limits`, or
@@ -51,7 +59,7 @@ def decode_receipt(value: bytes | None, limits: Limits = Limits(), key: bytes | 
     return _beyond_limits(receipt, limits) or _wrong_key(receipt, key) or receipt
 
 
-def _beyond_limits(r: Receipt, limits: Limits) -> Refused | None:
+def _beyond_limits(r: AnyReceipt, limits: Limits) -> Refused | None:
     for name, value in (("group_id", r.group_id), ("rollout_id", r.rollout_id)):
         if len(value.encode()) > limits.max_id_bytes:
             return Refused(
@@ -76,7 +84,7 @@ def _beyond_limits(r: Receipt, limits: Limits) -> Refused | None:
     return None
 
 
-def _wrong_key(r: Receipt, key: bytes | None) -> Refused | None:
+def _wrong_key(r: AnyReceipt, key: bytes | None) -> Refused | None:
     # Receipts are keyed by group_id so that a group's receipts share a partition; a receipt keyed
     # otherwise would open a second copy of its group elsewhere, and both would finalize halves.
     if key is None or key == r.group_id.encode():
@@ -89,7 +97,7 @@ def _wrong_key(r: Receipt, key: bytes | None) -> Refused | None:
     )
 
 
-def _decode(value: bytes | None) -> Receipt | Refused:
+def _decode(value: bytes | None) -> AnyReceipt | Refused:
     if value is None:
         return Refused(dl.DECODE_ERROR, "receipt: empty record value")
     try:
@@ -102,8 +110,9 @@ def _decode(value: bytes | None) -> Receipt | Refused:
         assert_metadata_only(raw, path="receipt")
     except MetadataViolation as exc:
         return Refused(dl.METADATA_VIOLATION, str(exc))
+    cls = GymReceipt if isinstance(raw, dict) and raw.get("kind") == GymReceipt.kind() else Receipt
     try:
-        return Receipt.from_bytes(value)
+        return cls.from_bytes(value)
     except SchemaError as exc:
         return Refused(dl.VALIDATION_ERROR, str(exc))
 

@@ -15,16 +15,18 @@ from schemas.finalized import FinalizedGroup, SourceRange
 from schemas.group_build import GroupBuild, build_group
 from schemas.regenerate import MAX_REGENERATIONS, regeneration_of
 from schemas.request import RolloutReassemblerActorConfig
+from schemas.staged_rows import ROUTED_EXPERTS, ROUTED_EXPERTS_K_TAG, SEGMENT_FIELDS, owned_by
 from streams.errors import MissingKeysError
 from streams.tq import KVStore
 from workers.reassembler.errors import LeaseRefused, StagingUnstable
 from workers.reassembler.groups import OpenGroup
-from workers.rollout.publisher import ROUTED_EXPERTS, SEGMENT_FIELDS
+from workers.reassembler.gym_fetch import fetch_gym_rows, is_gym
 from workers.runtime import REAL_RUNTIME, Runtime
 
 MISSING_STAGING_ROW = "missing_staging_row"  # schemas.linearize's rejection of a receipt whose row is gone
 
-Segments = dict[str, dict[str, torch.Tensor]]
+# Staged rows by key: rlstream's (its tensors) or NeMo Gym's (`GymStagedRow`, or why it is unreadable).
+Segments = dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -60,8 +62,8 @@ def fetch_segments(
     if not routed_experts:
         return _fetch(store, staging_partition, keys, SEGMENT_FIELDS)
     tags = tags or {}
-    with_experts = [k for k in keys if "routed_experts_k" in tags.get(k, {})]
-    plain = [k for k in keys if "routed_experts_k" not in tags.get(k, {})]
+    with_experts = [k for k in keys if ROUTED_EXPERTS_K_TAG in tags.get(k, {})]
+    plain = [k for k in keys if ROUTED_EXPERTS_K_TAG not in tags.get(k, {})]
     out = _fetch(store, staging_partition, with_experts, (*SEGMENT_FIELDS, ROUTED_EXPERTS))
     out.update(_fetch(store, staging_partition, plain, SEGMENT_FIELDS))
     return out
@@ -109,27 +111,41 @@ def _fetch(
     return out
 
 
+@dataclass(frozen=True)
+class Owned:
+    """A group's staging keys that its own receipts may use, by the kind of receipt that claimed them.
+
+    A key is read the way its claim's receipt says (an rlstream receipt's as rlstream tensors, a NeMo
+    Gym receipt's as a NeMo Gym call), so a claim of the other kind never changes how it is read.
+    """
+
+    rlstream: frozenset[str] = frozenset()
+    gym: frozenset[str] = frozenset()
+
+    @property
+    def keys(self) -> frozenset[str]:
+        return self.rlstream | self.gym
+
+
 def owned_keys(
     store: KVStore, staging_partition: str, groups: Sequence[OpenGroup]
-) -> tuple[dict[str, set[str]], dict[str, dict[str, Any]]]:
+) -> tuple[dict[str, Owned], dict[str, dict[str, Any]]]:
     """Per group, the staging keys of its receipts that were staged by that very group and rollout.
 
     A receipt is input: it could name another rollout's staged rows, whose tokens would become this
     group's rows and then be cleared under their owner. Staged rows carry the group and rollout they
     belong to in their tags (`stage_rollouts`); a row whose tags say otherwise is treated as missing.
-    Two groups of one step may name the same key: each is judged on its own claim. Returns the
-    owned keys per group and the tags looked up.
+    Two groups of one step may name the same key: each is judged on its own claim, and a key is
+    owned per kind of the receipt that claimed it. Returns the owned keys per group and the tags
+    looked up.
     """
-    claims = [
-        (g.group_id, r.rollout_id, c.staging_key) for g in groups for r in g.receipts.values() for c in r.manifest
-    ]
     tags = store.tags(staging_partition, list(dict.fromkeys(_claimed_keys(groups))))
-    owned: dict[str, set[str]] = {g.group_id: set() for g in groups}
-    for gid, rid, key in claims:
-        tag = tags.get(key)
-        if tag is not None and tag.get("group_id") == gid and tag.get("rollout_id") == rid:
-            owned[gid].add(key)
-    return owned, tags
+    owned: dict[str, tuple[set[str], set[str]]] = {g.group_id: (set(), set()) for g in groups}
+    for g in groups:
+        for r in g.receipts.values():
+            mine = owned[g.group_id][is_gym(r)]
+            mine.update(k for c in r.manifest if owned_by(tags.get(k := c.staging_key), g.group_id, r.rollout_id))
+    return {gid: Owned(frozenset(rl), frozenset(gym)) for gid, (rl, gym) in owned.items()}, tags
 
 
 def _claimed_keys(groups: Sequence[OpenGroup]) -> Iterator[str]:
@@ -184,7 +200,25 @@ def _finalized_record(
     )
 
 
-def build_one(group: OpenGroup, segments: Segments, config: RolloutReassemblerActorConfig) -> GroupBuild:
+@dataclass(frozen=True)
+class Fetched:
+    """The staged rows a step read: rlstream's tensors and NeMo Gym's calls, each by key."""
+
+    segments: Segments
+    gym_rows: Segments
+
+    def of(self, owned: Owned) -> tuple[Segments, Segments]:
+        """What one group may build from: the rows of its own keys, each as its claim's kind."""
+        return (
+            {k: v for k, v in self.segments.items() if k in owned.rlstream},
+            {k: v for k, v in self.gym_rows.items() if k in owned.gym},
+        )
+
+
+def build_one(
+    group: OpenGroup, segments: Segments, config: RolloutReassemblerActorConfig, gym_rows: Segments | None = None
+) -> GroupBuild:
+    """The group's rows from rlstream `segments` and NeMo Gym `gym_rows` (default: `segments` too)."""
     receipts = group.by_index()
     present = [r for r in receipts if r is not None]
     loss_multiplier = present[0].loss_multiplier if present else 1.0
@@ -195,6 +229,7 @@ def build_one(group: OpenGroup, segments: Segments, config: RolloutReassemblerAc
         group_size=group.group_size,
         receipts=receipts,
         segments=segments,
+        gym_rows=gym_rows,
         config=config,
         fallback_weight_version=min(versions) if versions else 0,
         loss_multiplier=loss_multiplier,
@@ -210,6 +245,7 @@ def finalize_groups(
     now_ms: int,
     lease_refusal: Callable[[int, list[str]], str | None] = lambda put, sample_ids: None,
     runtime: Runtime = REAL_RUNTIME,
+    placeholder_groups: bool = False,
 ) -> list[GroupOutcome]:
     """Finalize ready groups; rows go to TQ train now, staging is cleared by the caller after commit.
 
@@ -218,22 +254,35 @@ def finalize_groups(
     the caller may no longer own its partitions (None while it does): a zombie's put could overwrite
     rows a successor committed, or recreate rows a trainer already released. Then that put and the
     rest are not made and `LeaseRefused` is raised. A record's `finalized_at_ms` is `runtime`'s wall
-    clock; the `metrics` figures are `perf_counter` spans (metrics only, see `workers.runtime`).
+    clock; the `metrics` figures are `perf_counter` spans (metrics only, see `workers.runtime`). With
+    `placeholder_groups`, a group with no valid row is published as masked placeholder rows (NeMo
+    RL's way) instead of dead-lettered.
     """
     t0 = time.perf_counter()
     owned, tags = owned_keys(store, config.staging_partition, groups) if groups else ({}, {})
     # In the order owned_keys looked them up: a store that keeps that lookup's row locations
-    # (TQStore) then fetches the rows without looking them up again.
-    mine = set().union(*owned.values())
-    keys = [k for k in dict.fromkeys(_claimed_keys(groups)) if k in mine]
-    fetched = fetch_segments(
-        store, config.staging_partition, keys, routed_experts=config.router_replay_enabled, tags=tags
+    # (TQStore) then fetches the rows without looking them up again. Each key is read as the kind
+    # of receipt that owns it claims it is (a foreign claim of the other kind owns nothing).
+    lookup = list(dict.fromkeys(_claimed_keys(groups)))
+    rl_keys = set().union(*(o.rlstream for o in owned.values()))
+    gym_keys = set().union(*(o.gym for o in owned.values()))
+    fetched = Fetched(
+        fetch_segments(
+            store,
+            config.staging_partition,
+            [k for k in lookup if k in rl_keys],
+            routed_experts=config.router_replay_enabled,
+            tags=tags,
+        ),
+        fetch_gym_rows(store, config.staging_partition, [k for k in lookup if k in gym_keys], tags),
     )
     fetch_ms = (time.perf_counter() - t0) * 1000.0
     results = [
         _build_or_letter(group, owned[group.group_id], fetched, config, gone=_staging_gone(group, tags))
         for group in groups
     ]
+    if placeholder_groups:
+        results = [placeholder_group(r, owned, fetched, config) for r in results]
     builds = [r[1] for r in results if not isinstance(r, GroupOutcome)]
     put_ms = _put_rows(store, config.partition_id, builds, lease_refusal) / max(1, len(builds))
     outcomes = []
@@ -270,7 +319,7 @@ def _staging_gone(group: OpenGroup, tags: dict[str, dict[str, Any]]) -> bool:
 
 
 def _build_or_letter(
-    group: OpenGroup, mine: set[str], fetched: Segments, config: RolloutReassemblerActorConfig, *, gone: bool
+    group: OpenGroup, mine: Owned, fetched: Fetched, config: RolloutReassemblerActorConfig, *, gone: bool
 ) -> GroupOutcome | _Built:
     """The group's rows, or its dead-letter outcome when it has no valid row or its build fails.
 
@@ -280,9 +329,10 @@ def _build_or_letter(
     """
     t1 = time.perf_counter()
     # Only the group's own rows are cleared after the commit: a foreign key stays with its owner.
-    staging = tuple(k for k in dict.fromkeys(group.staging_keys()) if k in mine)
+    staging = tuple(k for k in dict.fromkeys(group.staging_keys()) if k in mine.keys)
+    segments, gym_rows = fetched.of(mine)
     try:
-        build = build_one(group, {k: v for k, v in fetched.items() if k in mine}, config)
+        build = build_one(group, segments, config, gym_rows)
     except Exception as exc:  # noqa: BLE001 - input the checks missed must not crash-loop the worker
         # The build is pure: whatever it raises comes from this group's receipts and tensors (a
         # routed-experts width that differs between calls, say). The group is dead-lettered
@@ -299,6 +349,32 @@ def _build_or_letter(
         kind = ALL_ROLLOUTS_FAILED if reasons == ["rollout_failed"] else INCONSISTENT_GROUP
         return GroupOutcome(group, None, kind, f"group {group.group_id}: no valid row ({', '.join(reasons)})", staging)
     return group, build, staging, (time.perf_counter() - t1) * 1000.0
+
+
+def placeholder_group(
+    result: GroupOutcome | _Built,
+    owned: Mapping[str, Owned],
+    fetched: Fetched,
+    config: RolloutReassemblerActorConfig,
+) -> GroupOutcome | _Built:
+    """A group dead-lettered for having no valid row, built instead as its placeholder rows (every row
+    masked, sample_mask 0: NeMo RL publishes a group so); any other result as it was.
+
+    A handed-back group stays handed back (it can still be trained, once generated again), and so
+    does a group whose build raised (its rows cannot be built at all).
+    """
+    if not isinstance(result, GroupOutcome) or result.handed_back or result.dead_letter_kind is None:
+        return result
+    group = result.group
+    segments, gym_rows = fetched.of(owned.get(group.group_id, Owned()))
+    t1 = time.perf_counter()
+    try:
+        build = build_one(group, segments, config, gym_rows)
+    except Exception:  # noqa: BLE001 - the build failed above too: the group stays dead-lettered
+        return result
+    if build.valid_row_count:
+        return result
+    return group, build, result.staging_keys, (time.perf_counter() - t1) * 1000.0
 
 
 def _put_rows(

@@ -22,15 +22,13 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from schemas.staged_rows import GROUP_ID_TAG, STAGED_AT_TAG
 from streams.partitioner import partition_of
 from streams.tq import KVStore
 from workers.reassembler.config import ReassemblerConfig
 from workers.runtime import REAL_RUNTIME, Runtime
 
 log = logging.getLogger("rlstream.reassembler")
-
-# The tag `stage_rollouts` writes: wall-clock milliseconds when the row was staged.
-STAGED_AT_TAG = "staged_at_ms"
 
 
 class StagingSweeper:
@@ -64,7 +62,7 @@ class StagingSweeper:
         in_use = {p: _open_keys(task) for p, task in tasks.items()}
         stale = []
         for key, tags in listed.items():
-            group_id = tags.get("group_id")
+            group_id = tags.get(GROUP_ID_TAG)
             if not isinstance(group_id, str) or not group_id:
                 continue  # not a row rlstream's publisher staged: not ours to judge
             part = partition_of(group_id.encode(), partitions)

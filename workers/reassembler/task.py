@@ -18,6 +18,7 @@ from schemas import deadletter as dl
 from schemas.deadletter import DeadLetter, bounded_key, bounded_message, bounded_original
 from schemas.receipt import Receipt
 from schemas.regenerate import STAGING_LOST, Regenerate, regenerated_group_id
+from schemas.staged_rows import owned_by
 from schemas.state import CLOSED, DEAD_LETTERED, FINALIZED, HANDED_BACK, OPEN, GroupState, PartitionProgress
 from streams.consumer import Record
 from streams.tq import KVStore
@@ -359,11 +360,7 @@ class PartitionTask:
             return
         partition = self.config.actor.staging_partition
         tags = self.store.tags(partition, list(owners))
-        owned = [
-            k
-            for k, (gid, rid) in owners.items()
-            if k in tags and (tags[k].get("group_id"), tags[k].get("rollout_id")) == (gid, rid)
-        ]
+        owned = [k for k, (gid, rid) in owners.items() if owned_by(tags.get(k), gid, rid)]
         if owned:
             self.store.clear(partition, owned)
 

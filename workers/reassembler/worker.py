@@ -206,6 +206,7 @@ class ReassemblerWorker:
                     now_ms=now_ms,
                     lease_refusal=self._lease_refusal,
                     runtime=self.runtime,
+                    placeholder_groups=self.config.placeholder_groups,
                 )
                 if ready
                 else []

@@ -1,11 +1,12 @@
 """The rollout worker's side of the pipeline: stage a rollout's tensors in TQ, then publish its receipt.
 
 `RolloutPublisher.publish` does both, in that order, for a batch of `StagedRollout`s (a receipt
-plus its calls' token deltas). `stage_rollouts` and `segments_to_fields` are its staging half, also
-used on their own by tools and tests; `SEGMENT_FIELDS` and `ROUTED_EXPERTS` name the staged fields
-the reassembler reads back. The publisher's Kafka producer comes from the `KafkaApi` it is given and
-its clock (a row's `staged_at_ms`) from its `Runtime`: confluent-kafka and the process's own by
-default, the explorer's models under a simulator.
+plus its calls' token deltas); `publish_receipts` publishes receipts whose rows are staged already,
+such as NeMo Gym's (`GymReceipt`: its capture stages every call as it is acknowledged).
+`stage_rollouts` and `segments_to_fields` are its staging half, also used on their own by tools and
+tests. What a staged row holds is `schemas.staged_rows`'s contract. The publisher's Kafka producer
+comes from the `KafkaApi` it is given and its clock (a row's `staged_at_ms`) from its `Runtime`:
+confluent-kafka and the process's own by default, the explorer's models under a simulator.
 """
 
 from __future__ import annotations
@@ -17,16 +18,24 @@ from dataclasses import dataclass
 import torch
 from tensordict import TensorDict
 
+from schemas.gym_receipt import GymReceipt
 from schemas.metadata_guard import assert_metadata_only
 from schemas.receipt import Receipt
+from schemas.staged_rows import ROUTED_EXPERTS, ROUTED_EXPERTS_K_TAG, SEGMENT_FIELDS, row_tags
 from streams.config import KafkaConfig
 from streams.kafka_api import REAL_KAFKA, KafkaApi
 from streams.producer import AckedProducer, Outgoing
 from streams.runtime import REAL_RUNTIME, Runtime
 from streams.tq import STAGING, KVStore
 
-SEGMENT_FIELDS = ("token_ids", "token_mask", "generation_logprobs")
-ROUTED_EXPERTS = "routed_experts"
+__all__ = [
+    "ROUTED_EXPERTS",
+    "SEGMENT_FIELDS",
+    "RolloutPublisher",
+    "StagedRollout",
+    "segments_to_fields",
+    "stage_rollouts",
+]
 
 
 @dataclass(frozen=True)
@@ -49,7 +58,7 @@ def segments_to_fields(segments: Sequence[Mapping[str, torch.Tensor]]) -> tuple[
             [s[ROUTED_EXPERTS].reshape(-1) for s in segments], layout=torch.jagged
         )
         for tag, s in zip(tags, segments):
-            tag["routed_experts_k"] = int(s[ROUTED_EXPERTS].shape[-1])
+            tag[ROUTED_EXPERTS_K_TAG] = int(s[ROUTED_EXPERTS].shape[-1])
     return TensorDict(fields, batch_size=[n]), tags
 
 
@@ -71,13 +80,13 @@ def stage_rollouts(
                 f"{len(r.receipt.manifest)} manifest entries"
             )
         for call, seg in zip(r.receipt.manifest, r.segments):
-            tag = {
-                "rollout_id": r.receipt.rollout_id,
-                "call_id": call.call_id,
-                "group_id": r.receipt.group_id,
-                "weight_version": call.weight_version,
-                "staged_at_ms": staged_at,
-            }
+            tag = row_tags(
+                rollout_id=r.receipt.rollout_id,
+                call_id=call.call_id,
+                group_id=r.receipt.group_id,
+                weight_version=call.weight_version,
+                staged_at_ms=staged_at,
+            )
             by_layout.setdefault(ROUTED_EXPERTS in seg, []).append((call.staging_key, seg, tag))
     for rows in by_layout.values():
         fields, extra = segments_to_fields([seg for _, seg, _ in rows])
@@ -116,6 +125,17 @@ class RolloutPublisher:
         return self._producer.send(
             [Outgoing(self._topic, r.receipt.group_id.encode(), r.receipt.to_bytes()) for r in rollouts],
             timeout_s=timeout_s,
+        )
+
+    def publish_receipts(
+        self, receipts: Sequence[Receipt | GymReceipt], *, timeout_s: float = 30.0
+    ) -> list[tuple[int, int]]:
+        """Publish receipts whose rows are staged already (NeMo Gym's: its capture staged each call
+        through `TQStagingSink` before acknowledging it), keyed by group_id; (partition, offset) each."""
+        for r in receipts:
+            assert_metadata_only(r, path="receipt")
+        return self._producer.send(
+            [Outgoing(self._topic, r.group_id.encode(), r.to_bytes()) for r in receipts], timeout_s=timeout_s
         )
 
     def close(self) -> None:

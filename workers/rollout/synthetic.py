@@ -85,6 +85,25 @@ def _turns(
     return turns
 
 
+def rollout_turns(
+    group_id: str,
+    rollout_index: int,
+    weight_version: int,
+    *,
+    shape: SyntheticShape = SyntheticShape(),
+    seed: int = 0,
+    prompt: torch.Tensor | None = None,
+) -> tuple[list[Turn] | None, float]:
+    """One rollout's engine turns and reward; (None, 0.0) for a rollout that failed before its first turn."""
+    rng = random.Random(f"{group_id}/{rollout_index}/{seed}")
+    gen = torch.Generator().manual_seed(rng.getrandbits(63))
+    if rng.random() < shape.failure_rate:
+        # A failed rollout has no calls and no reward: the environment crashed before scoring it.
+        return None, 0.0
+    turns = _turns(rng, gen, weight_version, shape, prompt)
+    return turns, round(rng.uniform(-1, 1), 4)
+
+
 def make_rollout(
     group_id: str,
     prompt_idx: int,
@@ -96,25 +115,26 @@ def make_rollout(
     prompt: torch.Tensor | None = None,
 ) -> StagedRollout:
     """One rollout of a group with its receipt, manifest, digests and staged call segments."""
-    rng = random.Random(f"{group_id}/{rollout_index}/{seed}")
-    gen = torch.Generator().manual_seed(rng.getrandbits(63))
     rollout_id = f"{group_id}-r{rollout_index}"
     ids = dict(rollout_id=rollout_id, group_id=group_id, prompt_idx=prompt_idx, rollout_index=rollout_index)
-    if rng.random() < shape.failure_rate:
-        # A failed rollout has no calls and no reward: the environment crashed before scoring it.
+    turns, reward = rollout_turns(group_id, rollout_index, weight_version, shape=shape, seed=seed, prompt=prompt)
+    if turns is None:
         return failed_rollout(**ids, group_size=shape.group_size, environment="synthetic", failure_reason="env_crashed")
-    turns = _turns(rng, gen, weight_version, shape, prompt)
-    reward = round(rng.uniform(-1, 1), 4)
     return staged_rollout(turns, **ids, group_size=shape.group_size, reward=reward, environment="synthetic")
+
+
+def group_prompt(group_id: str, *, shape: SyntheticShape = SyntheticShape(), seed: int = 0) -> torch.Tensor:
+    """The prompt every rollout of a group starts from."""
+    rng = random.Random(f"{group_id}/prompt/{seed}")
+    gen = torch.Generator().manual_seed(rng.getrandbits(63))
+    return torch.randint(1, shape.vocab, (rng.randint(*shape.prompt_len),), generator=gen, dtype=torch.int64)
 
 
 def make_group(
     group_id: str, prompt_idx: int, weight_version: int, *, shape: SyntheticShape = SyntheticShape(), seed: int = 0
 ) -> list[StagedRollout]:
     """All rollouts of one prompt group, sharing one prompt."""
-    rng = random.Random(f"{group_id}/prompt/{seed}")
-    gen = torch.Generator().manual_seed(rng.getrandbits(63))
-    prompt = torch.randint(1, shape.vocab, (rng.randint(*shape.prompt_len),), generator=gen, dtype=torch.int64)
+    prompt = group_prompt(group_id, shape=shape, seed=seed)
     return [
         make_rollout(group_id, prompt_idx, i, weight_version, shape=shape, seed=seed, prompt=prompt)
         for i in range(shape.group_size)

@@ -16,10 +16,11 @@ from typing import Literal
 import torch
 from tensordict import TensorDict
 
-from schemas.errors import InvalidArgument
+from schemas.errors import InvalidArgument, LayoutError
 from schemas.finalized import FinalizedGroup
+from schemas.multimodal import packed_fields
 from schemas.payload import unpack_payload
-from streams.tq import TRAIN, KVStore
+from streams.tq import TRAIN, KVStore, join_rows
 
 Layout = Literal["padded", "jagged"]
 
@@ -103,7 +104,75 @@ def padded(
 
 
 def _rows(store: KVStore, meta: BatchMeta, fields: Sequence[str] | None) -> TensorDict:
+    """The batch's rows in one get; groups whose rows hold different fields (a VLM group's media, a
+    text group's none), one get per group, joined.
+
+    A packed media field a group lacks (selected or not) is that group's empty rows. Refused with
+    `InvalidArgument` naming the field and the groups: a selected field that is neither in every
+    group's rows nor a packed field of some group, and a field the groups hold in different dtypes
+    (one jagged field holds one dtype: materialize those groups in separate batches).
+    """
     ids = list(meta.sample_ids)
     if not ids:
         raise InvalidArgument("materialize needs a batch with at least one row")
-    return store.get(meta.train_partition, ids, select=list(fields) if fields is not None else None)
+    select = list(fields) if fields is not None else None
+    try:
+        return store.get(meta.train_partition, ids, select=select)
+    except LayoutError:
+        raise  # a row this code cannot read: no other way of reading it would
+    except ValueError:
+        if len(meta.groups) < 2:
+            raise
+    parts = []
+    for g in meta.groups:
+        mine = packed_fields(g.tags)
+        # A packed field of other groups is not asked of this one: it comes back as its empty rows.
+        wanted = None if select is None else [n for n in select if n in mine or n not in _packed(meta)]
+        try:
+            parts.append(dict(store.get(meta.train_partition, list(g.sample_ids), select=wanted).items()))
+        except LayoutError:
+            raise
+        except ValueError as exc:
+            raise InvalidArgument(
+                f"group {g.group_id}'s rows cannot be read as asked ({exc}); the batch's groups: {_names(meta.groups)}"
+            ) from exc
+    return TensorDict(_join_groups(parts, meta), batch_size=[len(ids)])
+
+
+def _packed(meta: BatchMeta) -> set[str]:
+    return {name for g in meta.groups for name in packed_fields(g.tags)}
+
+
+def _names(groups: Sequence[FinalizedGroup]) -> str:
+    shown = ", ".join(g.group_id for g in groups[:8])
+    return shown + (f" (+{len(groups) - 8} more)" if len(groups) > 8 else "")
+
+
+def _join_groups(parts: list[dict[str, torch.Tensor]], meta: BatchMeta) -> dict[str, torch.Tensor]:
+    """The groups' fields as one batch; a packed multimodal field a group lacks is its empty rows."""
+    packed = _packed(meta)
+    names = list(dict.fromkeys(name for p in parts for name in p))
+    for name in names:
+        having = [(p[name], g) for p, g in zip(parts, meta.groups) if name in p]
+        dtypes: dict[torch.dtype, list[str]] = {}
+        for value, g in having:
+            dtypes.setdefault(value.dtype, []).append(g.group_id)
+        if len(dtypes) > 1:
+            shown = "; ".join(f"{str(d).removeprefix('torch.')}: {', '.join(gs[:8])}" for d, gs in dtypes.items())
+            raise InvalidArgument(
+                f"the batch's groups hold the field {name!r} in different dtypes ({shown}): one batch field "
+                "holds one dtype; materialize these groups in separate batches"
+            )
+        if len(having) == len(parts):
+            continue
+        if name not in packed:
+            lacking = [g for p, g in zip(parts, meta.groups) if name not in p]
+            raise InvalidArgument(
+                f"the field {name!r} is not in the rows of group(s) {_names(lacking)} (the batch's groups: "
+                f"{_names(meta.groups)})"
+            )
+        empty = torch.empty(0, dtype=having[0][0].dtype)
+        for part, group in zip(parts, meta.groups):
+            if name not in part:
+                part[name] = torch.nested.as_nested_tensor([empty] * len(group.sample_ids), layout=torch.jagged)
+    return join_rows(parts)

@@ -144,3 +144,57 @@ def test_groups_evicted_as_stale_go_to_the_replay_topic(kafka, tq_store, unique)
     replayed = sorted(r.key.decode() for r in read_topic(kafka, names.replay("stale")))
     assert replayed == sorted(g for g in finalized if g != "v5-g0") and consumer.counts.evicted_stale == 5
     assert not tq_store.present(TRAIN, [s for g in finalized.values() for s in g.sample_ids])
+
+
+def _media_group(tq_store, group_id, media):
+    """A finalized group of 2 rows put in real TQ train, each row with one `media` segment (None: a text group)."""
+    from schemas.finalized import FinalizedGroup
+    from schemas.payload import Completion, PromptGroupRecord, pack_payload, record_to_train_batch
+
+    log = [
+        {"role": "user", "token_ids": torch.tensor([1, 2])},
+        {"role": "assistant", "token_ids": torch.tensor([3]), "generation_logprobs": torch.tensor([-1.0])},
+    ]
+    rows = tuple(
+        Completion(log, 1.0, False, True, multimodal={"pixel_values": [media]} if media is not None else {})
+        for _ in range(2)
+    )
+    pad = {"input_ids": 0}
+    batch = record_to_train_batch(
+        PromptGroupRecord(torch.tensor([1, 2]), rows), pad_value_dict=pad, include_message_violation_fields=True
+    )
+    ids, fields, tags = pack_payload(batch, weight_version=0, group_id=group_id, prompt_idx=0)
+    tq_store.put(TRAIN, ids, fields, tags)
+    return FinalizedGroup(
+        group_id=group_id, prompt_idx=0, partition_id=TRAIN, sample_ids=tuple(ids), tags=tuple(tags),
+        group_min_wv=0, group_max_wv=0, canonical_output_tokens=6, valid_row_count=2, total_row_count=2,
+        rejection_reasons=(None, None), dropped=False, drop_reason=None, metrics={}, source=None,
+    )  # fmt: skip
+
+
+def test_a_batch_of_a_text_group_and_vlm_groups_materializes_its_selected_fields_on_real_tq(tq_store, unique):
+    import pytest
+
+    from schemas.errors import InvalidArgument
+    from schemas.multimodal import PackedRows
+    from workers.trainer.batch import BatchMeta, materialize
+
+    pixels = torch.randn(3, 4).to(torch.bfloat16)
+    text, vlm = _media_group(tq_store, f"mt-{unique}-t", None), _media_group(tq_store, f"mt-{unique}-v", pixels)
+    other = _media_group(tq_store, f"mt-{unique}-f", torch.randn(3, 4))  # float32 media
+    try:
+        meta = BatchMeta(0, (text, vlm), ((0, 0), (0, 1)), TRAIN)
+        for fields in (["input_ids", "pixel_values"], None):
+            batch = materialize(tq_store, meta, fields=fields, pad_value_dict={"input_ids": 0})
+            media = PackedRows.from_wire(batch["pixel_values"], meta.tags, "pixel_values")
+            assert [len(r) for r in media.rows] == [0, 0, 1, 1]
+            assert torch.equal(media.rows[3][0].view(torch.int16), pixels.view(torch.int16))
+            assert batch["input_ids"].tolist() == [[1, 2, 3]] * 4
+        # Media of two dtypes in one batch: refused naming the field and the groups, not a RuntimeError.
+        mixed = BatchMeta(0, (vlm, other), ((0, 0), (0, 1)), TRAIN)
+        with pytest.raises(
+            InvalidArgument, match=rf"'pixel_values'.*bfloat16: {vlm.group_id}.*float32: {other.group_id}"
+        ):
+            materialize(tq_store, mixed, fields=["input_ids", "pixel_values"], pad_value_dict={"input_ids": 0})
+    finally:
+        tq_store.clear(TRAIN, [*text.sample_ids, *vlm.sample_ids, *other.sample_ids])

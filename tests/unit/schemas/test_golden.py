@@ -7,6 +7,7 @@ import pytest
 
 from schemas.deadletter import DeadLetter
 from schemas.finalized import FinalizedGroup
+from schemas.gym_receipt import GymReceipt
 from schemas.receipt import Receipt
 from schemas.regenerate import Regenerate
 from schemas.request import ReassemblyRequest, RolloutReassemblerActorConfig
@@ -19,6 +20,7 @@ KINDS = {
     cls.kind(): cls
     for cls in (
         Receipt,
+        GymReceipt,
         FinalizedGroup,
         DeadLetter,
         GroupState,

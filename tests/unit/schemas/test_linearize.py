@@ -4,6 +4,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from schemas.gym_verify import VERIFICATION_CODES
 from schemas.linearize import REJECTION_REASONS, LinearizedRollout, Rejection, linearize
 from tests.unit.schemas.chains import make_rollout
 
@@ -54,7 +55,7 @@ def test_valid_chains_rebuild_the_message_log(calls, seed):
         else:
             assert "generation_logprobs" not in message
     last_call_assistant = calls[-1][1] > 0
-    flagged = [m for m in result.message_log if m.get("invalid_tool_call")]
+    flagged = [m for m in result.message_log if m.get("is_invalid_tool_call")]
     assert len(flagged) == (1 if last_call_assistant else 0)
 
 
@@ -117,7 +118,7 @@ def test_call_zero_without_a_prompt_cannot_be_rebuilt():
 
 
 def test_rejection_reasons_are_the_documented_set():
-    assert REJECTION_REASONS == (
+    own = (
         "missing_receipt",
         "invalid_receipt",
         "rollout_failed",
@@ -125,6 +126,12 @@ def test_rejection_reasons_are_the_documented_set():
         "missing_staging_row",
         "invalid_staging_row",
         "rebuild_failed",
+        "inconsistent_media",
+        "truncated_media",
     )
+    assert REJECTION_REASONS[: len(own)] == own
+    # Then NeMo Gym's verification codes, each once.
+    assert set(REJECTION_REASONS[len(own) :]) | {"rollout_failed", "duplicate_staging_key"} == set(VERIFICATION_CODES)
+    assert len(set(REJECTION_REASONS)) == len(REJECTION_REASONS)
     with pytest.raises(ValueError):
         Rejection("bad_vibes", "")
