@@ -96,6 +96,8 @@ def outcome(world: World, s: Seen, gid: str, trained: Counter) -> str | None:
     p = world.facts.published[gid]
     if trained[gid]:
         return "trained"
+    if world.model is not None and gid in world.model.evicted:
+        return "evicted"
     if gid in s.handed_back:
         return "handed back"
     if gid in s.letters:
@@ -154,6 +156,9 @@ def violations(world: World, ended: str) -> list[str]:
         for letter in sorted(s.letters.get(gid, ())):
             if not _earned(p.kind, gid, letter):
                 out.append(f"dead-lettered without cause: {gid} ({p.kind}) as {letter}")
+        evicted = world.model.evicted.count(gid) if world.model is not None else 0
+        if evicted and (trained[gid] or evicted > 1):
+            out.append(f"evicted and trained, or evicted twice: {gid} (trained {trained[gid]}, evicted {evicted})")
         if trained[gid] and p.kind in ("all_failed", "poison"):
             out.append(f"trained a group with no valid rollout: {gid} ({p.kind})")
     for gid, digests in world.model.trained if world.model is not None else []:

@@ -43,7 +43,7 @@ from workers.trainer.checkpoint_dir import load_state, save_into_checkpoint
 from workers.trainer.clients import KafkaTrainerClients
 from workers.trainer.config import ConsumerConfig
 from workers.trainer.consumer import ExperienceConsumer
-from workers.trainer.policies import ready_first
+from workers.trainer.policies import ready_first, weight_fifo
 from workers.trainer.version_topic import VersionPublisher
 
 if TYPE_CHECKING:
@@ -106,7 +106,8 @@ class Model:
     """What the trainer has trained, as its weights would hold it: (group id, row digests) in order."""
 
     trained: list[tuple[str, dict[int, str]]] = field(default_factory=list)
-    saved: int = 0  # how many of them the latest checkpoint holds
+    evicted: list[str] = field(default_factory=list)  # groups the policy dropped as too stale
+    saved: int = 0  # how many of the trained the latest checkpoint holds
 
     @property
     def version_steps(self) -> int:
@@ -126,7 +127,7 @@ def _checkpoint(world: World, consumer: ExperienceConsumer, store, model: Model)
     name = f"ckpt-{world.checkpoints:05d}"
     tmp, final = root / f"{name}.tmp", root / name
     tmp.mkdir(parents=True)
-    (tmp / "model.json").write_text(json.dumps(model.trained))
+    (tmp / "model.json").write_text(json.dumps({"trained": model.trained, "evicted": model.evicted}))
     state, _ = save_into_checkpoint(tmp, consumer, store)
     os.replace(tmp, final)
     (root / f"{LATEST}.tmp").write_text(name)
@@ -143,12 +144,22 @@ def trainer(world: World, proc: Proc, rt: SimRuntime) -> None:
     store = TQStore(tq=world.tq.module(proc.name))
     clients = KafkaTrainerClients(KAFKA, api=api, runtime=rt)
     batch = world.workload.batch_groups
-    consumer = ExperienceConsumer(KAFKA, store, trainer_config(), ready_first(), clients=clients, runtime=rt)
     model = Model()
+    policy = weight_fifo(2) if world.workload.policy == "weight_fifo" else ready_first()
+    evicted = model.evicted  # the list the model holds, filled by the consumer's callback
+
+    def on_evict(group, version: int) -> None:
+        evicted.append(group.group_id)
+        world.note(f"trainer evicted {group.group_id} (weight {group.group_min_wv}) at version {version}")
+
+    consumer = ExperienceConsumer(
+        KAFKA, store, trainer_config(), policy, clients=clients, runtime=rt, on_evict=on_evict
+    )
     ckpt = latest(world.root)
     if ckpt is not None:
         saved = json.loads((ckpt / "model.json").read_text())
-        model.trained = [(g, {int(k): v for k, v in d.items()}) for g, d in saved]
+        model.trained = [(g, {int(k): v for k, v in d.items()}) for g, d in saved["trained"]]
+        evicted.extend(saved["evicted"])
         model.saved = len(model.trained)
         consumer.load_state_dict(load_state(ckpt))
         resolved = world.facts.resolved_originals
@@ -212,8 +223,9 @@ def rollout(world: World, proc: Proc, rt: SimRuntime) -> None:
     world.note(f"{proc.name} started at prompt {facts.cursor}")
 
     def publish(gid: str) -> None:
+        version = gate.version or 0
         rt.sleep(w.generate_s)  # generating it
-        p = build(w, gid)
+        p = build(w, gid, version)
         while True:
             try:
                 publisher.publish(list(p.rollouts))
@@ -237,8 +249,11 @@ def rollout(world: World, proc: Proc, rt: SimRuntime) -> None:
             feed.done(back)
         if facts.cursor < w.prompts and gate.capacity() >= 1:
             gate.on_started()
-            publish(group_id(facts.cursor))
-            gate.on_finished(True)
+            gid = group_id(facts.cursor)
+            publish(gid)
+            # A group whose every receipt is refused never opens, so no gate can learn it is lost
+            # (docs/DESIGN.md, "Admission control": what the gate cannot see): not counted as accepted.
+            gate.on_finished(facts.published[gid].kind != "poison")
             facts.cursor += 1
             continue
         if not backs:

@@ -46,6 +46,7 @@ class Workload:
     checkpoint_every: int = 2  # trainer steps between checkpoints
     max_staleness: int = 2  # the admission gate's eta
     generate_s: float = 1.0  # virtual seconds a rollout worker takes to generate a group
+    policy: str = "ready_first"  # the trainer's: "ready_first", or "weight_fifo" (evicts past 2 versions)
     train_s: float = 0.5  # virtual seconds a trainer step takes
 
     def kind(self, prompt: int) -> str:
@@ -78,6 +79,7 @@ class Workload:
             "checkpoint_every": self.checkpoint_every,
             "max_staleness": self.max_staleness,
             "generate_s": self.generate_s,
+            "policy": self.policy,
             "train_s": self.train_s,
         }
 
@@ -105,6 +107,7 @@ def random_workload(rng: random.Random, *, max_prompts: int = 10) -> Workload:
         checkpoint_every=rng.choice((1, 2, 3)),
         max_staleness=rng.choice((1, 2, 4)),
         generate_s=rng.choice((0.5, 1.0, 2.0)),
+        policy=rng.choice(("ready_first", "ready_first", "weight_fifo")),
         train_s=rng.choice((0.2, 0.5, 1.0)),
     )
 
@@ -137,7 +140,8 @@ class Published:
 
 
 def build(w: Workload, gid: str, version: int = 0) -> Published:
-    """The rollouts of group `gid` (a prompt's group or one of its regenerations) as its kind makes them."""
+    """The rollouts of group `gid` (a prompt's group or one of its regenerations) as its kind makes them,
+    sampled at weight `version` (the trainer's, as the rollout worker's gate last read it)."""
     prompt = prompt_of(gid)
     kind = w.kind(prompt)
     shape = SyntheticShape(group_size=w.group_size, **SHAPE)
