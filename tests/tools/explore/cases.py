@@ -14,7 +14,7 @@ import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from tests.tools.explore.faults import MIXES, Fault, draw_plan
+from tests.tools.explore.faults import Fault, draw_plan
 from tests.tools.explore.workload import Workload, random_workload
 from tests.tools.explore.world import Result, World
 
@@ -35,7 +35,7 @@ class Case:
         rng = random.Random(f"case/{seed}/{mix}")
         workload = random_workload(rng)
         roles = [f"w{i}" for i in range(workload.reassemblers)] + ["trainer", "rollout"]
-        plan = draw_plan(rng, roles, MIXES[mix], horizon_s=workload.prompts * workload.generate_s)
+        plan = draw_plan(rng, roles, mix, horizon_s=workload.prompts * workload.generate_s)
         return Case(seed, mix, workload, tuple(plan), rng.choice((0.05, 0.2, 0.5)))
 
     def with_plan(self, plan) -> Case:

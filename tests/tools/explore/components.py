@@ -79,11 +79,11 @@ def reassembler_config(i: int, static: bool) -> ReassemblerConfig:
     )
 
 
-def trainer_config() -> ConsumerConfig:
+def trainer_config(checkpointed: bool = True) -> ConsumerConfig:
     return ConsumerConfig(
         prefix=PREFIX,
         consumer_group=TRAINER_GROUP,
-        checkpointed=True,
+        checkpointed=checkpointed,
         session_timeout_ms=6000,
         max_poll_interval_ms=60_000,
     )
@@ -144,7 +144,9 @@ def trainer(world: World, proc: Proc, rt: SimRuntime) -> None:
     store = TQStore(tq=world.tq.module(proc.name))
     clients = KafkaTrainerClients(KAFKA, api=api, runtime=rt)
     batch = world.workload.batch_groups
-    model = Model()
+    checkpointed = world.workload.checkpointed
+    # Without checkpoints an ack is for good (its commit follows): the model survives the process.
+    model = world.model if not checkpointed and world.model is not None else Model()
     policy = weight_fifo(2) if world.workload.policy == "weight_fifo" else ready_first()
     evicted = model.evicted  # the list the model holds, filled by the consumer's callback
 
@@ -153,9 +155,9 @@ def trainer(world: World, proc: Proc, rt: SimRuntime) -> None:
         world.note(f"trainer evicted {group.group_id} (weight {group.group_min_wv}) at version {version}")
 
     consumer = ExperienceConsumer(
-        KAFKA, store, trainer_config(), policy, clients=clients, runtime=rt, on_evict=on_evict
+        KAFKA, store, trainer_config(checkpointed), policy, clients=clients, runtime=rt, on_evict=on_evict
     )
-    ckpt = latest(world.root)
+    ckpt = latest(world.root) if checkpointed else None
     if ckpt is not None:
         saved = json.loads((ckpt / "model.json").read_text())
         model.trained = [(g, {int(k): v for k, v in d.items()}) for g, d in saved["trained"]]
@@ -166,6 +168,7 @@ def trainer(world: World, proc: Proc, rt: SimRuntime) -> None:
         if resolved:
             consumer.remember_resolved(resolved)
     world.model = model
+    named = world.named_consumed()  # what the standing commit says was consumed, as this trainer starts
     world.note(f"{proc.name} started from {ckpt.name if ckpt else 'nothing'}: {len(model.trained)} group(s) trained")
     publisher = VersionPublisher(
         KAFKA,
@@ -184,7 +187,7 @@ def trainer(world: World, proc: Proc, rt: SimRuntime) -> None:
         meta = consumer.select(version, 1, batch, timeout_s=2.0)
         if meta is None:
             # Idle: a checkpoint now and then, so that the rows of what was resolved since leave TQ.
-            if model.saved < len(model.trained) or rt.monotonic() - saved_at >= 10.0:
+            if checkpointed and (model.saved < len(model.trained) or rt.monotonic() - saved_at >= 10.0):
                 _checkpoint(world, consumer, store, model)
                 saved_at = rt.monotonic()
             continue
@@ -195,7 +198,9 @@ def trainer(world: World, proc: Proc, rt: SimRuntime) -> None:
         rt.sleep(world.workload.train_s)  # the step itself
         ids, lengths = rows["input_ids"], rows["input_lengths"]
         at = 0
-        for g in meta.groups:
+        for g, position in zip(meta.groups, meta.positions, strict=True):
+            if not checkpointed and position in named:
+                world.facts.retrained_named.append(f"{g.group_id} at {position}")
             digests = {}
             for i, reason in enumerate(g.rejection_reasons):
                 if reason is None:
@@ -205,7 +210,9 @@ def trainer(world: World, proc: Proc, rt: SimRuntime) -> None:
         world.note(f"trainer trained {', '.join(g.group_id for g in meta.groups)} at version {version}")
         consumer.ack(meta)
         steps += 1
-        if steps % world.workload.checkpoint_every == 0:
+        if not checkpointed:
+            model.saved = len(model.trained)
+        elif steps % world.workload.checkpoint_every == 0:
             _checkpoint(world, consumer, store, model)
             saved_at = rt.monotonic()
 

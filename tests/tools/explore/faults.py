@@ -6,7 +6,8 @@ A `Fault` is armed `at` seconds into the run and fires once:
   `crash` (the process dies there, mid-call; the harness restarts the role as a pool's spare would),
   `freeze` (the process stops for `seconds`: no actor runs, no tick, no heartbeat; then it goes on
   where it stopped), `slow` (that call takes `seconds` more, the process alive), `error` (that Kafka
-  call fails as a coordinator failover makes it fail: `committed()`, a commit, a transactional call);
+  call fails as a coordinator failover makes it fail: `committed()`, a commit, a transactional call;
+  with `seconds`, every such call of the role fails for that long, as a failover lasts);
 - at the first request named `point` that its role's process sends: `hold` (the request lands
   `seconds` later: its caller may have timed out and moved on meanwhile);
 - at its time: `down` (the broker is down for `seconds`), `job` (the whole job is killed: every
@@ -110,12 +111,14 @@ _REQUESTS = {
     "rollout": ("kafka.broker.produce", "tq.storage.put_data", "tq.controller.set_custom_meta"),
 }
 
-MIXES = {
-    "crash": ("crash",),
-    "freeze": ("freeze", "slow"),
-    "kafka": ("hold", "error", "down"),
-    "job": ("job", "crash"),
-    "all": KINDS,
+# A mix: the fault kinds a plan may use, and the roles its faults may target (None: any).
+MIXES: dict[str, tuple[tuple[str, ...], tuple[str, ...] | None]] = {
+    "crash": (("crash",), None),
+    "freeze": (("freeze", "slow"), None),
+    "kafka": (("hold", "error", "down"), None),
+    "job": (("job", "crash"), None),
+    "trainer": (("crash", "error", "freeze", "hold"), ("trainer",)),
+    "all": (KINDS, None),
 }
 
 
@@ -129,7 +132,7 @@ class Fault:
 
     def __str__(self) -> str:
         where = f" at {self.point}" if self.point else ""
-        lasting = f" for {self.seconds:g}s" if self.kind in ("freeze", "slow", "hold", "down") else ""
+        lasting = f" for {self.seconds:g}s" if self.seconds else ""
         who = f" {self.role}" if self.role else ""
         return f"t>={self.at:g}s {self.kind}{who}{where}{lasting}"
 
@@ -152,11 +155,14 @@ def points_of(role: str) -> tuple[str, ...]:
     return {"reassembler": _REASSEMBLER, "trainer": _TRAINER, "rollout": _ROLLOUT, "resume": _RESUME}[role_kind(role)]
 
 
-def draw_plan(rng: random.Random, roles: list[str], mix: tuple[str, ...], *, horizon_s: float) -> list[Fault]:
-    """1 to 4 faults of the mix's kinds, armed within `horizon_s` of the start."""
-    plan = []
+def draw_plan(rng: random.Random, roles: list[str], mix: str, *, horizon_s: float) -> list[Fault]:
+    """1 to 4 faults of the mix's kinds on its roles, armed within `horizon_s` of the start. An error
+    often follows a crash of its role (it then meets the restarted process's first such calls)."""
+    kinds, only = MIXES[mix]
+    roles = [r for r in roles if only is None or r in only]
+    plan: list[Fault] = []
     for _ in range(rng.randint(1, 4)):
-        kind = rng.choice(mix)
+        kind = rng.choice(kinds)
         at = round(rng.uniform(0, horizon_s), 1)
         if kind == "down":
             plan.append(Fault("down", at=at, seconds=round(rng.choice((rng.uniform(1, 8), rng.uniform(10, 70))), 1)))
@@ -174,7 +180,11 @@ def draw_plan(rng: random.Random, roles: list[str], mix: tuple[str, ...], *, hor
             choices = [p for p in points_of(role) if p in _ERRORS]
             if not choices:
                 continue
-            plan.append(Fault("error", role, at, rng.choice(choices)))
+            crashes = [f for f in plan if f.kind == "crash" and f.role == role]
+            if crashes and rng.random() < 0.6:
+                at = rng.choice(crashes).at
+            seconds = rng.choice((0.0, 0.0, round(rng.uniform(1, 20), 1)))
+            plan.append(Fault("error", role, at, rng.choice(choices), seconds))
             continue
         point = rng.choice(points_of(role))
         seconds = 0.0

@@ -47,6 +47,7 @@ class Workload:
     max_staleness: int = 2  # the admission gate's eta
     generate_s: float = 1.0  # virtual seconds a rollout worker takes to generate a group
     policy: str = "ready_first"  # the trainer's: "ready_first", or "weight_fifo" (evicts past 2 versions)
+    checkpointed: bool = True  # the trainer checkpoints (acks settle with durable checkpoints), else acks commit
     train_s: float = 0.5  # virtual seconds a trainer step takes
 
     def kind(self, prompt: int) -> str:
@@ -80,6 +81,7 @@ class Workload:
             "max_staleness": self.max_staleness,
             "generate_s": self.generate_s,
             "policy": self.policy,
+            "checkpointed": self.checkpointed,
             "train_s": self.train_s,
         }
 
@@ -108,6 +110,7 @@ def random_workload(rng: random.Random, *, max_prompts: int = 10) -> Workload:
         max_staleness=rng.choice((1, 2, 4)),
         generate_s=rng.choice((0.5, 1.0, 2.0)),
         policy=rng.choice(("ready_first", "ready_first", "weight_fifo")),
+        checkpointed=rng.random() < 0.7,
         train_s=rng.choice((0.2, 0.5, 1.0)),
     )
 

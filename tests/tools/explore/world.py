@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from confluent_kafka import KafkaException
+
 from tests.tools.explore import components
 from tests.tools.explore.audit import outstanding, violations
 from tests.tools.explore.components import NAMES, Model
@@ -36,10 +38,12 @@ from tests.tools.sim.kafka import ClusterConfig, KafkaCluster
 from tests.tools.sim.tq import SimTQ
 from workers.reassembler.errors import WorkerFenced
 from workers.topics import pipeline_topics
+from workers.trainer.position import decode_ranges
 
 DEADLINE_S = 900.0  # virtual seconds a run may take before it counts as stuck
 COMPACT_EVERY_S = 20.0  # the log cleaner's pass over the compacted topics
 SPARE_DELAY_S = 0.2
+RESUME_ATTEMPTS = 6  # runs of resume after a whole-job kill, while Kafka fails it for a reason that can pass
 
 
 @dataclass
@@ -54,6 +58,9 @@ class Facts:
     resume_reports: list[Any] = field(default_factory=list)
     resume_errors: list[str] = field(default_factory=list)
     resolved_originals: list[tuple[str, int, int]] = field(default_factory=list)
+    # Groups a trainer without checkpoints trained though the commit standing when it started named them
+    # consumed (DESIGN: such records are read again as consumed, their rows cleared, never trained again).
+    retrained_named: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -124,6 +131,7 @@ class World:
         self._next_check = 0.0
         self.sched.on_exit = self._exited
         self._faults = [f for f in plan if f.kind in POINT_KINDS or f.kind == "hold"]
+        self._failing: dict[Fault, float] = {}  # error faults failing every call of theirs until then
         self.sched.hooks.append(self._at_point)
         self.sched.deliver_hooks.append(self._at_request)
         for f in plan:
@@ -140,6 +148,21 @@ class World:
 
     def trained(self) -> Counter:
         return Counter(g for g, _ in self.model.trained) if self.model is not None else Counter()
+
+    def named_consumed(self) -> set[tuple[int, int]]:
+        """(partition, offset) of every finalized record the trainer's standing commits name consumed:
+        before the committed offset, or in the resolved ranges its metadata carries inline."""
+        group = self.cluster.groups.groups.get(components.TRAINER_GROUP)
+        named: set[tuple[int, int]] = set()
+        if group is None:
+            return named
+        for (topic, part), (offset, metadata) in group.offsets.items():
+            if topic != NAMES.finalized or offset < 0:
+                continue
+            named |= {(part, o) for o in range(offset)}
+            for first, last in decode_ranges(offset, metadata):
+                named |= {(part, o) for o in range(first, last + 1)}
+        return named
 
     def resume_seams(self, proc: Proc, rt: SimRuntime) -> dict[str, Any]:
         import inspect
@@ -221,8 +244,14 @@ class World:
             return  # an earlier incarnation (killed with the job)
         if role is self.resume_role:
             if error is not None:
+                transient = isinstance(error, KafkaException) and not error.args[0].fatal()
+                if transient and role.series < RESUME_ATTEMPTS:
+                    # The broker did not answer: an operator runs `rlstream resume` again.
+                    self.note(f"{proc.name} failed ({_first_line(error)}); resume runs again")
+                    self._restart(role)
+                    return
                 self.facts.resume_errors.append(f"{type(error).__name__}: {error}")
-                self.note(f"{proc.name} failed: {type(error).__name__}: {error}")
+                self.note(f"{proc.name} failed: {type(error).__name__}: {error}{_where(actor.trace)}")
             self._job_back()
             return
         if isinstance(error, WorkerFenced):
@@ -266,17 +295,24 @@ class World:
     # ----- faults -------------------------------------------------------------------------------------
 
     def _at_point(self, actor: Actor, name: str, details: dict) -> None:
-        if not self._faults:
+        if not self._faults and not self._failing:
             return
         proc = actor.proc
         role = self._role(proc)
         if role.proc is not proc or proc.dead:
             return
         now = self.sched.elapsed
+        for f, until in list(self._failing.items()):
+            if now >= until:
+                del self._failing[f]
+            elif f.role == proc.role and name.startswith(f.point):
+                raise f.error()
         for f in self._faults:
             if f.kind in POINT_KINDS and f.role == proc.role and now >= f.at and name.startswith(f.point):
                 self._faults.remove(f)
                 self.note(f"fault: {f} (in {actor.name})")
+                if f.kind == "error" and f.seconds:
+                    self._failing[f] = now + f.seconds  # a failover lasting that long: each such call fails
                 if f.kind == "crash":
                     self._crash(proc)
                 elif f.kind == "freeze":
@@ -321,7 +357,8 @@ class World:
             if role.proc is not None:
                 self._bury(role.proc)
         self.tq.lose_everything()
-        self.model = None
+        if self.workload.checkpointed:
+            self.model = None  # rolled back with the weights to the latest checkpoint
         self.resume_role.series = 0
         self._start(self.resume_role)
 
