@@ -58,6 +58,7 @@ bench: jars ## every benchmark, printing its figures (bench/README.md; about 25 
 	$(BIN)/python -m bench.codec
 	$(BIN)/python -m bench.pipeline
 	$(BIN)/python -m bench.restore
+	$(BIN)/python -m bench.progress
 	$(BIN)/python -m bench.dataplane
 	$(BIN)/python -m bench.scaling
 	$(BIN)/python -m bench.failover

@@ -33,8 +33,10 @@ class TrainerProgress(Message, frozen=True, tag="trainer_progress"):
     """Chunk `chunk` of `chunks` of the resolved ranges past `offset`, committed by `consumer_group` on
     `topic`[`partition`] with metadata naming `token`.
 
-    A reader takes an entry only for a commit naming its token at its offset: an entry written for a
-    commit that then failed, or by a trainer that had lost the partition, names another token.
+    A reader takes an entry only for a commit naming its token, at or past its offset (a later commit of
+    the same resolved set names it again; the ranges below that commit's offset are then passed): an
+    entry written for a commit that then failed, or by a trainer that had lost the partition, names
+    another token.
     """
 
     consumer_group: str

@@ -38,6 +38,8 @@ TRAINER_PROGRESS = "trainer.progress"
 # Prompt groups handed back for regeneration (their tensors were lost with the job), keyed by group id.
 REGENERATE = "rollout.regenerate"
 REPLAY_PREFIX = "replay."
+# How long the progress topic keeps a tombstone once compacted (delete.retention.ms): ten minutes.
+PROGRESS_TOMBSTONE_MS = "600000"
 
 
 @dataclass(frozen=True)
@@ -111,13 +113,16 @@ def pipeline_topics(
     common = {"min.insync.replicas": "2" if replication_factor >= 3 else "1"} if replication_factor >= 2 else {}
     common.update(config or {})
     compacted = {**common, "cleanup.policy": "compact", "min.cleanable.dirty.ratio": "0.1", "segment.ms": "60000"}
+    # Trainers read the progress topic whole (workers/trainer/progress.py): a tombstone need only outlast
+    # one read, seconds, where the broker's default (a day) kept a day of them in every read.
+    progress = {"delete.retention.ms": PROGRESS_TOMBSTONE_MS, **compacted}
     return [
         TopicSpec(names.receipts, partitions, dict(common), replication_factor=replication_factor),
         TopicSpec(names.finalized, partitions, dict(common), replication_factor=replication_factor),
         TopicSpec(names.deadletter, 1, dict(common), replication_factor=replication_factor),
         TopicSpec(names.trainer_deadletter, 1, dict(common), replication_factor=replication_factor),
         TopicSpec(names.trainer_version, 1, dict(compacted), replication_factor=replication_factor),
-        TopicSpec(names.trainer_progress, 1, dict(compacted), replication_factor=replication_factor),
+        TopicSpec(names.trainer_progress, 1, progress, replication_factor=replication_factor),
         TopicSpec(names.regenerate, partitions, dict(common), replication_factor=replication_factor),
         TopicSpec(names.state, partitions, compacted, replication_factor=replication_factor),
     ]

@@ -30,6 +30,7 @@ LAZY_VERBS = {
     "top": ("workers.cli.ops:top", "A live view of a run: throughput, lag, staleness, losses, version, TQ rows"),
     "refinalize": ("workers.cli.ops:refinalize", "Rebuild replayed groups from a TQ checkpoint and diff them"),
     "resume": ("workers.cli.ops:resume", "After a whole-job restart: restore what a checkpoint kept, account for all"),
+    "trainer": ("workers.cli.trainer:trainer", "Operate on a trainer's consumer group (accept-unresolved)"),
     "example": ("workers.cli.example:example", "Runnable examples: a tiny GRPO run that learns through the pipeline"),
 }
 

@@ -172,6 +172,15 @@ class _TrainerFamilies:
             "Groups whose train rows were gone from TQ, handed back to the rollout workers to generate again",
         )
         self.version = _gauge("rlstream_trainer_version", "The trainer's current weight version")
+        self.partitions_waiting = _gauge(
+            "rlstream_trainer_partitions_waiting",
+            "Partitions assigned to the trainer and not read, their start unknown (a commit unreadable, the "
+            "progress entry it names missing, a seek refused)",
+        )
+        self.commit_reads_failed = _counter(
+            "rlstream_trainer_commit_reads_failed_total",
+            "Attempts to start an assigned partition that failed: its commit, its progress entry or its seek",
+        )
 
 
 class _PoolFamilies:
@@ -260,7 +269,8 @@ class PrometheusReassemblerSensor(ReassemblerSensor):
 
 class PrometheusTrainerSensor(TrainerSensor):
     """The trainer consumer's readings: staleness of yielded groups, yields, evictions, duplicates,
-    undecodable records, groups whose rows were missing, and its weight version."""
+    undecodable records, groups whose rows were missing, its weight version, and partitions waiting for
+    their starts."""
 
     def __init__(self, registry: CollectorRegistry | None = None, *, prefix: str = "") -> None:
         self.registry = registry if registry is not None else process_registry()
@@ -273,6 +283,8 @@ class PrometheusTrainerSensor(TrainerSensor):
         self._missing = m.missing_rows.labels(prefix)
         self._handed_back = m.trainer_handed_back.labels(prefix)
         self._version = m.version.labels(prefix)
+        self._waiting = m.partitions_waiting.labels(prefix)
+        self._commit_reads_failed = m.commit_reads_failed.labels(prefix)
 
     def on_yield(self, version: int, group_min_wv: int) -> None:
         self._yielded.inc()
@@ -295,6 +307,12 @@ class PrometheusTrainerSensor(TrainerSensor):
 
     def on_version(self, version: int) -> None:
         self._version.set(version)
+
+    def on_partitions_waiting(self, n: int) -> None:
+        self._waiting.set(n)
+
+    def on_commit_reads_failed(self, n: int = 1) -> None:
+        self._commit_reads_failed.inc(n)
 
 
 class PrometheusPoolSensor(PoolSensor):

@@ -67,6 +67,13 @@ class TrainerSensor:
     def on_version(self, version: int) -> None:
         """The trainer's weight version is now `version` (at start, on each step, on a restore)."""
 
+    def on_partitions_waiting(self, n: int) -> None:
+        """Partitions assigned to the trainer and not read yet, their start unknown (`workers/trainer/starts.py`):
+        a commit not read yet or unreadable, the progress entry it names missing, a seek refused."""
+
+    def on_commit_reads_failed(self, n: int = 1) -> None:
+        """Attempts to start an assigned partition that failed (each is asked again after a delay)."""
+
 
 class PoolSensor:
     """Readings of a supervisor of worker processes (`rlstream reassemble --workers N`); the base ignores them."""

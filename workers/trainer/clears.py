@@ -17,7 +17,7 @@ data loss. So rows go only once the record is named resolved where a successor l
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 from streams.tq import KVStore
 
@@ -30,7 +30,7 @@ class RowClears:
         self._partition = partition
         self.deferred = deferred
         self._seq = 0
-        self._kept: list[tuple[int, list[str]]] = []  # deferred: (ack number, sample ids)
+        self._kept: list[tuple[int, int, list[str]]] = []  # deferred: (ack number, partition, sample ids)
         self._held: dict[int, dict[int, list[str]]] = {}  # plain: partition -> record offset -> sample ids
 
     def clear(self, sample_ids: list[str], partition: int, offset: int) -> None:
@@ -39,7 +39,7 @@ class RowClears:
             return
         if self.deferred:
             self._seq += 1
-            self._kept.append((self._seq, sample_ids))
+            self._kept.append((self._seq, partition, sample_ids))
             return
         self._held.setdefault(partition, {}).setdefault(offset, []).extend(sample_ids)
 
@@ -76,16 +76,18 @@ class RowClears:
 
     @property
     def kept_rows(self) -> int:
-        return sum(len(ids) for _, ids in self._kept) + sum(len(v) for p in self._held.values() for v in p.values())
+        return sum(len(ids) for _, _, ids in self._kept) + sum(len(v) for p in self._held.values() for v in p.values())
 
     def due_through(self, cut: int) -> bool:
         """Whether any rows are deferred up to `cut`."""
-        return any(seq <= cut for seq, _ in self._kept)
+        return any(seq <= cut for seq, _, _ in self._kept)
 
-    def release_through(self, cut: int) -> int:
-        """Clear the rows deferred up to `cut` (a durable checkpoint covers them); returns how many."""
-        flat = [s for seq, ids in self._kept if seq <= cut for s in ids]
+    def release_through(self, cut: int, waiting: Collection[int] = ()) -> int:
+        """Clear the rows deferred up to `cut` (a durable checkpoint covers them) but those of the `waiting`
+        partitions (the commit naming their records has not landed yet); returns how many."""
+        done = [(seq, part, ids) for seq, part, ids in self._kept if seq <= cut and part not in waiting]
+        flat = [s for _, _, ids in done for s in ids]
         if flat:
             self._store.clear(self._partition, flat)  # first: if it fails they are still due
-        self._kept = [(seq, ids) for seq, ids in self._kept if seq > cut]
+        self._kept = [k for k in self._kept if k[0] > cut or k[1] in waiting]
         return len(flat)

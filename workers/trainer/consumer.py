@@ -276,8 +276,9 @@ class ExperienceConsumer(FinalizedIntake):
                 "state_dict needs ConsumerConfig(checkpointed=True): without it acked rows are cleared at once"
                 " and a trainer restored from this state would find them gone"
             )
-        # Partitions of a restored state not assigned yet keep their marks.
-        marks = dict(self._restored)
+        # Partitions of a restored state not assigned yet, or assigned and waiting for their commits
+        # (`starts.py`), keep their marks: cut without them, a restore would read from the lagging commit.
+        marks = {**self._restored, **self._starts.marks()}
         for part, (offset, ranges) in self._pending.snapshot(self._outbox.offsets).items():
             marks[part] = PartitionMark(offset, [tuple(r) for r in ranges])
         state = ConsumerState(
@@ -328,7 +329,7 @@ class ExperienceConsumer(FinalizedIntake):
         st = decode_state(state, topic=self.config.finalized_topic, consumer_group=self.config.consumer_group)
         if not self._clears.deferred:
             raise InvalidArgument("load_state_dict needs ConsumerConfig(checkpointed=True)")
-        if self._pending.positions:
+        if self._pending.positions or len(self._starts):  # assigned: their marks were taken (or not) then
             raise InvalidArgument("load_state_dict must come before the first select, next_batch or poll")
         self._restored = dict(st.partitions)
         self.version = max(self.version, st.version)

@@ -129,7 +129,13 @@ class FinalizedIntake:
             self._clients, config.topics.trainer_progress, group, topic, self._run, runtime.monotonic, runtime.wall_ms
         )
         self._commits = Commits(
-            self._consumer, config.finalized_topic, self._pending, self._clears, self._outbox, self._progress
+            self._consumer,
+            config.finalized_topic,
+            self._pending,
+            self._clears,
+            self._outbox,
+            self._progress,
+            runtime.monotonic,
         )
         self._consumer.subscribe(
             [config.finalized_topic], on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_revoke
@@ -145,10 +151,13 @@ class FinalizedIntake:
             consumer.incremental_assign(partitions)
         else:
             consumer.assign(partitions)
-        # After the assignment: librdkafka starts a partition assigned unpaused, whatever it was before.
+        # After the assignment: librdkafka keeps an application's pause across assignments (it belongs to the
+        # partition), but a partition of a topic the consumer has not been assigned yet cannot be paused
+        # before it is, and one it never paused starts fetching as soon as it is assigned.
         consumer.pause(partitions)
         for tp in partitions:
             self._starts.add(tp.partition, self._restored.pop(tp.partition, None))
+        self.sensor.on_partitions_waiting(len(self._starts))
 
     def _settle_starts(self) -> None:
         """Read the commits of partitions assigned since, and start each from its own; retried while they fail."""
@@ -162,6 +171,7 @@ class FinalizedIntake:
         except KafkaException as exc:
             if exc.args[0].fatal():
                 raise
+            self.sensor.on_commit_reads_failed(len(waiting))
             self._starts.failed(waiting, exc.args[0].str())
             return
         unread = {tp.partition: tp.error.str() for tp in committed if tp.error is not None}
@@ -173,8 +183,6 @@ class FinalizedIntake:
                 named.ranges[part] = []
             else:
                 unread[part] = reason
-        if unread:
-            self._starts.failed(sorted(unread), "; ".join(sorted(set(unread.values()))))
         started = []
         for tp in read:
             if tp.partition in unread:
@@ -190,15 +198,26 @@ class FinalizedIntake:
                 except KafkaException as exc:  # not where its position says: it waits, and is asked again
                     self._pending.revoke(tp.partition)
                     self._starts.add(tp.partition, start.restored)
-                    self._starts.failed([tp.partition], f"seek to {start.offset}: {exc.args[0].str()}")
+                    unread[tp.partition] = f"seek to {start.offset}: {exc.args[0].str()}"
                     continue
             started.append(TopicPartition(topic, tp.partition))
+        self.sensor.on_partitions_waiting(len(self._starts))
+        if unread:
+            self.sensor.on_commit_reads_failed(len(unread))
+            self._starts.failed(sorted(unread), "; ".join(sorted(set(unread.values()))))
+        else:
+            self._starts.settled()
+            self._progress.forget()  # what the read of the progress topic found served every start
         if self._paused:  # backpressure holds the whole assignment: they resume with it
             self._paused |= {tp.partition for tp in started}
         elif started:
             self._consumer.resume(started)
 
     def _on_revoke(self, consumer, partitions) -> None:
+        self._revoke(partitions)
+        self.sensor.on_partitions_waiting(len(self._starts))
+
+    def _revoke(self, partitions) -> None:
         for tp in partitions:
             mark = self._starts.revoke(tp.partition)
             if mark is not None:  # never started: the mark applies at the partition's next assignment

@@ -11,15 +11,21 @@ Nothing is left out at any size.
 The keys are the chunk's (consumer group, topic, partition, token, chunk), one per entry, not one per
 partition: an entry produced for a commit that then failed, or by a trainer that had lost the
 partition, would otherwise replace the one the standing commit relies on, and compaction could remove
-that for good. A reader takes the entry whose token, offset and chunk count the commit names, and no
-other. Each trainer tombstones the entries no commit relies on any more once a later commit of its
-own has landed: its own earlier ones, and those it found on assignment (a predecessor's, or ones
+that for good. A reader takes the entry whose token and chunk count the commit names, at or below its
+offset, and no other. Each trainer tombstones the entries no commit relies on any more once a later
+commit of its own has landed: its own earlier ones, and those it found (a predecessor's, or ones
 written for commits that failed). A commit that raised may still have landed (a timeout), so its
 entry stays until a later commit lands; while commits keep failing, a partition writes at most
 `MAX_ATTEMPTS` entries, then asks the broker for its standing commit (`Commits`): the attempt it
-names landed, and the others go. So a partition has at most its committed entry and `MAX_ATTEMPTS`
-more live, bounded by construction. A trainer that dies before its tombstones leaves entries its
-successor finds and removes.
+names landed, and the others go. A trainer that dies before its tombstones leaves entries a successor
+finds and removes: on assignment when a commit it reads names an entry (the topic is read then, once),
+else before it writes its own first entry for the partition. So a partition has live at most its
+committed entry, `MAX_ATTEMPTS` more of its owner's, and those one predecessor left (a predecessor that
+wrote any removed those of the one before), bounded by construction.
+
+A commit naming the same resolved set as the one before at a higher offset (the commit passing records
+whose rows are gone, after the one that named them) names that commit's entry again instead of writing
+its own: an entry at offset o read for a commit at o' >= o gives its ranges from o' on.
 """
 
 from __future__ import annotations
@@ -34,12 +40,15 @@ from schemas.errors import SchemaError
 from schemas.trainer_progress import MAX_CHUNK_RANGES, TrainerProgress, join_chunks, progress_chunks
 from streams.errors import DeliveryError
 from streams.producer import Outgoing
+from workers.trainer.backoff import Backoff
 from workers.trainer.clients import Acked, TrainerClients
 from workers.trainer.position import carried, carried_metadata, decode_ranges, encode_ranges
 
 log = logging.getLogger("rlstream.trainer")
 
 Range = tuple[int, int]
+Entry = tuple[int, tuple[Range, ...], str]  # an entry written: its offset, its ranges, the metadata naming it
+Found = dict[int, dict[str, dict[int, bytes]]]  # entries on the topic: partition -> token -> chunk -> value
 # How long a write of progress entries may take; one that failed is not tried again for a while.
 SEND_TIMEOUT_S = 10.0
 # Entries a partition may have written for commits not known to have landed, before its commits reuse one.
@@ -47,8 +56,17 @@ MAX_ATTEMPTS = 4
 RETRY_FIRST_S, RETRY_MAX_S = 1.0, 30.0
 
 
+def from_offset(ranges: Iterable[Range], offset: int) -> list[Range]:
+    """The part of `ranges` at or past `offset`."""
+    return [(max(first, offset), last) for first, last in ranges if last >= offset]
+
+
 class ProgressUnavailable(Exception):
     """The progress entry a commit needs could not be written, or one a commit names could not be read."""
+
+
+class NotAskedYet(ProgressUnavailable):
+    """The call failed a moment ago (said then, at WARNING) and is not made again before its delay has passed."""
 
 
 @dataclass(frozen=True)
@@ -101,9 +119,18 @@ class ProgressCarrier:
         self._live: dict[int, dict[str, set[int]]] = {}
         # Per partition, the entries written since its last commit landed: (offset, ranges, metadata).
         # A commit that failed may still have landed, so they stay live until a later one is known to.
-        self._attempts: dict[int, list[tuple[int, tuple[Range, ...], str]]] = {}
-        self._failures = 0
-        self._next_try = 0.0
+        self._attempts: dict[int, list[Entry]] = {}
+        # Per partition, the entry its last commit landed naming, which a later commit may name again.
+        self._landed: dict[int, Entry] = {}
+        self._backoff = Backoff(clock, RETRY_FIRST_S, RETRY_MAX_S)
+        # The partitions whose commits this trainer read (assigned to it), and of those, the ones whose
+        # entries on the topic it has looked for (found ones are in `_live`, to be tombstoned).
+        self._owned: set[int] = set()
+        self._swept: set[int] = set()
+        # What the last read of the topic found (partition -> token -> chunk -> its value, decoded only when
+        # a commit names it), while partitions wait for their starts: a retry looks there, and reads again
+        # only for a token not found.
+        self._found: Found | None = None
 
     # ----- writing -----------------------------------------------------------------------------
 
@@ -111,20 +138,23 @@ class ProgressCarrier:
         """The metadata of a commit at `offset` naming `ranges`: the ranges if they fit, else naming an entry
         written and acknowledged now; `ProgressUnavailable` if it cannot be written (the commit must wait).
 
-        A point written already for a commit that raised is not written again. Past `MAX_ATTEMPTS` such
-        entries (commits failing while the trainer moves on) none is written until `reconcile` has
-        learnt from the standing commit which of them landed.
+        An entry that names this point already (the last one written, or the one the last commit landed
+        naming, at or below `offset` with the same ranges from `offset` on) is named again, not written.
+        Past `MAX_ATTEMPTS` entries written for commits that raised (commits failing while the trainer moves
+        on) none is written until `reconcile` has learnt from the standing commit which of them landed.
         """
         inline, truncated = encode_ranges(offset, ranges)
         if not truncated:
             return inline
         attempts = self._attempts.setdefault(partition, [])
-        if attempts and attempts[-1][:2] == (offset, tuple(ranges)):
-            return attempts[-1][2]
+        for entry in (*attempts[-1:], self._landed.get(partition)):
+            if entry is not None and entry[0] <= offset and from_offset(entry[1], offset) == ranges:
+                return entry[2]
         if len(attempts) >= MAX_ATTEMPTS:
             raise ProgressUnavailable(f"{self._topic}[{partition}]: {len(attempts)} commits not known to have landed")
-        if self._clock() < self._next_try:
-            raise ProgressUnavailable(f"{self.progress_topic}: waiting before writing again after a failed write")
+        if not self._backoff.due():
+            raise NotAskedYet(f"{self.progress_topic}: waiting before writing again after a failed write")
+        self._sweep(partition)
         self._seq += 1
         token = f"{self._run[:16]}.{self._seq:x}"
         now_ms = self._wall_ms()
@@ -135,14 +165,12 @@ class ProgressCarrier:
         try:
             self._acked().send(records, timeout_s=SEND_TIMEOUT_S)
         except DeliveryError as exc:
-            delay = min(RETRY_FIRST_S * 2**self._failures, RETRY_MAX_S)
-            self._failures += 1
-            self._next_try = self._clock() + delay
+            delay = self._backoff.failed()
             raise ProgressUnavailable(
                 f"{self._topic}[{partition}]: {len(ranges)} resolved ranges past offset {offset} need"
                 f" {self.progress_topic}, which did not take them ({exc}); the commit waits, next try in {delay:.0f}s"
             ) from exc
-        self._failures = 0
+        self._backoff.succeeded()
         metadata = carried_metadata(token, len(chunks))
         attempts.append((offset, tuple(ranges), metadata))
         return metadata
@@ -153,9 +181,14 @@ class ProgressCarrier:
 
     def committed(self, partition: int, metadata: str) -> None:
         """A commit with `metadata` landed: the entries it no longer needs are tombstoned."""
-        self._attempts.pop(partition, None)
+        attempts = self._attempts.pop(partition, [])
         named = carried(metadata)
         keep = named[0] if named is not None else None
+        landed = [entry for entry in attempts if entry[2] == metadata]
+        if landed:
+            self._landed[partition] = landed[0]
+        elif keep is None:
+            self._landed.pop(partition, None)
         self._tombstone(partition, [t for t in self._live.get(partition, {}) if t != keep])
 
     def reconcile(self, partition: int, standing: str | None) -> tuple[int, list[Range]] | None:
@@ -191,21 +224,26 @@ class ProgressCarrier:
         """The partition was revoked: its entries are its next owner's to keep or tombstone, never this one's."""
         self._live.pop(partition, None)
         self._attempts.pop(partition, None)
+        self._landed.pop(partition, None)
+        self._owned.discard(partition)
+        self._swept.discard(partition)
 
     # ----- reading -----------------------------------------------------------------------------
 
     def read(self, committed: Iterable) -> CommitRanges:
         """The resolved ranges the commits read on assignment name (`committed()` entries: offset < 0 is none).
 
-        Inline metadata is decoded (malformed: logged, nothing named); metadata naming an entry is looked
-        up on the progress topic, read once for all of them. An entry missing or not the commit's (chunks
-        lost, another token at the offset) leaves its partition unreadable: it must not be read as if
-        nothing were resolved.
+        Inline metadata is decoded (malformed: logged, nothing named). Metadata naming an entry is looked up
+        on the progress topic, read then (once for all of them) and not at all when no commit names one:
+        what was found serves later calls, and the topic is read again only for a token not found. An entry
+        missing or not the commit's (chunks lost, of another count or above the commit's offset) leaves its
+        partition unreadable: it must not be read as if nothing were resolved.
         """
         ranges: dict[int, list[Range]] = {}
         unreadable: dict[int, str] = {}
         wanted: dict[int, tuple[int, str, int]] = {}
         for tp in committed:
+            self._owned.add(tp.partition)
             if tp.offset < 0:
                 ranges[tp.partition] = []
                 continue
@@ -218,41 +256,81 @@ class ProgressCarrier:
             except ValueError as exc:
                 log.warning("%s[%d]: %s; consumed groups may be handed back", self._topic, tp.partition, exc)
                 ranges[tp.partition] = []
-        if not wanted and not ranges:
+        if not wanted:  # leftovers of earlier trainers are looked for before this one writes (`_sweep`)
             return CommitRanges(ranges, unreadable)
-        try:
-            found = self._entries(set(wanted) | set(ranges))
-        except Exception as exc:  # noqa: BLE001 - any failure to read leaves those partitions unknown, retried
-            if wanted:
-                reason = f"{self.progress_topic} unreadable: {type(exc).__name__}: {exc}"
-                return CommitRanges(ranges, {p: reason for p in wanted})
-            return CommitRanges(ranges, unreadable)  # nothing needed from it: its leftovers wait for next time
-        for part, by_token in found.items():
-            self._live.setdefault(part, {}).update({t: set(chunks) for t, chunks in by_token.items()})
-        for part, (offset, token, count) in wanted.items():
-            try:
-                ranges[part] = join_chunks(list(found.get(part, {}).get(token, {}).values()), offset, token, count)
-            except SchemaError as exc:
-                unreadable[part] = f"the progress entry its commit names: {exc}"
+        fresh = self._found is None
+        for attempt in range(2):  # what the last read found, then (a token not found there) a read now
+            if fresh or attempt:
+                try:
+                    self._found = self._entries()
+                except Exception as exc:  # noqa: BLE001 - any failure to read leaves those partitions unknown
+                    reason = f"{self.progress_topic} unreadable: {type(exc).__name__}: {exc}"
+                    return CommitRanges(ranges, dict.fromkeys(wanted, reason))
+            unreadable = {}
+            for part, (offset, token, count) in wanted.items():
+                try:
+                    ranges[part] = self._join(part, offset, token, count)
+                    # Live (found now, or only after the partition was first looked at): tombstoned once
+                    # a later commit needs it no more.
+                    self._live.setdefault(part, {})[token] = set(range(count))
+                except SchemaError as exc:
+                    unreadable[part] = f"the progress entry its commit names: {exc}"
+            if not unreadable or fresh or attempt:
+                break
+        self._note_found()
         return CommitRanges(ranges, unreadable)
 
-    def _entries(self, partitions: set[int]) -> dict[int, dict[str, dict[int, TrainerProgress]]]:
-        """This consumer group's live entries for `partitions` on the topic: partition -> token -> chunk -> entry."""
-        out: dict[int, dict[str, dict[int, TrainerProgress]]] = {}
+    def _join(self, partition: int, offset: int, token: str, count: int) -> list[Range]:
+        """The ranges from `offset` on of entry `token` in `count` chunks, as last read; SchemaError if not whole."""
+        chunks = {
+            c: TrainerProgress.from_bytes(v) for c, v in (self._found or {}).get(partition, {}).get(token, {}).items()
+        }
+        base = chunks[0].offset if 0 in chunks else offset
+        if base > offset:
+            raise SchemaError("trainer_progress.offset", f"token {token!r} is of a commit at {base}, past {offset}")
+        return from_offset(join_chunks(list(chunks.values()), base, token, count), offset)
+
+    def forget(self) -> None:
+        """No partition waits for its start: what the last read found is not needed any more."""
+        self._found = None
+
+    def _sweep(self, partition: int) -> None:
+        """Before this trainer's first entry for `partition`, the entries earlier trainers left for the partitions
+        it owns, so that its next landed commit tombstones them (a failed read leaves them to a successor)."""
+        self._owned.add(partition)
+        if partition in self._swept:
+            return
+        kept = self._found
+        try:
+            self._found = kept if kept is not None else self._entries()
+        except Exception as exc:  # noqa: BLE001 - tidying only: the commit goes on without it
+            log.warning("%s unreadable, entries earlier trainers left stay: %s", self.progress_topic, exc)
+            self._swept |= self._owned
+            return
+        self._note_found()
+        self._found = kept  # read for this only: not kept
+
+    def _note_found(self) -> None:
+        """The entries found for owned partitions not looked at yet are live: to be tombstoned when not needed."""
+        for part in self._owned - self._swept:
+            self._live.setdefault(part, {}).update({t: set(c) for t, c in (self._found or {}).get(part, {}).items()})
+            self._swept.add(part)
+
+    def _entries(self) -> Found:
+        """This consumer group's live entries for the topic, as read now: partition -> token -> chunk -> value.
+
+        Only keys are parsed here: a value is decoded when a commit names its entry, so superseded entries
+        not compacted away yet cost their bytes, not their decoding."""
+        out: Found = {}
         for r in self._clients.read(self.progress_topic):  # in offset order: a later record replaces an earlier
             key = _parse_key(r.key)
-            if key is None or key[:2] != (self._group, self._topic) or key[2] not in partitions:
+            if key is None or key[:2] != (self._group, self._topic):
                 continue
             _, _, part, token, chunk = key
             if r.value is None:
                 out.get(part, {}).get(token, {}).pop(chunk, None)
-                continue
-            try:
-                entry = TrainerProgress.from_bytes(r.value)
-            except SchemaError as exc:
-                log.warning("%s: undecodable progress entry at offset %d: %s", self.progress_topic, r.offset, exc)
-                continue
-            out.setdefault(part, {}).setdefault(token, {})[chunk] = entry
+            else:
+                out.setdefault(part, {}).setdefault(token, {})[chunk] = r.value
         return out
 
     # ----- clients -----------------------------------------------------------------------------

@@ -105,15 +105,17 @@ def _trained_marks(k: _Kafka, config: ConsumerConfig, state: dict | None) -> dic
     topic = config.finalized_topic
     if state is not None:
         return dict(decode_state(state, topic=topic, consumer_group=config.consumer_group).partitions)
-    # No checkpoint: the trainer's commits (and the resolved ranges they name) are its place.
-    c = k.consumer(config.consumer_group)
+    # No checkpoint: the trainer's commits (and the resolved ranges they name) are its place, read by the
+    # trainer's own clients (`clients.py`): a consumer of its group that never joins it, and the progress topic.
+    clients = KafkaTrainerClients(k.kafka, api=k.api, runtime=k.runtime)
+    c = clients.consumer(config.consumer_group, {})
     try:
         parts = [TopicPartition(topic, p) for p in partitions_of(c, topic)]
         committed = [tp for tp in c.committed(parts, timeout=30) if tp.offset >= 0]
     finally:
         c.close()
     carrier = ProgressCarrier(
-        KafkaTrainerClients(k.kafka, api=k.api, runtime=k.runtime),
+        clients,
         config.topics.trainer_progress,
         config.consumer_group,
         topic,

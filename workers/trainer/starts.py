@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from workers.trainer.backoff import Backoff
 from workers.trainer.checkpoint import PartitionMark
 
 log = logging.getLogger("rlstream.trainer")
@@ -62,10 +63,8 @@ class PartitionStarts:
 
     def __init__(self, topic: str, clock: Callable[[], float] = time.monotonic) -> None:
         self.topic = topic
-        self._clock = clock
         self._waiting: dict[int, PartitionMark | None] = {}
-        self._failures = 0
-        self._next_try = 0.0
+        self._backoff = Backoff(clock, RETRY_FIRST_S, RETRY_MAX_S)
 
     def __contains__(self, partition: int) -> bool:
         return partition in self._waiting
@@ -75,7 +74,7 @@ class PartitionStarts:
 
     def add(self, partition: int, mark: PartitionMark | None) -> None:
         self._waiting[partition] = mark
-        self._next_try = 0.0  # a new assignment is asked about at once
+        self._backoff.now()  # a new assignment is asked about at once
 
     def revoke(self, partition: int) -> PartitionMark | None:
         """The partition was revoked before its start was known: its restored mark, if any, for the next time."""
@@ -85,24 +84,31 @@ class PartitionStarts:
         return sorted(self._waiting)
 
     def due(self) -> bool:
-        return bool(self._waiting) and self._clock() >= self._next_try
+        return bool(self._waiting) and self._backoff.due()
+
+    def marks(self) -> dict[int, PartitionMark]:
+        """The restored checkpoint's marks of the partitions waiting: a state cut meanwhile must keep them."""
+        return {p: mark for p, mark in self._waiting.items() if mark is not None}
 
     def restored(self, partition: int) -> bool:
         """Whether a restored checkpoint's mark decides where the partition starts."""
         return self._waiting.get(partition) is not None
 
     def known(self, partition: int, committed: int) -> Start:
-        """The partition's commit was read: its start, and it waits no longer."""
-        self._failures = 0
+        """The partition's commit was read: its start, and it waits no longer (unless it is `add`ed back)."""
         return Start(partition, committed, self._waiting.pop(partition))
 
+    def settled(self) -> None:
+        """Every partition asked about this time started: the next failure waits the shortest delay again."""
+        self._backoff.succeeded()
+
     def failed(self, partitions: list[int], reason: str) -> None:
-        """Their commits could not be read: they stay paused, and are asked about again after a delay."""
-        delay = min(RETRY_FIRST_S * 2**self._failures, RETRY_MAX_S)
-        self._failures += 1
-        self._next_try = self._clock() + delay
+        """They could not start (a commit unreadable, a seek refused): they stay paused, and are asked about
+        again after a delay, doubled from the last while no round starts them all."""
+        delay = self._backoff.failed()
         log.warning(
-            "%s partitions %s: committed offsets unreadable (%s); not read until they are known, retrying in %.1fs",
+            "%s partitions %s: not started (%s); not read until their commits are read and their positions set,"
+            " retrying in %.1fs",
             self.topic,
             partitions,
             reason,

@@ -186,3 +186,64 @@ def test_a_restored_checkpoint_with_its_commit_unreadable_at_first_still_clears_
     assert again == [g.group_id for g in groups if g.group_id not in trained]
     assert not tq_store.present(TRAIN, rows)  # read again as trained before the mark, and cleared
     assert not list(read_topic(kafka, names.regenerate)) and clients.made[0].calls > 2
+
+
+class CooperativeCommittedFails(FailingCommitted):
+    """The same consumer under cooperative rebalancing: partitions come through incremental_assign."""
+
+    def consumer_settings(self, consumer_group, settings):
+        return super().consumer_settings(
+            consumer_group, {**settings, "partition.assignment.strategy": "cooperative-sticky"}
+        )
+
+
+def test_a_cooperative_trainer_whose_commit_is_unreadable_at_first_hands_no_resolved_group_back(
+    kafka, tq_store, unique
+):
+    names = setup_topics(kafka, f"afc-{unique}", partitions=1)
+    group = f"afc-{unique}"
+    groups = _resolve_g0_and_g2(kafka, tq_store, names, group, unique)
+    clients = CooperativeCommittedFails(kafka, failures=3)
+    second = _consumer(kafka, tq_store, names, group, 5, clients=clients)
+    try:
+        assert second._cooperative
+        trained = _train(second, 5, lambda t: len(t) == 2 and committed_at_end(kafka, group, names.finalized))
+    finally:
+        second.close()
+    assert sorted(trained) == sorted([groups[1].group_id, groups[3].group_id])
+    assert [Regenerate.from_bytes(r.value).group_id for r in read_topic(kafka, names.regenerate)] == []
+    assert second.counts.reread == 1 and second.counts.missing_rows == 0 and clients.made[0].calls > 3
+
+
+def test_a_trainer_restored_from_a_checkpoint_older_than_its_commit_reads_from_the_checkpoint_s_mark(
+    kafka, tq_store, unique
+):
+    """The start of a restored partition is the lower of its mark and its commit: the trainer seeks below the
+    committed offset, and the groups trained after that checkpoint, their rows cleared by the next one, are
+    found gone (handed back) rather than skipped unseen."""
+    names = setup_topics(kafka, f"afs-{unique}", partitions=1)
+    group = f"afs-{unique}"
+    groups = [finalized(f"s{i}-{unique}") for i in range(6)]
+    publish(kafka, tq_store, names, groups)
+    first = _consumer(kafka, tq_store, names, group, 0, checkpointed=True)
+    try:
+        _train(first, 0, lambda t: len(t) == 2, most=2)
+        older = first.state_dict()
+        first.checkpoint_durable(older)
+        _train(first, 0, lambda t: len(t) == 2, most=2)
+        first.checkpoint_durable(first.state_dict())
+        deadline = time.monotonic() + 30
+        while committed_offsets(kafka, group, names.finalized) != {0: 4}:
+            assert time.monotonic() < deadline, committed_offsets(kafka, group, names.finalized)
+            first.poll(0.1)
+    finally:
+        first.close()
+    second = _consumer(kafka, tq_store, names, group, 0, checkpointed=True)
+    try:
+        second.load_state_dict(older)  # mark 2, commit 4
+        trained = _train(second, 0, lambda t: len(t) == 2 and second.counts.missing_rows == 2)
+    finally:
+        second.close()
+    handed_back = [Regenerate.from_bytes(r.value).group_id for r in read_topic(kafka, names.regenerate)]
+    assert sorted(handed_back) == sorted(g.group_id for g in groups[2:4])  # read again from the mark, rows gone
+    assert sorted(trained) == sorted(g.group_id for g in groups[4:])

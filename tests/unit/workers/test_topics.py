@@ -49,3 +49,13 @@ def test_bad_sizes_are_refused_by_name():
 def test_two_replicas_keep_writing_with_one_broker_down():
     specs = pipeline_topics(TopicNames("p"), 4, replication_factor=2)
     assert {s.config["min.insync.replicas"] for s in specs} == {"1"}
+
+
+def test_the_progress_topic_keeps_its_tombstones_minutes_not_the_broker_s_day():
+    """Every trainer reads the progress topic whole; a tombstone only has to outlast one such read (seconds),
+    and the broker's default (a day) kept a day of them in every read."""
+    (progress,) = [s for s in pipeline_topics(TopicNames("p"), 4) if s.name == TopicNames("p").trainer_progress]
+    assert progress.config["cleanup.policy"] == "compact"
+    assert 60_000 <= int(progress.config["delete.retention.ms"]) <= 3_600_000
+    mine = pipeline_topics(TopicNames("p"), 4, config={"delete.retention.ms": "7200000"})
+    assert {s.config.get("delete.retention.ms") for s in mine if s.name == progress.name} == {"7200000"}

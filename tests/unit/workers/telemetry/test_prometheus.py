@@ -206,3 +206,18 @@ def test_pool_sensor_counts_exits_by_how_and_restarts_by_spare_or_process():
     assert get("rlstream_pool_spare_ready", {"prefix": "p"}) == 0
     p.on_running(2, spare_ready=True)
     assert get("rlstream_pool_spare_ready", {"prefix": "p"}) == 1
+
+
+def test_the_trainer_s_partitions_waiting_for_their_commits_and_the_failed_reads_are_reported():
+    r = CollectorRegistry()
+    t = PrometheusTrainerSensor(r, prefix="p")
+    get = r.get_sample_value
+    # There from the start: a rate of 0 and a gauge at 0 are data, an absent series is not.
+    assert get("rlstream_trainer_partitions_waiting", {"prefix": "p"}) == 0
+    assert get("rlstream_trainer_commit_reads_failed_total", {"prefix": "p"}) == 0
+    t.on_partitions_waiting(3)
+    t.on_commit_reads_failed(2)
+    t.on_commit_reads_failed()
+    t.on_partitions_waiting(1)
+    assert get("rlstream_trainer_partitions_waiting", {"prefix": "p"}) == 1
+    assert get("rlstream_trainer_commit_reads_failed_total", {"prefix": "p"}) == 3

@@ -5,8 +5,12 @@ restarts with no broker, through its `TrainerClients` factory (`workers/trainer/
 member per consumer group holds every partition of its topic (assigned at its first consume, or
 again after `rebalance`), commits keep their metadata, and acknowledged records land in the log at
 once. As librdkafka does, a rebalance callback that does not assign is followed by an assignment
-of the partitions offered, and an assignment starts its partitions unpaused. `Faults` makes calls
-fail (the first committed() calls, commits, acknowledged sends), and every commit is noted in
+of the partitions offered. As librdkafka keeps it, an application's pause belongs to the partition, not
+to the assignment: it survives a revocation and the next assignment, and only `resume` lifts it (a
+partition of a topic the consumer has not been assigned yet cannot be paused). A commit is checked
+against the member's generation only, as the classic protocol's coordinator does: a commit of a
+partition the member is not assigned lands (checked on the real broker). `Faults` makes calls
+fail (the first committed() calls, commits, seeks, acknowledged sends), and every commit is noted in
 `events` in order, beside whatever a test's store notes there, so tests can check what came first.
 It is not evidence that the trainer works against Kafka; the integration tests are.
 """
@@ -70,6 +74,7 @@ class Faults:
     commits: int = 0  # commit() calls that raise, the first ones
     commits_land: bool = False  # whether those land all the same (a timeout after the broker took them)
     sends: int = 0  # acknowledged sends that raise, the first ones
+    seeks: int = 0  # seek() calls that raise, the first ones
     # Topics whose acknowledged sends always fail (the broker does not know them, say).
     unknown_topics: set[str] = field(default_factory=set)
     committed_calls: int = 0  # how many committed() calls were made
@@ -135,6 +140,7 @@ class FakeClients:
     def __init__(self, broker: FakeBroker, consumer_settings: dict[str, Any] | None = None):
         self.broker = broker
         self.consumers: list[FakeConsumer] = []
+        self.reads: list[str] = []  # the topics read whole, in order (`read`)
         self._settings = dict(consumer_settings or {})
 
     def consumer(self, consumer_group: str, settings: dict[str, Any]) -> FakeConsumer:
@@ -153,6 +159,7 @@ class FakeClients:
         return FakeProducer(self.broker)
 
     def read(self, topic: str) -> list[Record]:
+        self.reads.append(topic)
         return [
             Record(m.topic(), m.partition(), m.offset(), m.key(), m.value(), (), m._ts)
             for m in self.broker.records(topic)
@@ -184,7 +191,7 @@ class FakeConsumer:
             return
         if self.generation is not None and self.positions:
             self.callbacks["revoke"](self, self.assignment())
-            self.positions, self.paused = {}, set()
+            self.positions = {}
         self.generation = current
         offered = [TopicPartition(self.topic, p) for p in range(self.broker.partitions[self.topic])]
         self._assigned_in_callback = False
@@ -211,7 +218,7 @@ class FakeConsumer:
     def assign(self, partitions) -> None:
         if self.cooperative and self._in_callback:  # librdkafka refuses it, as here
             raise _error(KafkaError._STATE, "Changes to the current assignment must be made using incremental_assign()")
-        self.positions, self.paused = {}, set()
+        self.positions = {}
         self._add(partitions)
 
     def incremental_assign(self, partitions) -> None:
@@ -224,20 +231,24 @@ class FakeConsumer:
         for tp in partitions:
             commit = self.broker.committed(self.group, tp.topic, tp.partition)
             start = tp.offset if tp.offset >= 0 else (commit[0] if commit is not None else 0)
-            self.positions[tp.partition] = start
-            self.paused.discard(tp.partition)  # an assignment starts unpaused
+            self.positions[tp.partition] = start  # paused still if it was: the flag is the partition's
 
     def assignment(self) -> list[TopicPartition]:
         return [TopicPartition(self.topic, p) for p in sorted(self.positions)]
 
     def pause(self, partitions) -> None:
-        # Pausing a partition not assigned does nothing (the assignment that follows starts it unpaused).
-        self.paused |= {tp.partition for tp in partitions if tp.partition in self.positions}
+        # Kept across assignments; before the consumer knows the topic (its first assignment) there is no
+        # partition to pause, and librdkafka skips it.
+        if self.generation is not None:
+            self.paused |= {tp.partition for tp in partitions}
 
     def resume(self, partitions) -> None:
         self.paused -= {tp.partition for tp in partitions}
 
     def seek(self, tp: TopicPartition) -> None:
+        if self.broker.faults.seeks > 0:
+            self.broker.faults.seeks -= 1
+            raise _error(KafkaError._STATE, f"seek of {tp.topic}[{tp.partition}] refused by the test")
         if tp.partition not in self.positions:
             raise _error(KafkaError._STATE, f"seek of {tp.topic}[{tp.partition}], which is not assigned")
         self.positions[tp.partition] = tp.offset
@@ -267,9 +278,10 @@ class FakeConsumer:
         faults.commits = max(0, faults.commits - 1)
         if failing and not faults.commits_land:
             raise _error(KafkaError._TRANSPORT, "commit refused by the test")
-        for tp in offsets:
-            if tp.partition not in self.positions:
-                raise _error(KafkaError.UNKNOWN_MEMBER_ID, "commit of a partition not assigned")
+        # As the classic protocol's coordinator does, the member's generation is checked, not whether it is
+        # assigned the partitions it commits: a commit of another member's partition lands.
+        if self.generation is not None and self.generation != self.broker.generations.get(self.group, 0):
+            raise _error(KafkaError.ILLEGAL_GENERATION, "commit of a generation the group has left behind")
         for tp in offsets:
             self.broker.commits[(self.group, tp.topic, tp.partition)] = (tp.offset, tp.metadata or "")
             self.broker.events.append(("commit", self.group, tp.partition, tp.offset, tp.metadata or ""))

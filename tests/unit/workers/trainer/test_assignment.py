@@ -9,8 +9,12 @@ real broker.
 
 from __future__ import annotations
 
+import pytest
+
+from schemas.errors import InvalidArgument
 from schemas.regenerate import Regenerate
 from tests.unit.workers.trainer.trainer_kafka import NAMES, Pipeline, group, train
+from workers.telemetry.sensors import TrainerSensor
 
 
 def _handed_back(pipe: Pipeline) -> list[str]:
@@ -106,3 +110,85 @@ def test_a_cooperative_consumer_assigns_incrementally_and_waits_for_its_commits_
     second = pipe.consumer(version=60, client_settings={"partition.assignment.strategy": "cooperative-sticky"})
     assert sorted(_drain(pipe, second)) == ["g1", "g3"]
     assert second.counts.reread == 1 and _handed_back(pipe) == []
+
+
+def _trained_three_of_four_then_killed(pipe: Pipeline) -> dict:
+    """g0-g2 trained by a checkpointed trainer whose state was saved but never declared durable: the commit lags."""
+    pipe.finalize([group(f"g{i}") for i in range(4)])
+    first = pipe.consumer(checkpointed=True)
+    assert sorted(train(first, 3)) == ["g0", "g1", "g2"]
+    state = first.state_dict()
+    first.close()
+    return state
+
+
+def test_a_state_saved_while_a_restored_partition_waits_for_its_commit_keeps_the_partition_s_mark():
+    """The mark moved out of the restored marks into the waiting partition's start: a state cut then left it out,
+    and a trainer restored from that state read the partition from the lagging commit and trained g0-g2 again."""
+    pipe = Pipeline()
+    s1 = _trained_three_of_four_then_killed(pipe)
+    pipe.broker.faults.committed = 1_000  # the coordinator does not answer
+    second = pipe.consumer(checkpointed=True)
+    second.load_state_dict(s1)
+    assert _drain(pipe, second, rounds=3) == []  # assigned, waiting for its commit
+    s2 = second.state_dict()  # the trainer checkpoints meanwhile
+    second.close()
+    pipe.broker.faults.committed = 0
+    third = pipe.consumer(checkpointed=True)
+    third.load_state_dict(s2)
+    assert _drain(pipe, third) == ["g3"] and _handed_back(pipe) == []
+
+
+def test_a_state_loaded_once_partitions_are_assigned_is_refused_even_while_they_wait_for_their_commits():
+    """Accepted, it was ignored: the waiting partition had taken its (absent) mark at assignment."""
+    pipe = Pipeline()
+    s1 = _trained_three_of_four_then_killed(pipe)
+    pipe.broker.faults.committed = 1_000
+    second = pipe.consumer(checkpointed=True)
+    second.poll(0)  # assigned, its commit unknown
+    with pytest.raises(InvalidArgument, match="before the first"):
+        second.load_state_dict(s1)
+
+
+def test_a_seek_that_keeps_failing_is_asked_again_less_and_less_often():
+    """A failed seek put its partition back to wait, but the commit read just before had reset the backoff:
+    committed() and a read of the progress topic every 0.5 s for as long as the seek failed."""
+    pipe = Pipeline()
+    _first_trainer_resolves_g0_and_g2(pipe)
+    pipe.broker.faults.seeks = 1_000
+    before = pipe.broker.faults.committed_calls
+    second = pipe.consumer(version=60)
+    for _ in range(40):  # 24 s in steps of 0.6 s: 0.5, 1, 2, 4, 8 (and 16) s apart is six asks at most
+        pipe.clock.now += 0.6
+        second.poll(0)
+    assert 3 <= pipe.broker.faults.committed_calls - before <= 6
+    assert second.counts.reread == 0 and _handed_back(pipe) == []  # never read meanwhile
+    pipe.broker.faults.seeks = 0
+    assert sorted(_drain(pipe, second)) == ["g1", "g3"] and _handed_back(pipe) == []
+
+
+class _Waiting(TrainerSensor):
+    def __init__(self) -> None:
+        self.waiting: list[int] = []
+        self.failed = 0
+
+    def on_partitions_waiting(self, n: int) -> None:
+        if not self.waiting or self.waiting[-1] != n:
+            self.waiting.append(n)
+
+    def on_commit_reads_failed(self, n: int = 1) -> None:
+        self.failed += n
+
+
+def test_partitions_waiting_for_their_commits_and_each_failed_read_reach_the_sensor():
+    """A partition whose entry is gone waits for good with only a WARNING line: an alert needs a reading."""
+    pipe = Pipeline(partitions=2)
+    _first_trainer_resolves_g0_and_g2(pipe)
+    pipe.broker.faults.unreadable = {1}
+    sensor = _Waiting()
+    second = pipe.consumer(version=60, sensor=sensor)
+    trained = _drain(pipe, second, rounds=4)
+    assert sensor.waiting == [2, 1] and sensor.failed == 4  # both assigned, partition 0 started, 1 asked 4 times
+    pipe.broker.faults.unreadable = set()
+    assert sorted(trained + _drain(pipe, second)) == ["g1", "g3"]
+    assert sensor.waiting == [2, 1, 0] and sensor.failed == 4

@@ -8,6 +8,7 @@ does it on the real broker.
 
 from __future__ import annotations
 
+import pytest
 from confluent_kafka import TopicPartition
 
 from schemas.regenerate import Regenerate
@@ -125,6 +126,7 @@ def test_a_partition_whose_commit_names_an_entry_gone_missing_is_not_read_until_
     assert _train_all(pipe, second, 5) == [] and second.counts.reread == 0 and _handed_back(pipe) == []
     log[:] = kept
     assert len(_train_all(pipe, second, 5)) == 1_000 and second.counts.reread == 999 and _handed_back(pipe) == []
+    assert _live_entries(pipe) == {}  # the entry found late is tombstoned too once a commit needs it no more
 
 
 def test_a_commit_whose_entry_is_not_acknowledged_waits_and_is_never_made_with_fewer_ranges():
@@ -194,3 +196,147 @@ def test_commits_that_time_out_after_the_broker_took_them_keep_the_entry_the_sta
     assert second.counts.reread == 1_000 and _handed_back(pipe) == [] and second.counts.missing_rows == 0
     assert sorted(again) == sorted(g.group_id for g in groups[1::2])
     assert not pipe.present(groups)  # the successor cleared what the first left
+
+
+def _carrying_trainer(pipe: Pipeline):
+    """A trainer whose commit names a progress entry: 1,200 alternating records, 950 of those usable trained."""
+    _alternating(pipe, 2_400)
+    first = pipe.consumer(version=0, max_poll_records=5_000, max_waiting_groups=5_000)
+    for _ in range(3):
+        first.poll(0)
+    first.ack(first.select(0, min_groups=950, max_groups=950, timeout_s=0.0))
+    assert carried(pipe.broker.committed(GROUP, NAMES.finalized, 0)[1]) is not None
+    return first
+
+
+def test_while_the_coordinator_is_away_the_standing_commit_is_asked_for_with_backoff_not_on_every_ack():
+    """Past MAX_ATTEMPTS entries a commit asks the broker for the standing commit; that call blocks up to 5 s,
+    and it was made again on every poll and every ack while the coordinator did not answer."""
+    pipe = Pipeline()
+    first = _carrying_trainer(pipe)
+    pipe.broker.faults.commits = pipe.broker.faults.committed = 10**6
+    before = pipe.broker.faults.committed_calls
+    for _ in range(30):  # one ack a round, no time passing
+        first.ack(first.select(0, min_groups=1, max_groups=1, timeout_s=0.0))
+        first.poll(0)
+    assert pipe.broker.faults.committed_calls - before == 1
+    pipe.clock.now += 0.6  # past the first delay: asked once more
+    first.poll(0)
+    first.poll(0)
+    assert pipe.broker.faults.committed_calls - before == 2
+    pipe.broker.faults.commits = pipe.broker.faults.committed = 0  # back: the commits go through
+    pipe.clock.now += 60
+    first.poll(0)
+    assert pipe.broker.committed(GROUP, NAMES.finalized, 0)[0] == 1 and len(_live_entries(pipe)) == 1
+    first.close()
+
+
+@pytest.mark.parametrize("checkpointed", [False, True])
+def test_a_partition_whose_entry_cannot_be_written_holds_back_only_its_own_commit(checkpointed):
+    """One ProgressUnavailable returned False for the whole batch: every partition's commit waited for one
+    partition's progress entry."""
+    pipe = Pipeline(partitions=2)
+    _alternating(pipe, 2_000)  # partition 0: its commit needs an entry
+    pipe.finalize([group(f"b{i}", rows=1) for i in range(10)], partition=1)  # partition 1: inline
+    pipe.broker.faults.unknown_topics = {NAMES.trainer_progress}
+    consumer = pipe.consumer(version=0, checkpointed=checkpointed)
+    _train_all(pipe, consumer, 0)
+    if checkpointed:
+        consumer.checkpoint_durable(consumer.state_dict())
+    assert pipe.broker.committed(GROUP, NAMES.finalized, 1) == (10, "")  # past all ten, rows cleared
+    assert not pipe.present([group(f"b{i}", rows=1) for i in range(10)])
+    standing = pipe.broker.committed(GROUP, NAMES.finalized, 0)
+    # Partition 0 waits for its entry: never a commit naming fewer ranges than it resolved.
+    assert standing is None or (standing[0] <= 1 and carried(standing[1]) is None)
+    pipe.broker.faults.unknown_topics = set()
+    pipe.clock.now += 60
+    consumer.poll(0)
+    offset, metadata = pipe.broker.committed(GROUP, NAMES.finalized, 0)
+    assert offset == 1 and len(decode_ranges(offset, metadata) if carried(metadata) is None else [0] * 999) == 999
+    consumer.close()
+
+
+def _progress_reads(consumer) -> int:
+    return consumer._clients.reads.count(NAMES.trainer_progress)
+
+
+def test_a_trainer_whose_commits_name_no_entry_never_reads_the_progress_topic_on_assignment():
+    """Read whole and at once inside poll, for nothing: no commit it read needed an entry."""
+    pipe = Pipeline(partitions=2)
+    for part in (0, 1):
+        pipe.finalize([group(f"g{part}-{i}", weight_version=5 * (i % 2), rows=1) for i in range(20)], partition=part)
+    first = pipe.consumer(version=0)
+    assert len(_train_all(pipe, first, 0)) == 20
+    first.close()
+    second = pipe.consumer(version=5)
+    assert len(_train_all(pipe, second, 5)) == 20 and second.counts.reread == 18
+    assert _progress_reads(second) == 0
+    second.close()
+
+
+def test_the_progress_topic_is_read_once_for_an_assignment_however_often_its_partitions_are_asked_about():
+    """Each retry of a partition whose commit could not be read read the whole topic again."""
+    pipe = Pipeline(partitions=2)
+    for part in (0, 1):
+        pipe.finalize([group(f"g{part}-{i}", weight_version=5 * (i % 2), rows=1) for i in range(2_000)], partition=part)
+    first = pipe.consumer(version=0)
+    _train_all(pipe, first, 0)
+    first.close()
+    assert all(carried(pipe.broker.committed(GROUP, NAMES.finalized, p)[1]) for p in (0, 1))
+    pipe.broker.faults.unreadable = {1}  # partition 1's commit unreadable for a while
+    second = pipe.consumer(version=5)
+    for _ in range(5):
+        pipe.clock.now += 60
+        second.poll(0)
+    pipe.broker.faults.unreadable = set()
+    again = _train_all(pipe, second, 5)
+    assert len(again) == 2_000 and second.counts.reread == 2 * 999 and _handed_back(pipe) == []
+    assert _progress_reads(second) == 1
+    second.close()
+
+
+def test_an_ack_past_what_commit_metadata_holds_writes_one_entry_not_one_for_each_of_its_two_commits():
+    """The commit naming the acked record and the one passing it, once its rows are gone, name the same resolved
+    set: the second names the first's entry rather than writing its own (acknowledged by every replica)."""
+    pipe = Pipeline()
+    pipe.finalize([group("x", weight_version=3, rows=1)])  # at the commit offset, held until version 3
+    _alternating(pipe, 2_000)
+    first = pipe.consumer(version=0)
+    assert len(_train_all(pipe, first, 0)) == 1_000
+    assert carried(pipe.broker.committed(GROUP, NAMES.finalized, 0)[1]) is not None
+    written, commits = len(_live_entries(pipe)), len(pipe.commits())
+    entries = len([m for m in pipe.broker.records(NAMES.trainer_progress) if m.value() is not None])
+    first.ack(first.select(3, min_groups=1, max_groups=1, timeout_s=0.0))  # x
+    assert [e[3] for e in pipe.commits()[commits:]] == [0, 2]  # naming x, then past it
+    assert len([m for m in pipe.broker.records(NAMES.trainer_progress) if m.value() is not None]) == entries + 1
+    assert len(_live_entries(pipe)) == written
+    first.close()
+    second = pipe.consumer(version=5)
+    assert len(_train_all(pipe, second, 5)) == 1_000 and _handed_back(pipe) == []
+    assert second.counts.reread == 999 and second.counts.missing_rows == 0
+
+
+def test_a_predecessor_s_leftover_entries_go_once_the_successor_writes_its_own():
+    """Commits naming no entry are not read back from the progress topic on assignment, so entries an earlier
+    trainer left (its commits failed) are found and tombstoned when a successor first writes one."""
+    pipe = Pipeline()
+    _alternating(pipe, 4_000)
+    first = pipe.consumer(version=0, max_poll_records=200)
+    first.poll(0)  # assigned
+    first.poll(0)
+    first.ack(first.select(0, min_groups=50, max_groups=50, timeout_s=0.0))  # inline: it lands
+    standing = pipe.broker.committed(GROUP, NAMES.finalized, 0)
+    assert carried(standing[1]) is None
+    pipe.broker.faults.commits = 1_000
+    for _ in range(10):  # past what metadata holds: entries written, every commit fails
+        first.poll(0)
+        meta = first.select(0, min_groups=1, max_groups=200, timeout_s=0.0)
+        if meta is not None:
+            first.ack(meta)
+    first.close()
+    assert pipe.broker.committed(GROUP, NAMES.finalized, 0) == standing and len(_live_entries(pipe)) >= 1
+    pipe.broker.faults.commits = 0
+    second = pipe.consumer(version=0)
+    _train_all(pipe, second, 0)
+    assert len(_live_entries(pipe)) == 1  # its own commit's; the first trainer's went
+    second.close()

@@ -63,7 +63,7 @@ class Pipeline:
         return offsets
 
     def consumer(
-        self, policy: Policy | None = None, *, version: int = 10, client_settings=None, **config
+        self, policy: Policy | None = None, *, version: int = 10, client_settings=None, sensor=None, **config
     ) -> ExperienceConsumer:
         cfg = ConsumerConfig(prefix=PREFIX, consumer_group=GROUP, **config)
         return ExperienceConsumer(
@@ -74,6 +74,7 @@ class Pipeline:
             version=version,
             clients=self.broker.clients(**(client_settings or {})),
             runtime=self.clock,
+            sensor=sensor,
         )
 
     def commits(self) -> list[tuple]:
