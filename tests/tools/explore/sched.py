@@ -51,6 +51,11 @@ class Killed(BaseException):
     no `except Exception` of the code under test takes it for a failure it can handle)."""
 
 
+# Resumes of actors at one virtual instant before a run counts as a busy loop (a whole run is a few
+# thousand points; a component retrying a failing call at once, with no clock moving, never ends).
+LIVELOCK_RESUMES = 50_000
+
+
 class Stuck(RuntimeError):
     """The run cannot go on: every actor waits forever, or one holds the baton without giving it back."""
 
@@ -243,11 +248,12 @@ class Scheduler:
 
     def run(self, done: Callable[[], bool], deadline: float, *, wall_s: float = 600.0) -> str:
         """Run actors and timers until `done()` ("done"), virtual time passes `deadline` ("deadline"),
-        nothing can run any more ("stuck")."""
+        nothing can run any more ("stuck"), or actors keep running without virtual time moving ("livelock")."""
         import time as _time
 
         wall_end = _time.monotonic() + wall_s
         idle = 0
+        spins, at = 0, self._now
         while True:
             if done():
                 return "done"
@@ -256,6 +262,10 @@ class Scheduler:
                 actor = ready[0] if len(ready) == 1 else self._sched_rng.choice(ready)
                 self._resume(actor)
                 idle += 1
+                spins = spins + 1 if self._now == at else 0
+                at = self._now
+                if spins > LIVELOCK_RESUMES:
+                    return "livelock"  # actors run on and on while no virtual time passes: a busy loop
                 if idle % 4096 == 0 and _time.monotonic() > wall_end:
                     raise Stuck(f"the run took more than {wall_s:.0f} s of real time (virtual {self.elapsed:.1f} s)")
                 if actor.done:

@@ -31,7 +31,7 @@ from tests.tools.explore.audit import outstanding, violations
 from tests.tools.explore.components import NAMES, Model
 from tests.tools.explore.faults import POINT_KINDS, Fault
 from tests.tools.explore.runtime import SimRuntime
-from tests.tools.explore.sched import START, Actor, Proc, Scheduler
+from tests.tools.explore.sched import START, Actor, Proc, Scheduler, Stuck
 from tests.tools.explore.workload import Published, Workload
 from tests.tools.sim.env import Request
 from tests.tools.sim.kafka import ClusterConfig, KafkaCluster
@@ -43,6 +43,7 @@ from workers.trainer.position import decode_ranges
 DEADLINE_S = 900.0  # virtual seconds a run may take before it counts as stuck
 COMPACT_EVERY_S = 20.0  # the log cleaner's pass over the compacted topics
 SPARE_DELAY_S = 0.2
+FAILING_CALL_S = 1.0  # virtual seconds a call takes to fail while an error fault lasts
 RESUME_ATTEMPTS = 6  # runs of resume after a whole-job kill, while Kafka fails it for a reason that can pass
 
 
@@ -190,7 +191,10 @@ class World:
         for role in self.roles.values():
             self._start(role)
         try:
-            ended = self.sched.run(self._done, START + self.deadline_s)
+            try:
+                ended = self.sched.run(self._done, START + self.deadline_s)
+            except Stuck as exc:  # a run that cannot go on is a failure of its seed, not of the explorer
+                ended = f"stuck: {exc}"
             found = violations(self, ended)
         finally:
             trace = list(self.sched.trace)
@@ -306,7 +310,7 @@ class World:
             if now >= until:
                 del self._failing[f]
             elif f.role == proc.role and name.startswith(f.point):
-                raise f.error()
+                self._fail_slowly(actor, f)
         for f in self._faults:
             if f.kind in POINT_KINDS and f.role == proc.role and now >= f.at and name.startswith(f.point):
                 self._faults.remove(f)
@@ -320,8 +324,16 @@ class World:
                 elif f.kind == "slow":
                     self.sched.slow(actor, f.seconds)
                 elif f.kind == "error":
+                    if f.seconds:
+                        self._fail_slowly(actor, f)
                     raise f.error()
                 return
+
+    def _fail_slowly(self, actor: Actor, f: Fault) -> None:
+        """A call failing while a failover lasts: it fails as a timeout does, after FAILING_CALL_S, never at
+        once (no real call fails in no time; a component retrying at once would spin the clock to a halt)."""
+        self.sched.slow(actor, FAILING_CALL_S)
+        raise f.error()
 
     def _at_request(self, request: Request) -> float | None:
         if not self._faults:
