@@ -231,6 +231,11 @@ def _append_row(
     return backfilled
 
 
+def group_sample_ids(group_id: str, n: int) -> list[str]:
+    """The sample ids of a group's `n` training rows: `{group_id}_g{i}`, the same for every attempt at it."""
+    return [f"{group_id}_g{i}" for i in range(n)]
+
+
 def pack_payload(
     train_batch: Mapping[str, Any],
     *,
@@ -292,7 +297,7 @@ def pack_payload(
             tag[ROLLOUT_ENVIRONMENT] = environment
         for per_field in geometry:
             tag.update(per_field[i])
-    sample_ids = [f"{group_id}_g{i}" for i in range(n)]
+    sample_ids = group_sample_ids(group_id, n)
     return sample_ids, _tensordict(fields, n), tags
 
 

@@ -15,24 +15,40 @@ from typing import Annotated
 
 from msgspec import Meta
 
+from schemas.errors import InvalidArgument
 from streams.errors import ConfigError
 from streams.settings import Settings
 
 # librdkafka's own log lines go through Python logging under this name, never straight to stderr.
 CLIENT_LOGGER = "rlstream.kafka"
-# Anywhere in the name: ssl.key.pem, sasl.oauthbearer.config, ...assertion.private.key.passphrase, ...
-_SECRET_WORDS = ("password", "secret", "passphrase", "token", "pem", "oauthbearer.config", "credentials")
-# ... except a setting naming where a secret is (a file) or who someone is, not the secret itself.
-_NOT_SECRET_ENDINGS = (".location", ".id")
+# librdkafka's settings whose values are secrets (its CONFIGURATION.md, 2.x). It flags a few more
+# as sensitive whose values are no secret: a path (ssl.key.location), a public certificate
+# (ssl.ca.pem) or a user name (sasl.username). sasl.oauthbearer.config can carry credentials.
+SECRET_SETTINGS = frozenset(
+    {
+        "sasl.password",
+        "sasl.oauthbearer.config",
+        "sasl.oauthbearer.client.secret",
+        "sasl.oauthbearer.client.credentials.client.secret",
+        "sasl.oauthbearer.assertion.private.key.passphrase",
+        "sasl.oauthbearer.assertion.private.key.pem",
+        "ssl.key.password",
+        "ssl.key.pem",
+        "ssl.keystore.password",
+    }
+)
+# Names of their shape a later librdkafka may add: a password, a passphrase, a secret, a private key as PEM.
+_SECRET_ENDINGS = (".password", ".passphrase", ".secret", ".key.pem")
 
 
 def is_secret(setting: str) -> bool:
-    """Whether a client setting's value must never be printed (sasl.password, ssl.key.pem, ...).
-
-    Any name containing one of the secret words counts, unless it ends in `.location` or `.id`.
+    """Whether a client setting's value is a secret: never printed, refused on a command line and in
+    what a Ray actor is handed. librdkafka's `SECRET_SETTINGS`, and names ending as theirs do
+    (`.password`, `.passphrase`, `.secret`, `.key.pem`); a path, a certificate, a URL or a user name
+    (ssl.ca.pem, sasl.oauthbearer.token.endpoint.url, sasl.username) is not one.
     """
     name = setting.lower().strip()
-    return any(word in name for word in _SECRET_WORDS) and not name.endswith(_NOT_SECRET_ENDINGS)
+    return name in SECRET_SETTINGS or name.endswith(_SECRET_ENDINGS)
 
 
 def shown_key(pair: str) -> str:
@@ -62,6 +78,19 @@ class KafkaConfig(Settings, frozen=True, kw_only=False):
         return f"KafkaConfig(bootstrap_servers={self.bootstrap_servers!r}, client_settings={shown!r})"
 
     __str__ = __repr__
+
+    def __reduce__(self):
+        # Pickle is how Ray hands an actor or task its arguments, and Ray keeps them (task specs for
+        # retries, the GCS for restarts): a secret pickled is a secret recorded. Refused on the
+        # caller, before anything is sent; rlstream's own wire formats are msgpack, never pickle.
+        carried = sorted(k for k in self.client_settings if is_secret(k))
+        if carried:
+            raise InvalidArgument(
+                f"a KafkaConfig holding secret setting(s) {', '.join(carried)} is not pickled: Ray (or whatever "
+                "pickles it) would keep the secret with what it sends. Hand a Ray actor "
+                "workers.actors.kafka_secrets.for_actors(kafka) instead: it reads its secrets on its node"
+            )
+        return super().__reduce__()
 
     def common(self) -> dict[str, object]:
         # Brokers closing idle connections is routine; librdkafka would log each one.

@@ -44,6 +44,18 @@ class TQTimeout(TQError, TimeoutError):
     names the call. Whatever the call had already sent may still be applied by TQ later."""
 
 
+class RowsUnsettled(TQError):
+    """Rows of a get could not be read as their keys' own nor found broken, now: they kept moving under
+    their keys (cleared and put again by another client) while read, or TQ's controller failed while
+    the read was checked. Nothing is known missing: read them again later (a reassembler aborts its
+    step and rebuilds; a trainer gives the batch back, its groups waiting to be selected again)."""
+
+
+class ClearRefused(TQError):
+    """A clear given up before its next request because its guard refused (a reassembler's lease: the
+    process may have been frozen and its partitions taken over); whatever it had not deleted yet stays."""
+
+
 class MissingKeysError(RlstreamError, KeyError):
     """Some requested keys are not in the partition; `missing` lists them."""
 

@@ -1,8 +1,10 @@
 """The small KV client over TransferQueue that the workers use for the staging and train partitions.
 
 `KVStore` is the narrow interface the workers use; `TQStore` implements it over TQ's KV API (unit
-tests of pure logic use a dict-backed store of the same interface, in tests/unit). Starting or
-attaching to Ray and TQ is `streams.tq_setup`, whose names are re-exported here.
+tests of pure logic use a dict-backed store of the same interface, in tests/unit). How a read is
+checked to be the key's row, and what a failed one means, is `streams.tq_read`; the clear that never
+deletes an index that changed hands, `streams.tq_clear`. Starting or attaching to Ray and TQ is
+`streams.tq_setup`, whose names are re-exported here.
 """
 
 from __future__ import annotations
@@ -14,13 +16,12 @@ from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
-import numpy as np
-import torch
 from tensordict import TensorDict
 
-from schemas.jagged import is_nested
-from schemas.rowpack import PACKED_FIELD, pack_rows, unpack_rows
-from streams.errors import MissingKeysError, TQError, TQTimeout
+from schemas.rowpack import PACKED_FIELD, pack_rows
+from streams import tq_read
+from streams.errors import MissingKeysError, RowsUnsettled, TQTimeout
+from streams.tq_clear import ClearGuard, clear_unmoved
 from streams.tq_setup import (
     CLUSTER,
     SINGLE_NODE,
@@ -46,11 +47,11 @@ __all__ = [
     "TQStore",
     "bound_tq_calls",
     "init_tq",
-    "join_rows",
     "nodes_offering",
     "ray_address",
     "start_tq_metrics",
     "with_call_deadline",
+    "with_clear_guard",
 ]
 
 # Prefixed, so rlstream's rows never share a partition with a framework's own "train" (verl's, ...).
@@ -95,22 +96,26 @@ def with_call_deadline(store: KVStore, deadline_s: float) -> KVStore:
     return bounded
 
 
+def with_clear_guard(store: KVStore, guard: ClearGuard) -> KVStore:
+    """`store` with every clear asking `guard` right before each of its requests that changes TQ (the
+    clearing mark, the storage clear, the release), and given up (`ClearRefused`) when it names a
+    reason; `store` itself when it does not call TQ (an in-memory store of tests).
+
+    A reassembler passes its lease's refusal: a worker frozen after a clear's lookup, whose
+    partitions moved meanwhile, gives the clear up on waking instead of deleting by indexes that
+    may belong to other keys by then (see `TQStore.clear`).
+    """
+    if not isinstance(store, TQStore):
+        return store
+    guarded = copy.copy(store)
+    guarded._clear_guard = guard
+    return guarded
+
+
 # Row lookups `TQStore.tags` keeps for a `get` of the same keys; a trainer has a batch or two in flight.
 _LOCATED_BATCHES = 32
 # Reads of one get before giving up on rows that keep moving under their keys (cleared and put again).
 _READS = 3
-
-
-class _Stale(Exception):
-    """The locations read from no longer hold the keys' rows: look the keys up again."""
-
-
-class _NotReady(Exception):
-    """Rows at these positions of a read are being cleared."""
-
-    def __init__(self, positions: list[int]):
-        super().__init__(positions)
-        self.positions = positions
 
 
 class TQStore:
@@ -129,6 +134,12 @@ class TQStore:
     arrives: by the key each packed row carries, or (previous layout) by a lookup sent once the
     data is in. Never before or alongside: a row cleared and replaced between that check and the
     read would be returned as the key's.
+
+    A row TQ still maps under its key whose storage is gone, or holds another key's packed row, reads
+    as missing (`MissingKeysError`), as a row cleared does: a clear or put whose lookup went stale
+    can leave that (TQ's storage knows indexes, not keys), and it is the key's owner who clears it
+    by its normal path, never a reader. A clear never deletes by an index that changed hands since
+    its lookup (`clear`).
 
     Every call runs as one coroutine on TQ's client loop; with a deadline (`with_call_deadline`)
     it is cancelled there when the deadline passes, at whatever request it waits on (the
@@ -154,6 +165,7 @@ class TQStore:
         self._located: OrderedDict[tuple[str, tuple[str, ...]], Any] = OrderedDict()
         self._lock = threading.Lock()
         self._deadline_s: float | None = None
+        self._clear_guard: ClearGuard | None = None
 
     def _call(self, what: str, coro) -> Any:
         """Run `coro` on TQ's client loop, within the deadline if there is one."""
@@ -184,76 +196,31 @@ class TQStore:
         client = self._tq.get_client()
         with self._lock:
             located = self._located.get((partition, tuple(keys)))
+        what = f"get of {len(keys)} key(s) from {partition!r}"
         for _ in range(_READS):
             # The lookup (if any), the read and its check in one coroutine on TQ's loop: one thread hop.
-            read = self._read(client, partition, keys, select, located)
-            data = self._call(f"get of {len(keys)} key(s) from {partition!r}", read)
-            if isinstance(data, TensorDict):
-                return data
-            if isinstance(data, list):
-                raise MissingKeysError(partition, data)
+            got = self._call(what, tq_read.read(self._tq, client, partition, keys, select, located))
+            if got.rows is not None:
+                return got.rows
+            if got.clearing:
+                raise MissingKeysError(partition, [keys[i] for i in got.clearing])
+            if got.absent:
+                raise MissingKeysError(partition, self._missing(partition, keys))
             if located is not None:
                 self._forget(partition, keys)
                 located = None
-            if data is None:
+                continue
+            # Read by a lookup of its own and still not the keys' rows: some moved since (read again),
+            # or TQ maps a key to an index whose storage is gone or holds another key's row (missing).
+            unreadable = self._call(what, tq_read.unreadable(self._tq, client, partition, keys, select, got))
+            if unreadable is None:
                 raise MissingKeysError(partition, self._missing(partition, keys))
-        raise TQError(
+            if unreadable:
+                raise MissingKeysError(partition, unreadable)
+        raise RowsUnsettled(
             f"rows of {len(keys)} key(s) of TQ partition {partition!r} (first {keys[0]!r}) kept moving "
             f"while read {_READS} times: cleared and put again by another client"
         )
-
-    async def _read(self, client, partition: str, keys: list[str], select, located) -> TensorDict | list | bool | None:
-        """The rows; None if some key is absent; the keys being cleared; False if the locations read
-        went stale (look up again)."""
-        meta = located
-        if meta is None:
-            meta = await client.async_kv_retrieve_meta(keys=keys, partition_id=partition, create=False)
-            if meta.size != len(keys):
-                return None
-        names = set(meta.field_names)
-        try:
-            if PACKED_FIELD not in names and (meta if select is None else meta.select_fields(list(select))).is_ready:
-                return await self._read_fields(client, partition, keys, meta, select)
-            if names != {PACKED_FIELD} or not meta.is_ready:
-                # TQ's batch metadata does not say which rows have which fields: rows of both
-                # layouts (or rows lacking a selected field) are told apart key by key.
-                return await self._read_mixed(client, partition, keys, meta, select)
-            data = await client.async_get_data(_fields(meta, [PACKED_FIELD]))
-            rows = unpack_rows(partition, keys, data.get(PACKED_FIELD), select)
-        except (self._tq.StorageKeyNotFoundError, _Stale):
-            return False
-        except _NotReady as exc:
-            return [keys[i] for i in exc.positions]
-        if rows.foreign:
-            return False
-        return TensorDict(rows.fields, batch_size=[len(keys)])
-
-    async def _read_fields(self, client, partition: str, keys: list[str], meta, select) -> TensorDict:
-        """Rows of the previous layout (one TQ field per tensor field): read, then checked by a lookup."""
-        data = await client.async_get_data(_fields(meta, select))
-        fresh = await client.async_kv_retrieve_meta(keys=keys, partition_id=partition, create=False)
-        if fresh.size != len(keys) or fresh.global_indexes != meta.global_indexes:
-            raise _Stale()
-        return data
-
-    async def _read_mixed(self, client, partition: str, keys: list[str], meta, select) -> TensorDict:
-        """Rows of both layouts in one get (written across an upgrade): each key read on its own."""
-        parts = []
-        for i, key in enumerate(keys):
-            one = await client.async_kv_retrieve_meta(keys=[key], partition_id=partition, create=False)
-            if one.size != 1:
-                raise _Stale()
-            if not one.is_ready:
-                raise _NotReady([i])
-            if PACKED_FIELD in one.field_names:
-                data = await client.async_get_data(_fields(one, [PACKED_FIELD]))
-                rows = unpack_rows(partition, [key], data.get(PACKED_FIELD), select)
-                if rows.foreign:
-                    raise _Stale()
-                parts.append(rows.fields)
-            else:
-                parts.append(dict((await self._read_fields(client, partition, [key], one, select)).items()))
-        return TensorDict(join_rows(parts), batch_size=[len(keys)])
 
     def _missing(self, partition: str, keys: list[str]) -> list[str]:
         present = self.present(partition, keys)
@@ -281,24 +248,56 @@ class TQStore:
         return dict(listed.get(partition, {}))
 
     def tags(self, partition: str, keys: Sequence[str]) -> dict[str, dict[str, Any]]:
+        """The tags each present key was put with, absent keys left out: one lookup when every key is
+        present (the common case), else a reverse lookup too (TQ's answer leaves the absent ones out
+        without saying which), never a list of the partition. `RowsUnsettled` if the reverse lookup
+        fails (TQ's controller): which keys are present is not known then."""
         keys = list(dict.fromkeys(keys))
         if not keys:
             return {}
-        # One metadata call when every key is present (the common case); the tags are its custom meta.
-        lookup = self._tq.get_client().async_kv_retrieve_meta(keys=keys, partition_id=partition, create=False)
-        meta = self._call(f"lookup of {len(keys)} key(s) in {partition!r}", lookup)
+        what = f"lookup of {len(keys)} key(s) in {partition!r}"
+        meta, held = self._call(what, self._lookup(self._tq.get_client(), partition, keys))
         if meta.size == len(keys):
             self._remember(partition, keys, meta)
             # The tags as TQ sent them, copied per key (get_all_custom_meta deep-copies: ~6 ms for 64 rows).
             return {k: dict(t) for k, t in zip(keys, meta.custom_meta)}
-        listed = self.list(partition)
-        return {k: dict(listed[k]) for k in keys if k in listed}
+        wanted = set(keys)
+        return {k: dict(t) for k, t in zip(held, meta.custom_meta) if k in wanted}
 
-    def clear(self, partition: str, keys: Sequence[str]) -> None:
-        if keys:
-            self._forget(partition, keys)
-            clear = self._tq.async_kv_clear(keys=list(keys), partition_id=partition)
-            self._call(f"clear of {len(keys)} key(s) from {partition!r}", clear)
+    async def _lookup(self, client, partition: str, keys: list[str]) -> tuple[Any, list]:
+        """TQ's lookup of `keys`, and the key each index it found holds when some were absent."""
+        meta = await client.async_kv_retrieve_meta(keys=keys, partition_id=partition, create=False)
+        if meta.size in (0, len(keys)):
+            return meta, []
+        try:
+            held = await client.async_kv_retrieve_keys(global_indexes=list(meta.global_indexes), partition_id=partition)
+        except RuntimeError as exc:
+            raise RowsUnsettled(f"TQ lookup of {len(keys)} key(s) in {partition!r}: which are present: {exc}") from exc
+        return meta, list(held)
+
+    def clear(self, partition: str, keys: Sequence[str], *, guard: ClearGuard | None = None) -> None:
+        """Clear `keys`' rows (absent ones are skipped), never by an index that changed hands since the lookup.
+
+        TQ 0.1.11's own clear looks the keys up, then marks, deletes from storage and releases by the
+        indexes found; storage deletes an index whatever partition or key holds it now, and the index
+        pool is shared by every partition. A clear whose lookup went stale (its process frozen after
+        it while another owner cleared the keys and a put was given the index) would delete that
+        put's row, which its controller keeps ready. So the clear runs TQ's steps itself: lookup,
+        mark, then a check of which keys the marked indexes hold now, and only the indexes still
+        holding the very key each was looked up for are deleted and released (not any key of this
+        clear: one staged again meanwhile can hold another's old index). `guard` (default: the one given by
+        `with_clear_guard`) is asked right before the mark, the storage clear and the release; a
+        reason raises `ClearRefused`. What no check closes: a freeze after the last check and before
+        the request leaves the process, or a request sent and served late by a stalled storage unit
+        (docs/DESIGN.md, "Zombies"; docs/TQ-UPSTREAM.md, 8).
+        """
+        if not keys:
+            return
+        keys = list(dict.fromkeys(keys))
+        self._forget(partition, keys)
+        guard = guard if guard is not None else self._clear_guard
+        clear = clear_unmoved(self._tq.get_client(), partition, keys, guard)
+        self._call(f"clear of {len(keys)} key(s) from {partition!r}", clear)
 
 
 async def _within(coro, deadline_s: float, what: str) -> Any:
@@ -309,33 +308,3 @@ async def _within(coro, deadline_s: float, what: str) -> Any:
             f"TQ {what} did not finish within {deadline_s:g}s: given up (cancelled where it waited, so it "
             "sends nothing more; what it sent already may still be applied)"
         ) from None
-
-
-def join_rows(parts: Sequence[Mapping[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    """Single-row fields of several reads as one batch: 0-dim rows stacked, others jagged (as TQ's get)."""
-    out: dict[str, torch.Tensor] = {}
-    for name in parts[0]:
-        if any(name not in p for p in parts):
-            raise ValueError(f"field {name!r} is not in every row read")
-        rows = [r for p in parts for r in (p[name].unbind() if is_nested(p[name]) else p[name])]
-        out[name] = (
-            torch.stack(rows)
-            if all(r.dim() == 0 for r in rows)
-            else torch.nested.as_nested_tensor(rows, layout=torch.jagged)
-        )
-    return out
-
-
-def _fields(meta: Any, select: Sequence[str] | None) -> Any:
-    """TQ metadata cut to the `select`ed fields (None: all), checked ready as TQ's own get does.
-
-    A row not ready is one being cleared (TQ marks it before it deletes it): to the caller it is as
-    good as gone, so `get` reports it missing, which every caller handles, rather than as an error.
-    """
-    if select is not None:
-        meta = meta.select_fields(list(select))
-    if not meta.is_ready:
-        status = np.asarray(meta.production_status)
-        ready = status.reshape(meta.size, -1).min(axis=1) == 1 if status.size else np.zeros(meta.size, bool)
-        raise _NotReady([i for i, ok in enumerate(ready) if not ok] or list(range(meta.size)))
-    return meta

@@ -26,7 +26,7 @@ from bench.common import SHAPE
 from schemas.group_build import build_group
 from schemas.request import RolloutReassemblerActorConfig
 from workers.reassembler.config import default_actor_config
-from workers.reassembler.finalize import tensor_rows
+from workers.reassembler.staged_fetch import tensor_rows
 from workers.rollout.publisher import segments_to_fields
 from workers.rollout.synthetic import SyntheticShape, make_group
 

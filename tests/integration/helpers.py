@@ -78,3 +78,20 @@ def wait_until(condition: Callable[[], bool], timeout_s: float, what: str) -> No
     while not condition():
         if time.monotonic() > deadline:
             raise TimeoutError(f"{what}: not within {timeout_s:.0f}s")
+
+
+def stale_clear(partition: str, keys: list[str], *, looked_up_in: str = "rlstream.stale-lookup") -> None:
+    """What a clear whose lookup went stale does to `keys`' rows, on the real TQ: TQ's own clear steps
+    (`async_clear_samples`: mark, storage clear, release) by the keys' global indexes, sent for keys
+    of another partition that held those indexes when it looked them up (then they were cleared by
+    their next owner and the indexes handed to these rows). Storage deletes by index; the controller,
+    named another partition, keeps `keys` mapped and ready. tests/integration/streams/test_tq.py
+    drives the whole interleaving on real TQ."""
+    import transfer_queue as tq
+    from transfer_queue.metadata import BatchMeta
+
+    client = tq.get_client()
+    meta = client.kv_retrieve_meta(keys=keys, partition_id=partition)
+    assert meta.size == len(keys), f"not every key is in TQ partition {partition!r}"
+    stale = BatchMeta(global_indexes=meta.global_indexes, partition_ids=[looked_up_in] * meta.size)
+    client._run_coroutine(client.async_clear_samples(stale))

@@ -5,7 +5,9 @@ runs TQ checkpoint commands owner-locally, and can run the Kafka worker loop, so
 actors is a consumer group. A request's receipts may be rlstream's, or NeMo Gym `RolloutReceipt`
 dicts as the seed's `ReassemblyRequest` carries them (their group fields come from the request).
 Ray restarts an actor whose process dies and retries the calls that were in flight on it (see
-`RolloutReassemblerActor` for why each method may run again).
+`RolloutReassemblerActor` for why each method may run again). No Kafka secret travels through Ray:
+`start_worker` hands an actor its settings without them, and the actor reads them on its node
+(`workers.actors.kafka_secrets`).
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ from schemas.metadata_guard import assert_metadata_only
 from schemas.receipt import Receipt
 from schemas.request import ReassemblyRequest, RolloutReassemblerActorConfig
 from schemas.staged_rows import sample_id
+from streams.config import KafkaConfig
 from streams.tq import TQConfig, nodes_offering
+from workers.actors.kafka_secrets import NO_FILES, KafkaFiles, NodeKafka, for_actors
 
 # How often Ray restarts a dead actor (its process killed or its node lost) before it stays dead, and
 # how often a call in flight on it is retried on the restarted actor (-1: as long as it restarts).
@@ -149,18 +153,29 @@ class RolloutReassemblerActor:
         assert_metadata_only(result, path="result")
         return result
 
-    def run_worker(self, kafka, worker_config) -> dict[str, Any]:
-        """Run the Kafka reassembler loop (a `ReassemblerConfig`) in this actor until `stop_worker`."""
+    def check_kafka(self, kafka: NodeKafka) -> list[str]:
+        """The names of the Kafka client settings this actor has on its node (secrets read here), never values;
+        ConfigError if a secret named is not found on the node."""
+        return sorted(kafka.resolve().client_settings)
+
+    def run_worker(self, kafka: NodeKafka | KafkaConfig, worker_config) -> dict[str, Any]:
+        """Run the Kafka reassembler loop (a `ReassemblerConfig`) in this actor until `stop_worker`.
+
+        `kafka` comes without secrets (`start_worker`, `kafka_secrets.for_actors`): they are read on this
+        node, since Ray records a call's arguments. A `KafkaConfig` holding one is refused.
+        """
         from workers.reassembler.worker import ReassemblerWorker
         from workers.telemetry.sensors import ReassemblerStats, fan_out
 
+        if isinstance(kafka, KafkaConfig):
+            kafka = NodeKafka(kafka)  # refuses secrets: the caller must not hand them over Ray
         stats = ReassemblerStats()
         sensor = stats
         if self._metrics is not None:
             from workers.telemetry.prometheus import PrometheusReassemblerSensor
 
             sensor = fan_out(stats, PrometheusReassemblerSensor(prefix=worker_config.prefix))
-        worker = ReassemblerWorker(kafka, self._tq(), worker_config, sensor=sensor)
+        worker = ReassemblerWorker(kafka.resolve(), self._tq(), worker_config, sensor=sensor)
         try:
             worker.run(self._stop)
         finally:
@@ -311,6 +326,15 @@ def _as_nemo_gym_reads_it(value: dict, path: str) -> dict:
         raise SchemaError(
             f"{path}.{where}" if where else path, f"{first.get('msg')} (NeMo Gym's RolloutReceipt)"
         ) from None
+
+
+def start_worker(actor, kafka: KafkaConfig, worker_config, files: KafkaFiles = NO_FILES):
+    """Start `actor`'s Kafka worker loop (`run_worker`); returns its ObjectRef.
+
+    `kafka`'s secrets are not sent: the actor reads them on its node, from `files` (the same paths on
+    every node) or the node's environment (`kafka_secrets`), since Ray records a call's arguments.
+    """
+    return actor.run_worker.remote(for_actors(kafka, files), worker_config)
 
 
 def create_rollout_reassembler_actors(

@@ -22,8 +22,10 @@ into ``val``, where verl's own buffer samples them. In ``sync`` mode verl puts i
 sleep right after ``sample`` returns, so ``generate_sequences`` waits until the batch is published.
 
 The Kafka settings are ``trainer.v1.sampler.sampler_kwargs.rlstream`` (bootstrap_servers,
-client_settings, prefix, version_offset), the replay buffer's. verl is imported only when one of
-these classes is first asked for (module ``__getattr__``): rlstream itself must not import verl.
+client_settings, kafka_config, prefix, version_offset), the replay buffer's; no secret among them
+(verl hands that config to Ray actors): each worker reads those on its node (`kafka_from_options`).
+verl is imported only when one of these classes is first asked for (module ``__getattr__``):
+rlstream itself must not import verl.
 """
 
 from __future__ import annotations
@@ -46,15 +48,14 @@ def rollout_options(config: Any) -> dict[str, Any]:
     return dict(plain(sampler.get("sampler_kwargs") or {}).get("rlstream", {}) or {})
 
 
-def _publisher(options: dict[str, Any]):
-    from streams.tq import TQStore
+def _publisher(options: dict[str, Any], store: Any):
     from workers.adapters.verl_settings import kafka_from_options
     from workers.rollout.publisher import RolloutPublisher
     from workers.topics import TopicNames
 
     options = dict(options)
     kafka = kafka_from_options(options)
-    return RolloutPublisher(kafka, TQStore(), TopicNames(options.get("prefix", "")).receipts)
+    return RolloutPublisher(kafka, store, TopicNames(options.get("prefix", "")).receipts)
 
 
 def publish_group(publisher: Any, staged: list, failed: list) -> bool:
@@ -77,6 +78,26 @@ def publish_group(publisher: Any, staged: list, failed: list) -> bool:
     return False
 
 
+# verl's own training partition, where its dispatch puts each prompt's key.
+VERL_TRAIN = "train"
+
+
+async def settle_prompt(tq: Any, store: Any, uid: str, reaches_trainer: bool) -> None:
+    """verl's prompt key once its group is published: cleared when the group will reach the trainer,
+    else tagged failed, so rlstream's replay buffer has verl dispatch another prompt (refill_fn).
+
+    The clear is rlstream's checked one (`TQStore.clear`, on a thread: it waits on TQ's client loop),
+    not TQ's `kv_clear`, which deletes storage by the indexes of its lookup in every partition: a
+    lookup gone stale would delete whatever row took the index, rlstream.train's included.
+    """
+    from workers.adapters.verl_partitions import FAILED_PROMPT_TAG
+
+    if reaches_trainer:
+        await asyncio.to_thread(store.clear, VERL_TRAIN, [uid])
+    else:
+        await tq.async_kv_put(key=uid, partition_id=VERL_TRAIN, tag=dict(FAILED_PROMPT_TAG))
+
+
 def _group_of(staged: list) -> str:
     return staged[0].receipt.group_id if staged else "?"
 
@@ -87,7 +108,7 @@ def _build() -> dict[str, type]:
     import transfer_queue as tq
     from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopManagerTQ, AgentLoopWorkerTQ, apply_greedy_sampling_params
 
-    from workers.adapters.verl_partitions import FAILED_PROMPT_TAG
+    from streams.tq import TQStore
     from workers.adapters.verl_sessions import failed_group, group_rollouts
 
     class RlstreamAgentLoopWorker(AgentLoopWorkerTQ.__ray_actor_class__):  # Ray actor classes cannot be subclassed
@@ -99,7 +120,8 @@ def _build() -> dict[str, type]:
                 raise NotImplementedError("rlstream's agent-loop worker does not carry teacher logprobs yet")
             options = rollout_options(config)
             self._version_offset = int(options.get("version_offset", 0))
-            self._publisher = _publisher(options)
+            self._store = TQStore()
+            self._publisher = _publisher(options, self._store)
 
         async def drain(self) -> None:
             """Wait for every prompt dispatched so far (sync mode: before verl puts the servers to sleep)."""
@@ -145,12 +167,8 @@ def _build() -> dict[str, type]:
                 log.exception("prompt %s failed", uid)
                 staged = failed_group(uid, n, reason=f"{type(exc).__name__}: {exc}", **where)
             failed = failed_group(uid, n, reason="its rollouts could not be published", **where)
-            if await asyncio.to_thread(publish_group, self._publisher, staged, failed):
-                await tq.async_kv_clear(keys=[uid], partition_id="train")
-            else:
-                # The group never reaches the trainer (verl's own status word): rlstream's replay
-                # buffer has verl dispatch another prompt in its place (refill_fn).
-                await tq.async_kv_put(key=uid, partition_id="train", tag=dict(FAILED_PROMPT_TAG))
+            reaches = await asyncio.to_thread(publish_group, self._publisher, staged, failed)
+            await settle_prompt(tq, self._store, uid, reaches)
 
         async def _agent_loop_postprocess(self, output, validate, **kwargs):
             if validate:

@@ -51,7 +51,6 @@ from typing import Any
 
 from schemas.errors import InvalidArgument
 from streams.config import KafkaConfig
-from streams.errors import MissingKeysError
 from streams.tq import KVStore
 from workers.adapters import verl_tq_guard
 from workers.adapters.errors import SampleTimeout
@@ -66,7 +65,7 @@ from workers.adapters.verl_settings import (
     plain,
 )
 from workers.trainer.batch import BatchMeta
-from workers.trainer.consumer import ExperienceConsumer
+from workers.trainer.consumer import WITHDRAWN, ExperienceConsumer
 from workers.trainer.version_topic import VersionPublisher
 
 log = logging.getLogger("rlstream.adapters.verl")
@@ -301,7 +300,7 @@ class RlstreamReplayBuffer:
                 meta = self._select(version, need, deadline)
                 try:
                     rows = self._consumer.materialize(meta, layout="jagged")
-                except MissingKeysError as exc:
+                except WITHDRAWN as exc:  # rows gone (dead-lettered or handed back) or not settled now
                     log.warning("selecting again: %s", exc)
                     continue
                 verl = to_verl_rows(

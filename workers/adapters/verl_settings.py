@@ -11,8 +11,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from streams.config import KafkaConfig
+from streams.config import KafkaConfig, is_secret
+from streams.errors import ConfigError
 from streams.tq import KVStore
+from workers.actors.kafka_secrets import SECRETS_ENV, KafkaFiles, node_settings
 from workers.trainer.config import ConsumerConfig
 from workers.trainer.consumer import ExperienceConsumer
 from workers.trainer.policies import Policy, policy_by_name, ready_first, windowed
@@ -59,11 +61,33 @@ def default_policy(settings: VerlSamplerSettings, max_off_policy_threshold: int 
     return windowed(max(0, int(max_off_policy_threshold) - 1))
 
 
-def kafka_from_options(options: dict[str, Any]) -> KafkaConfig:
-    """The KafkaConfig of ``sampler_kwargs.rlstream`` (its keys are taken out of `options`)."""
-    return KafkaConfig(
-        options.pop("bootstrap_servers"), client_settings=dict(options.pop("client_settings", None) or {})
-    )
+# Where verl's config keeps rlstream's Kafka settings.
+RLSTREAM_OPTIONS = "trainer.v1.sampler.sampler_kwargs.rlstream"
+
+
+def kafka_from_options(options: dict[str, Any], env: Mapping[str, str] | None = None) -> KafkaConfig:
+    """The KafkaConfig of ``sampler_kwargs.rlstream`` (its keys are taken out of `options`), read on this node.
+
+    verl hands its whole config to Ray actors (its TaskRunner, which builds the replay buffer, and the
+    agent-loop workers), and Ray records what an actor is given, so ``client_settings`` there may
+    hold no secret (ConfigError naming it). Secrets are read on the node each process runs on, as a
+    reassembler actor reads them (`workers.actors.kafka_secrets.node_settings`): from the librdkafka
+    properties file ``kafka_config`` names (the same path on every node), then
+    ``RLSTREAM_KAFKA_CLIENT_SETTINGS`` in the environment the node's Ray was started with; the
+    settings ``client_settings`` names win over the node's where both say.
+    """
+    settings = {str(k): str(v) for k, v in dict(options.pop("client_settings", None) or {}).items()}
+    secret = sorted(k for k in settings if is_secret(k))
+    if secret:
+        raise ConfigError(
+            f"{RLSTREAM_OPTIONS}.client_settings holds secret setting(s) {', '.join(secret)}: verl hands its "
+            "whole config to Ray actors and Ray records what an actor is given. Put them in a librdkafka "
+            f"properties file at the same path on every node, named by {RLSTREAM_OPTIONS}.kafka_config, or in "
+            f"{SECRETS_ENV} (a JSON object) in the environment every node's Ray was started with (docs/VERL.md)"
+        )
+    properties = options.pop("kafka_config", None)
+    found, _ = node_settings(KafkaFiles(properties=None if properties is None else str(properties)), env)
+    return KafkaConfig(options.pop("bootstrap_servers"), client_settings={**found, **settings})
 
 
 def consumer_from_options(options: Mapping[str, Any], store: KVStore, policy: Policy) -> ExperienceConsumer:

@@ -63,6 +63,7 @@ def grpo(target: KafkaTarget, png: Path, time_budget: float, **sizes) -> int:
     finalize them; the trainer selects groups by weight version, takes a clipped GRPO step and
     publishes new weights. Prints a line per step and the untrained vs final evaluated reward.
     """
+    from workers.actors.kafka_secrets import kafka_files
     from workers.examples.grpo.run import GrpoConfig, run_grpo
 
     if sizes["resume"] and not (sizes["checkpoint_dir"] and target.prefix):
@@ -70,7 +71,10 @@ def grpo(target: KafkaTarget, png: Path, time_budget: float, **sizes) -> int:
         return 1
     kafka = target.kafka
     cfg = GrpoConfig(png=png, time_budget_s=time_budget, **sizes)
-    result = run_grpo(cfg, kafka=kafka, prefix=target.prefix, log=lambda line: print(line, flush=True))
+    files = kafka_files(target.kafka_config, target.config_file)  # where the rollout actors read their secrets
+    result = run_grpo(
+        cfg, kafka=kafka, prefix=target.prefix, log=lambda line: print(line, flush=True), kafka_files=files
+    )
     print(result.summary(), flush=True)
     if result.unsettled:
         say(f"rlstream example grpo: {result.unsettled} prompt(s) never trained before the run ended")

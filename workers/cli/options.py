@@ -5,7 +5,7 @@
 `streams.settings.load` so that the `[kafka]` section of the file and `RLSTREAM_KAFKA_*` variables
 count too. Precedence, later wins: `--config` [kafka] < `--kafka-config` < environment < flags; client
 settings merge key by key. Secrets read this way stay in the resolved `KafkaConfig` (whose repr hides
-them) and reach worker children on stdin, never on a command line. `settings_options`
+them) and reach worker children on stdin, never on a command line; `-X` refuses a secret one. `settings_options`
 turns every scalar field of a settings struct into a flag with its type, bounds and doc line;
 flags left unset are None and do not override the file or the environment.
 """
@@ -21,8 +21,11 @@ from pathlib import Path
 import click
 import msgspec
 
-from streams.config import KafkaConfig, malformed_setting, read_client_properties
+from streams.config import KafkaConfig, is_secret, malformed_setting, read_client_properties, shown_key
 from streams.settings import FieldDoc, Settings, env_name, fields_of, load, read_file
+
+# Where a secret client setting goes instead of a command line (a JSON object).
+SECRETS_ENV = env_name(KafkaConfig, "client_settings")
 
 
 def say(msg: str) -> None:
@@ -60,7 +63,11 @@ class KafkaTarget:
 
 
 class KeyValue(click.ParamType):
-    """A `KEY=VALUE` client setting; a malformed one is named by its key only (the value may be secret)."""
+    """A `KEY=VALUE` client setting; a malformed one is named by its key only (the value may be secret).
+
+    A secret one (`sasl.password`, ...) is refused: a command line is visible to every user of the
+    host (`ps`, /proc) and stays in shell histories; secrets go in a file or the environment.
+    """
 
     name = "KEY=VALUE"
 
@@ -70,6 +77,13 @@ class KeyValue(click.ParamType):
         key, sep, setting = str(value).partition("=")
         if not sep or not key.strip():
             self.fail(malformed_setting(str(value)), param, ctx)
+        if is_secret(key):
+            self.fail(
+                f"{shown_key(key)!r} is a secret, and a command line is visible to every user of this host: "
+                f"put it in the --kafka-config file or in {SECRETS_ENV} (a JSON object)",
+                param,
+                ctx,
+            )
         return key.strip(), setting.strip()
 
 
@@ -140,8 +154,10 @@ def kafka_options(*, required: bool = True, prefix: bool = True, prefix_help: st
                 "--kafka-setting",
                 type=KeyValue(),
                 multiple=True,
-                help="librdkafka client setting for every Kafka client (SASL, TLS, ...); repeatable; "
-                "merged over RLSTREAM_KAFKA_CLIENT_SETTINGS, --kafka-config and [kafka.client_settings] of --config",
+                help="librdkafka client setting for every Kafka client (TLS, SASL mechanism, ...); repeatable; "
+                "merged over RLSTREAM_KAFKA_CLIENT_SETTINGS, --kafka-config and [kafka.client_settings] of --config. "
+                "Not for secrets (sasl.password, ...: refused, since ps shows a command line to every user): "
+                f"put those in the --kafka-config file or in {SECRETS_ENV}",
             ),
             click.option(
                 "--kafka-config",

@@ -142,12 +142,14 @@ def _run_child(ctx: click.Context) -> int:
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), help="also write the figures")
 def demo(target: KafkaTarget, settings: dict, json_path: Path | None) -> int:
     """Run the whole pipeline locally and account for every group (exit 1 if one is not)."""
+    from workers.actors.kafka_secrets import kafka_files
     from workers.demo.run import run_demo, summary_table, write_json
 
     kafka = target.kafka
     overrides = {**settings, "prefix": target.prefix, "bootstrap_servers": kafka.bootstrap_servers if kafka else None}
     cfg = load(DemoConfig, file=target.config_file, overrides=overrides)
-    report = run_demo(cfg, log=say, client_settings=kafka.client_settings if kafka else None)
+    files = kafka_files(target.kafka_config, target.config_file)  # where the actors read their secrets
+    report = run_demo(cfg, log=say, client_settings=kafka.client_settings if kafka else None, kafka_files=files)
     print(summary_table(report), flush=True)
     if json_path is not None:
         write_json(report, json_path)

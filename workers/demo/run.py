@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 from streams.admin import create_topics
 from streams.config import KafkaConfig
 from streams.tq import STAGING, TRAIN, TQConfig, init_tq
+from workers.actors.kafka_secrets import NO_FILES, KafkaFiles, check_on_nodes, for_actors
 from workers.demo.config import DemoConfig
 from workers.demo.local import start_local_broker, stop_all
 from workers.demo.producers import SharedState, start_producers
@@ -37,10 +38,10 @@ _log = logging.getLogger("rlstream.demo")
 class _Reassemblers:
     """The demo's Ray pool of reassembler actors, one consumer group, each running the worker loop."""
 
-    def __init__(self, kafka: KafkaConfig, names: TopicNames, cfg: DemoConfig, tq: TQConfig):
+    def __init__(self, kafka: KafkaConfig, names: TopicNames, cfg: DemoConfig, tq: TQConfig, files: KafkaFiles):
         import ray
 
-        from workers.actors.reassembler import DataPlaneConfig, create_rollout_reassembler_actors
+        from workers.actors.reassembler import DataPlaneConfig, create_rollout_reassembler_actors, start_worker
         from workers.reassembler.config import ReassemblerConfig, default_actor_config
 
         self._ray = ray
@@ -55,8 +56,12 @@ class _Reassemblers:
         )
         self.nodes = ray.get([actor.node_id.remote() for actor in self.actors])
         self.cluster_nodes = sum(1 for n in ray.nodes() if n.get("Alive"))
+        # Every actor finds the Kafka secrets on its node before any loop starts: one line if one does not.
+        node = for_actors(kafka, files)
+        check_on_nodes("reassembler actors", self.actors, [actor.check_kafka.remote(node) for actor in self.actors])
         self.runs = [
-            actor.run_worker.remote(
+            start_worker(
+                actor,
                 kafka,
                 ReassemblerConfig(
                     prefix=names.prefix,
@@ -64,6 +69,7 @@ class _Reassemblers:
                     consumer_group=self.group,
                     group_timeout_s=cfg.group_timeout_s,
                 ),
+                files,
             )
             for i, actor in enumerate(self.actors)
         ]
@@ -111,7 +117,7 @@ def _start_kafka(
 
 
 def _start_pipeline(
-    kafka: KafkaConfig, names: TopicNames, cfg: DemoConfig, report: DemoReport, cleanups: list, log
+    kafka: KafkaConfig, names: TopicNames, cfg: DemoConfig, report: DemoReport, cleanups: list, log, files: KafkaFiles
 ) -> _Reassemblers | None:
     tq = TQConfig(address=cfg.ray_address, storage_node_resource=cfg.placement_resource)
     log(f"starting Ray and TransferQueue (partitions {STAGING!r} and {TRAIN!r}) ...")
@@ -124,7 +130,7 @@ def _start_pipeline(
     if cfg.external_reassemblers:
         return None
     # Actors attach to the Ray instance this process runs on, started or not.
-    pool = _Reassemblers(kafka, names, cfg, TQConfig(address=cfg.ray_address or "auto"))
+    pool = _Reassemblers(kafka, names, cfg, TQConfig(address=cfg.ray_address or "auto"), files)
 
     def stop() -> None:
         report.reassemblers = pool.stop()
@@ -167,11 +173,13 @@ def run_demo(
     *,
     log: Callable[[str], None] | None = None,
     client_settings: Mapping[str, str] | None = None,
+    kafka_files: KafkaFiles = NO_FILES,
 ) -> DemoReport:
     """Run the pipeline end to end and account for every group; stops everything it started.
 
     `log` receives the demo's status lines (default: the `rlstream.demo` logger); `client_settings`
-    are extra librdkafka settings (SASL, TLS) for an existing cluster.
+    are extra librdkafka settings (SASL, TLS) for an existing cluster. Its reassembler actors read
+    the secret ones on their node, from `kafka_files` or the environment (`kafka_secrets`).
     """
     if not logging.getLogger("rlstream").handlers:
         # Run as a program without the CLI: librdkafka's lines still need our format and levels.
@@ -189,7 +197,7 @@ def run_demo(
             check_nemo_gym()  # before anything starts: one line if NeMo Gym is missing
         kafka = _start_kafka(cfg, client_settings or {}, cleanups, log)
         report.bootstrap_servers = kafka.bootstrap_servers
-        pool = _start_pipeline(kafka, names, cfg, report, cleanups, log)
+        pool = _start_pipeline(kafka, names, cfg, report, cleanups, log, kafka_files)
         sensor = _serve_metrics(cfg, names, pool, report, log)
         shared = SharedState()
         trainer = TrainerLoop(kafka, names, cfg, shared, log, sensor=sensor)

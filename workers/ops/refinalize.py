@@ -27,9 +27,10 @@ from streams.consumer import read_topic
 from streams.errors import MissingKeysError
 from streams.tq import KVStore
 from workers.reassembler.config import default_actor_config
-from workers.reassembler.finalize import build_one, fetch_segments, tensor_rows
+from workers.reassembler.finalize import build_one
 from workers.reassembler.groups import OpenGroup, PromptGroups
 from workers.reassembler.gym_fetch import fetch_gym_rows, is_gym
+from workers.reassembler.staged_fetch import fetch_segments, tensor_rows
 from workers.topics import TopicNames, decode_value
 
 # Compared field by field; partition_id, source, metrics and finalized_at_ms describe the run, not the result.

@@ -15,18 +15,17 @@ from schemas.finalized import FinalizedGroup, SourceRange
 from schemas.group_build import GroupBuild, build_group
 from schemas.regenerate import MAX_REGENERATIONS, regeneration_of
 from schemas.request import RolloutReassemblerActorConfig
-from schemas.staged_rows import ROUTED_EXPERTS, ROUTED_EXPERTS_K_TAG, SEGMENT_FIELDS, owned_by
-from streams.errors import MissingKeysError
+from schemas.staged_rows import owned_by
+from streams.errors import RowsUnsettled
 from streams.tq import KVStore
+from workers.reassembler.abandoned import ATTEMPT_TAG, attempt_of, clear_abandoned_rows
 from workers.reassembler.errors import LeaseRefused, StagingUnstable
 from workers.reassembler.groups import OpenGroup
 from workers.reassembler.gym_fetch import fetch_gym_rows, is_gym
+from workers.reassembler.staged_fetch import Segments, fetch_segments
 from workers.runtime import REAL_RUNTIME, Runtime
 
 MISSING_STAGING_ROW = "missing_staging_row"  # schemas.linearize's rejection of a receipt whose row is gone
-
-# Staged rows by key: rlstream's (its tensors) or NeMo Gym's (`GymStagedRow`, or why it is unreadable).
-Segments = dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -41,74 +40,6 @@ class GroupOutcome:
     # Set when none of the group's staged rows exist any more (TQ lost with the job): the group is
     # handed back for regeneration instead of dead-lettered; the caller makes the `Regenerate`.
     handed_back: bool = False
-
-
-def fetch_segments(
-    store: KVStore,
-    staging_partition: str,
-    keys: Sequence[str],
-    *,
-    routed_experts: bool = False,
-    tags: Mapping[str, Mapping[str, Any]] | None = None,
-) -> Segments:
-    """Batched gets of the staged call deltas; absent keys are simply missing from the result.
-
-    With `routed_experts`, rows whose staging tags say they carry them (`routed_experts_k`) are
-    fetched with the field and the others without it, in one get per kind: TQ drops a field that
-    some of the requested rows lack, or refuses the read. A row left without experts is backfilled
-    by the build (`num_routed_experts_backfilled`), never a crash.
-    """
-    keys = list(dict.fromkeys(keys))
-    if not routed_experts:
-        return _fetch(store, staging_partition, keys, SEGMENT_FIELDS)
-    tags = tags or {}
-    with_experts = [k for k in keys if ROUTED_EXPERTS_K_TAG in tags.get(k, {})]
-    plain = [k for k in keys if ROUTED_EXPERTS_K_TAG not in tags.get(k, {})]
-    out = _fetch(store, staging_partition, with_experts, (*SEGMENT_FIELDS, ROUTED_EXPERTS))
-    out.update(_fetch(store, staging_partition, plain, SEGMENT_FIELDS))
-    return out
-
-
-def _fetch(
-    store: KVStore, staging_partition: str, keys: list[str], select: Sequence[str], *, whole: bool = True
-) -> Segments:
-    if not keys:
-        return {}
-    # A key can vanish between tries (its owner cleared it after a rebalance): retry without the
-    # absent ones (they become placeholder rows). Should keys keep vanishing, the step is aborted
-    # rather than finalizing every group of it without rows it may yet find.
-    for _ in range(3):
-        try:
-            td = store.get(staging_partition, keys, select=list(select))
-            break
-        except MissingKeysError as exc:
-            missing = set(exc.missing)
-            keys = [k for k in keys if k not in missing]
-            if not keys:
-                return {}
-        except ValueError:
-            # A row the store cannot give as asked (a selected field it lacks, a layout it cannot
-            # read): input, not a fault. Row by row, the rows that fail become missing staging rows.
-            if not whole:
-                return {}
-            return {
-                k: v for key in keys for k, v in _fetch(store, staging_partition, [key], select, whole=False).items()
-            }
-    else:
-        raise StagingUnstable(f"staged rows kept vanishing from {staging_partition!r} during three fetches")
-    columns = {name: tensor_rows(value) for name in select if (value := td.get(name, None)) is not None}
-    missing_fields = [name for name in SEGMENT_FIELDS if name not in columns]
-    if missing_fields:
-        # Rows staged without a field every call has: not this pipeline's rows. Their keys are
-        # left out, so their receipts' rows are rejected as missing staging rows.
-        return {}
-    out: Segments = {}
-    for i, key in enumerate(keys):
-        seg = {name: columns[name][i] for name in SEGMENT_FIELDS}
-        if ROUTED_EXPERTS in columns:
-            seg[ROUTED_EXPERTS] = _unflatten_experts(columns[ROUTED_EXPERTS][i], seg["token_ids"].numel())
-        out[key] = seg
-    return out
 
 
 @dataclass(frozen=True)
@@ -150,18 +81,6 @@ def owned_keys(
 
 def _claimed_keys(groups: Sequence[OpenGroup]) -> Iterator[str]:
     return (c.staging_key for g in groups for r in g.receipts.values() for c in r.manifest)
-
-
-def _unflatten_experts(flat: torch.Tensor, tokens: int) -> torch.Tensor:
-    """Routed experts are staged flattened; each token has the same number of them."""
-    if tokens == 0 or flat.numel() % tokens:
-        return flat  # left 1-D: linearize rejects the row as invalid_staging_row
-    return flat.reshape(tokens, -1)
-
-
-def tensor_rows(value: torch.Tensor) -> list[torch.Tensor]:
-    """The rows of a batched field as a list, whether TQ returned it jagged or dense."""
-    return list(value.unbind()) if value.is_nested else list(value)
 
 
 def _source(group: OpenGroup, topic: str) -> SourceRange | None:
@@ -246,8 +165,14 @@ def finalize_groups(
     lease_refusal: Callable[[int, list[str]], str | None] = lambda put, sample_ids: None,
     runtime: Runtime = REAL_RUNTIME,
     placeholder_groups: bool = False,
+    may_hold_earlier_attempt: Callable[[OpenGroup], bool] | None = None,
 ) -> list[GroupOutcome]:
     """Finalize ready groups; rows go to TQ train now, staging is cleared by the caller after commit.
+
+    Train rows are tagged with the attempt that put them (`abandoned.ATTEMPT_TAG`). Those an earlier,
+    uncommitted attempt put for a group decided now without rows, of the groups
+    `may_hold_earlier_attempt` names (None: none, as over Ray RPC, where nothing commits), are
+    cleared here, before the commit (`abandoned.py`).
 
     The rows of every group built go to TQ in one put per field layout, not one per group: TQ's cost
     is mostly per call (bench/dataplane). `lease_refusal(i, sample_ids)` is asked before put i and names why
@@ -259,7 +184,10 @@ def finalize_groups(
     RL's way) instead of dead-lettered.
     """
     t0 = time.perf_counter()
-    owned, tags = owned_keys(store, config.staging_partition, groups) if groups else ({}, {})
+    try:
+        owned, tags = owned_keys(store, config.staging_partition, groups) if groups else ({}, {})
+    except RowsUnsettled as exc:  # which staged rows are there is not known now: the step is rebuilt
+        raise StagingUnstable(f"staged rows could not be looked up now ({exc})") from exc
     # In the order owned_keys looked them up: a store that keeps that lookup's row locations
     # (TQStore) then fetches the rows without looking them up again. Each key is read as the kind
     # of receipt that owns it claims it is (a foreign claim of the other kind owns nothing).
@@ -283,8 +211,8 @@ def finalize_groups(
     ]
     if placeholder_groups:
         results = [placeholder_group(r, owned, fetched, config) for r in results]
-    builds = [r[1] for r in results if not isinstance(r, GroupOutcome)]
-    put_ms = _put_rows(store, config.partition_id, builds, lease_refusal) / max(1, len(builds))
+    built = [(r[0], r[1]) for r in results if not isinstance(r, GroupOutcome)]
+    put_ms = _put_rows(store, config.partition_id, built, lease_refusal) / max(1, len(built))
     outcomes = []
     for r in results:
         if isinstance(r, GroupOutcome):
@@ -307,6 +235,10 @@ def finalize_groups(
                 staging,
             )
         )
+    if may_hold_earlier_attempt is not None:
+        # Rows an uncommitted earlier attempt put for a group decided now without rows: no record will name them.
+        rowless = [o.group for o in outcomes if o.finalized is None and may_hold_earlier_attempt(o.group)]
+        clear_abandoned_rows(store, config.partition_id, rowless)
     return outcomes
 
 
@@ -378,18 +310,28 @@ def placeholder_group(
 
 
 def _put_rows(
-    store: KVStore, partition: str, builds: list[GroupBuild], lease_refusal: Callable[[int, list[str]], str | None]
+    store: KVStore,
+    partition: str,
+    built: list[tuple[OpenGroup, GroupBuild]],
+    lease_refusal: Callable[[int, list[str]], str | None],
 ) -> float:
-    """Put the rows of `builds`, one put per set of fields, each once the lease allows it; returns the ms it took."""
+    """Put the rows of `built`, one put per set of fields, each once the lease allows it, each row tagged
+    with the attempt putting it (`abandoned.ATTEMPT_TAG`); returns the ms it took."""
     t0 = time.perf_counter()
-    for i, (same, fields) in enumerate(_puts(builds)):
+    attempts = {id(b): attempt_of(g) for g, b in built}
+    for i, (same, fields) in enumerate(_puts([b for _, b in built])):
         sample_ids = [s for b in same for s in b.sample_ids]
         refusal = lease_refusal(i, sample_ids)
         if refusal is not None:
             names = ", ".join(b.sample_ids[0].rsplit("_g", 1)[0] for b in same[:3])
             raise LeaseRefused(f"not putting the rows of group(s) {names}{' ...' if len(same) > 3 else ''}: {refusal}")
-        store.put(partition, sample_ids, fields, [t for b in same for t in b.tags])
+        tags = [_tagged(t, attempts[id(b)]) for b in same for t in b.tags]
+        store.put(partition, sample_ids, fields, tags)
     return (time.perf_counter() - t0) * 1000.0
+
+
+def _tagged(tag: Mapping[str, Any], attempt: list[int] | None) -> Mapping[str, Any]:
+    return tag if attempt is None else {**tag, ATTEMPT_TAG: attempt}
 
 
 def _puts(builds: list[GroupBuild]) -> list[tuple[list[GroupBuild], TensorDict]]:

@@ -15,7 +15,7 @@ from typing import Any
 
 from schemas.gym_receipt import GymReceipt
 from schemas.staged_rows import GymStagedRow, gym_fields, gym_staged_row, gym_tags_problem
-from streams.errors import MissingKeysError
+from streams.errors import MissingKeysError, RowsUnsettled
 from streams.tq import KVStore
 from workers.reassembler.errors import StagingUnstable
 
@@ -75,6 +75,10 @@ def _read(
         try:
             td = store.get(partition, keys, select=list(fields))
             break
+        except RowsUnsettled as exc:
+            # Not known missing (moving under their keys, or TQ's controller failed while the read
+            # was checked): the step is rebuilt and reads them again, as finalize's own fetch does.
+            raise StagingUnstable(f"staged rows could not be read as theirs now ({exc})") from exc
         except MissingKeysError as exc:
             gone = set(exc.missing)
             keys = [k for k in keys if k not in gone]

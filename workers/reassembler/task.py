@@ -62,6 +62,11 @@ class PartitionTask:
         self.max_ts = 0
         # Every state record of this partition written from here on lies at or after this offset.
         self.state_end = state_end
+        # The furthest an uncommitted step before this task was built could have read: the one in
+        # flight when the last owner stopped (or this worker's aborted step), max_poll_records past
+        # what was read at the last commit. Until a commit reads past it, a group decided here may
+        # have had rows put by that step (`abandoned.py`); None after.
+        self._earlier_reach: int | None = restored.groups.emitted_through + config.max_poll_records
         # offset -> redrive count of buffered receipts that arrived redriven, for their dead letters.
         self._redriven: dict[int, int] = {}
         # Records were read or groups fell due since the last commit: progress and offset must move.
@@ -119,6 +124,11 @@ class PartitionTask:
         """The `restored_staging` keys are gone: the next commit records their groups as cleared."""
         self._cleared_to_record.extend(_cleared(entry) for entry in self._staging_to_clear)
         self._staging_to_clear = ()
+
+    @property
+    def may_hold_earlier_attempt(self) -> bool:
+        """Whether a group this task decides now may have had train rows put by an uncommitted earlier step."""
+        return self._earlier_reach is not None
 
     @property
     def has_work(self) -> bool:
@@ -347,6 +357,8 @@ class PartitionTask:
         self._dirty = False
         if commit.progress is not None:
             self.groups.emitted_through = commit.progress.emitted_through
+        if self._earlier_reach is not None and self.groups.emitted_through > self._earlier_reach:
+            self._earlier_reach = None  # committed past anything an earlier step could have read
         written = written or StateWrites()
         offsets = {e.group_id: written.first_offsets.get(e.group_id, self.state_end) for e in commit.state}
         self.groups.entries_written(offsets, {e.group_id for e in commit.state if e.status == OPEN})

@@ -26,7 +26,7 @@ from streams.config import KafkaConfig
 from streams.consumer import Record, partitions_of
 from streams.errors import TQError, TQTimeout
 from streams.producer import TransactionalProducer, is_fatal, is_fenced
-from streams.tq import KVStore, with_call_deadline
+from streams.tq import KVStore, with_call_deadline, with_clear_guard
 from workers.reassembler.clearing import StagingClearer
 from workers.reassembler.clients import KafkaClients, WorkerClients, consumer_settings
 from workers.reassembler.commit import PartitionCommit, commit_transaction, confirm_membership, dead_letter_counts
@@ -74,14 +74,17 @@ class ReassemblerWorker:
             # It names the transactional id: two workers sharing one would fence each other.
             raise InvalidArgument("ReassemblerConfig.worker_id is empty: every worker needs a stable id of its own")
         self.kafka = kafka
-        self.store = with_call_deadline(store, call_budget_s(config.max_poll_interval_ms / 1000))
+        self.runtime = runtime
+        self._clock = runtime.monotonic
+        self._lease = Lease(config.session_timeout_ms / 1000, config.max_poll_interval_ms / 1000, runtime=runtime)
+        # Every clear asks the lease before each request that deletes (`streams.tq.with_clear_guard`).
+        bounded = with_call_deadline(store, call_budget_s(config.max_poll_interval_ms / 1000))
+        self.store = with_clear_guard(bounded, self._lease.refusal)
         self.config = config
         self.sensor = sensor if sensor is not None else ReassemblerSensor()
         self.faults = faults
         self._clients = clients if clients is not None else KafkaClients(kafka, runtime=runtime)
-        self.runtime = runtime
-        self._clock = runtime.monotonic
-        self._lease = Lease(config.session_timeout_ms / 1000, config.max_poll_interval_ms / 1000, runtime=runtime)
+        # Everything below gets the guarded store: a clear made through the bare one would skip the lease.
         self._clearer = StagingClearer(self.store, config.actor.staging_partition, runtime=runtime)
         # The partition tasks, by partition (a mapping), and their assignment, restore and rebuild.
         self._tasks = TaskManager(config, self.store, self._clients, self._clearer, sensor=self.sensor, runtime=runtime)
@@ -207,6 +210,7 @@ class ReassemblerWorker:
                     lease_refusal=self._lease_refusal,
                     runtime=self.runtime,
                     placeholder_groups=self.config.placeholder_groups,
+                    may_hold_earlier_attempt=lambda g: self._tasks[g.partition].may_hold_earlier_attempt,
                 )
                 if ready
                 else []

@@ -20,7 +20,8 @@ from schemas.errors import InvalidArgument, LayoutError
 from schemas.finalized import FinalizedGroup
 from schemas.multimodal import packed_fields
 from schemas.payload import unpack_payload
-from streams.tq import TRAIN, KVStore, join_rows
+from streams.tq import TRAIN, KVStore
+from streams.tq_read import join_rows
 
 Layout = Literal["padded", "jagged"]
 

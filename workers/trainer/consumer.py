@@ -19,7 +19,7 @@ from tensordict import TensorDict
 
 from schemas.errors import InvalidArgument
 from schemas.finalized import FinalizedGroup
-from streams.errors import MissingKeysError
+from streams.errors import MissingKeysError, RowsUnsettled, TQError
 from workers.trainer.batch import BatchMeta, Layout, TrainBatch, materialize, padded
 from workers.trainer.checkpoint import STATE_VERSION, ConsumerState, PartitionMark, decode_state, encode_state
 from workers.trainer.config import ConsumerConfig
@@ -31,7 +31,10 @@ from workers.trainer.policies import Decision
 
 log = logging.getLogger("rlstream.trainer")
 
-__all__ = ["BatchMeta", "ConsumerConfig", "ConsumerCounts", "ExperienceConsumer", "TrainBatch"]
+__all__ = ["WITHDRAWN", "BatchMeta", "ConsumerConfig", "ConsumerCounts", "ExperienceConsumer", "TrainBatch"]
+
+# What `materialize` raises for a batch it withdrew (rows gone, or not settled in TQ now): select again.
+WITHDRAWN = (MissingKeysError, RowsUnsettled)
 
 
 class ExperienceConsumer(FinalizedIntake):
@@ -109,18 +112,26 @@ class ExperienceConsumer(FinalizedIntake):
         deadline = self._runtime.monotonic() + timeout_s
         while (ready := self._wait_ready(min_groups, min_groups, deadline)) is not None:
             chosen = self._with_rows(ready[:most])
+            if chosen is None:  # TQ could not say now which rows are there: the groups wait
+                self.poll(min(0.1, max(0.0, deadline - self._runtime.monotonic())))
+                continue
             if len(chosen) >= min_groups:
                 return self._hand_out(chosen)
         return None
 
-    def _with_rows(self, chosen: list[Pending]) -> list[Pending]:
+    def _with_rows(self, chosen: list[Pending]) -> list[Pending] | None:
         """The chosen groups whose rows are all in TQ (one metadata call); the others are dead-lettered.
+        None if TQ cannot say now (`RowsUnsettled`): nothing is decided, the groups wait.
 
         The store keeps where it found the rows, so `materialize` of the batch sends its own check
         alongside the data rather than a second lookup before it (`TQStore`).
         """
         ids = [s for p in chosen for s in p.group.sample_ids]
-        present = self._store.tags(self.config.train_partition, ids)
+        try:
+            present = self._store.tags(self.config.train_partition, ids)
+        except RowsUnsettled as exc:
+            log.info("which rows of %d group(s) are in TQ is not known now, asked again: %s", len(chosen), exc)
+            return None
         missing = {s for s in ids if s not in present}
         if not missing:
             return chosen
@@ -149,7 +160,10 @@ class ExperienceConsumer(FinalizedIntake):
 
         Rows gone since `select` (cleared by someone else, a TQ fault) withdraw the batch: groups
         missing rows are dead-lettered, the others wait to be selected again, and `MissingKeysError`
-        tells the trainer to select again instead of acking.
+        tells the trainer to select again instead of acking. Rows TQ cannot settle now
+        (`RowsUnsettled`: moving under their keys, a controller failure while a read was checked)
+        and any other TQ failure give the batch back whole: its groups wait to be selected again and
+        the error is raised; after `RowsUnsettled`, select again (`WITHDRAWN` names both).
         """
         try:
             return materialize(
@@ -157,6 +171,9 @@ class ExperienceConsumer(FinalizedIntake):
             )
         except MissingKeysError as exc:
             self._withdraw(meta, set(exc.missing))
+            raise
+        except TQError:
+            self._withdraw(meta, set())
             raise
 
     def _withdraw(self, meta: BatchMeta, missing: set[str]) -> None:
@@ -191,6 +208,10 @@ class ExperienceConsumer(FinalizedIntake):
                 tensors = padded(self._store, meta, pad_value_dict=self.config.pad_value_dict)
             except MissingKeysError as exc:
                 self._missing_rows(chosen, set(exc.missing))
+                continue
+            except RowsUnsettled as exc:  # not now: the groups wait, read again after a poll
+                log.info("rows of %d group(s) not settled in TQ, read again: %s", len(chosen), exc)
+                self.poll(min(0.1, max(0.0, deadline - self._runtime.monotonic())))
                 continue
             meta = self._hand_out(chosen)
             return TrainBatch(

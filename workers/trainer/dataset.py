@@ -27,7 +27,7 @@ from torch.utils.data import IterableDataset
 
 from schemas.errors import InvalidArgument
 from workers.trainer.batch import BatchMeta, Layout
-from workers.trainer.consumer import ExperienceConsumer
+from workers.trainer.consumer import WITHDRAWN, ExperienceConsumer
 
 # Where torchdata's StatefulDataLoader (num_workers=0) keeps its dataset's state.
 _LOADER_DATASET_KEY = "dataset_state"
@@ -79,7 +79,10 @@ class ExperienceDataset(IterableDataset):
                 if self._stop():
                     return
                 continue
-            batch = self.consumer.materialize(meta, self._fields, self._layout)
+            try:
+                batch = self.consumer.materialize(meta, self._fields, self._layout)
+            except WITHDRAWN:  # the consumer took the batch back: select again
+                continue
             batch.set_non_tensor("group_ids", [g.group_id for g in meta.groups])
             batch.set_non_tensor("weight_versions", list(meta.weight_versions))
             batch.set_non_tensor("staleness", meta.staleness)

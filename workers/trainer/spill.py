@@ -14,6 +14,7 @@ every row TQ holds per checkpoint, bounded by what admission control lets run ah
 
 from __future__ import annotations
 
+import logging
 import os
 import struct
 import time
@@ -29,12 +30,16 @@ from schemas.errors import SchemaError
 from schemas.jagged import jagged_rows, make_jagged
 from schemas.rowpack import pack_rows, unpack_rows
 from schemas.spill import MAX_SPILL_MESSAGE_BYTES, SpillChunk, SpillEnd, SpillHeader
-from streams.errors import MissingKeysError
+from streams.errors import MissingKeysError, RowsUnsettled
 from streams.tq import STAGING, TRAIN, KVStore
 from workers.trainer.errors import SpillError
 
 SPILL_FILE = "rows.spill"
 _LENGTH = struct.Struct(">Q")
+# Reads of one row TQ cannot settle now before the spill leaves it out.
+_UNSETTLED_TRIES = 3
+
+log = logging.getLogger("rlstream.trainer")
 
 
 @dataclass
@@ -54,14 +59,20 @@ def _write(f, msg) -> int:
 
 
 def _rows(store: KVStore, partition: str, keys: list[str]) -> Iterator[tuple[list[str], dict[str, torch.Tensor]]]:
-    """The rows of `keys` still there, in as few gets as their field sets allow."""
+    """The rows of `keys` still there, in as few gets as their field sets allow.
+
+    Rows TQ cannot settle now (`RowsUnsettled`: moving under their keys while read, a controller
+    failure while a read was checked) are read again one by one, each up to `_UNSETTLED_TRIES` times;
+    one still unsettled then is left out, counted gone (the spill must end, and a group whose row it
+    lacks is handed back after a restore, never trained from a row that was not its own).
+    """
     try:
         yield keys, dict(store.get(partition, keys).items())
         return
     except MissingKeysError as exc:
         gone = set(exc.missing)
         rest = [k for k in keys if k not in gone]
-    except ValueError:  # rows of different fields (or layouts) in one get: read one by one
+    except (ValueError, RowsUnsettled):  # rows of different fields (or layouts), or moving: one by one
         rest = keys
     if len(rest) == len(keys) or len(rest) == 0:
         one_by_one = rest
@@ -69,13 +80,19 @@ def _rows(store: KVStore, partition: str, keys: list[str]) -> Iterator[tuple[lis
         try:
             yield rest, dict(store.get(partition, rest).items())
             return
-        except (MissingKeysError, ValueError):
+        except (MissingKeysError, ValueError, RowsUnsettled):
             one_by_one = rest
     for key in one_by_one:
-        try:
-            yield [key], dict(store.get(partition, [key]).items())
-        except (MissingKeysError, ValueError):
-            continue
+        for attempt in range(_UNSETTLED_TRIES):
+            try:
+                yield [key], dict(store.get(partition, [key]).items())
+            except (MissingKeysError, ValueError):
+                break
+            except RowsUnsettled as exc:
+                if attempt + 1 == _UNSETTLED_TRIES:
+                    log.warning("spill of %r: row %r left out, not settled in TQ: %s", partition, key, exc)
+                continue
+            break
 
 
 def _chunk(partition: str, keys: list[str], tags: list[dict], fields: dict[str, torch.Tensor]) -> SpillChunk:

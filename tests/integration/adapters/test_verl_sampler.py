@@ -18,7 +18,8 @@ from schemas.deadletter import DeadLetter
 from schemas.errors import InvalidArgument
 from schemas.trainer_version import TrainerVersion
 from streams.consumer import read_topic
-from tests.integration.helpers import SMALL
+from streams.errors import RowsUnsettled
+from tests.integration.helpers import SMALL, stale_clear
 from tests.integration.trainer.staging import committed_at_end, finalize_groups
 from workers.adapters import verl_tq_guard
 from workers.adapters.errors import SampleTimeout
@@ -299,6 +300,76 @@ def test_rows_gone_between_select_and_materialize_make_the_sampler_select_again(
         batch, _ = sampler.sample(1, verl_partition, 2)
         keys += batch.keys
         assert len({t["rlstream_group_id"] for t in batch.tags}) == 2 and consumer.counts.missing_rows == 1
+    finally:
+        tq_store.clear(verl_partition, keys)
+        sampler.close()
+
+
+class RowBrokenAfterSelect(ExperienceConsumer):
+    """Between select and materialize, once, a clear whose lookup went stale deletes the storage of one
+    row of the first selected group while TQ's controller keeps the row mapped and ready."""
+
+    broken: list[str] = []
+
+    def select(self, *args, **kwargs):
+        meta = super().select(*args, **kwargs)
+        if meta is not None and not self.broken:
+            self.broken.append(meta.groups[0].group_id)
+            stale_clear(meta.train_partition, [meta.groups[0].sample_ids[0]])
+        return meta
+
+
+def test_a_row_a_stale_clear_deleted_makes_the_sampler_hand_its_group_back_and_select_again(kafka, tq_store, unique):
+    """Read as missing, never as TQError: raising would crash verl, whose restart would meet the same row."""
+    names, finalized = finalize_groups(kafka, tq_store, f"vb-{unique}", versions=range(1), per_version=3)
+    rl_partition = next(iter(finalized.values())).partition_id
+    config = ConsumerConfig(prefix=names.prefix, consumer_group=f"vb-{unique}", train_partition=rl_partition)
+    consumer = RowBrokenAfterSelect(kafka, tq_store, config, windowed(1))
+    verl_partition = f"verl.{unique}"
+    sampler = _sampler(kafka, tq_store, consumer, wait_timeout_s=30.0)
+    keys: list[str] = []
+    try:
+        batch, _ = sampler.sample(1, verl_partition, 2)
+        keys += batch.keys
+        groups = {t["rlstream_group_id"] for t in batch.tags}
+        assert len(groups) == 2 and consumer.broken[0] not in groups and consumer.counts.handed_back == 1
+    finally:
+        tq_store.clear(verl_partition, keys)
+        sampler.close()
+
+
+class UnsettledOnce:
+    """The session's TQ store, with the first get of rlstream's train rows unsettled (`RowsUnsettled`: rows
+    that kept moving while read, or a controller failure while the read was checked)."""
+
+    def __init__(self, store, partition: str):
+        self._store, self._partition, self.raised = store, partition, 0
+
+    def get(self, partition, keys, select=None):
+        if partition == self._partition and not self.raised:
+            self.raised += 1
+            raise RowsUnsettled(f"rows of {len(keys)} key(s) of TQ partition {partition!r} kept moving")
+        return self._store.get(partition, keys, select)
+
+    def __getattr__(self, name):
+        return getattr(self._store, name)
+
+
+def test_rows_tq_cannot_settle_now_make_the_sampler_select_the_same_groups_again(kafka, tq_store, unique):
+    """Not now, not missing: nothing dead-lettered or handed back, and no TQError raised into verl."""
+    names, finalized = finalize_groups(kafka, tq_store, f"vu-{unique}", versions=range(1), per_version=2)
+    rl_partition = next(iter(finalized.values())).partition_id
+    store = UnsettledOnce(tq_store, rl_partition)
+    config = ConsumerConfig(prefix=names.prefix, consumer_group=f"vu-{unique}", train_partition=rl_partition)
+    consumer = ExperienceConsumer(kafka, store, config, windowed(1))
+    verl_partition = f"verl.{unique}"
+    sampler = _sampler(kafka, store, consumer, wait_timeout_s=30.0)
+    keys: list[str] = []
+    try:
+        batch, _ = sampler.sample(1, verl_partition, 2)
+        keys += batch.keys
+        assert store.raised == 1 and len({t["rlstream_group_id"] for t in batch.tags}) == 2
+        assert consumer.counts.handed_back == 0 and consumer.counts.lost == 0
     finally:
         tq_store.clear(verl_partition, keys)
         sampler.close()

@@ -1,5 +1,7 @@
 """`rlstream example grpo`, short: a real GRPO run through broker, TQ, reassemblers and Ray rollout actors learns."""
 
+import pytest
+
 from streams.tq import STAGING, TRAIN
 from workers.examples.grpo.run import GrpoConfig, run_grpo
 
@@ -24,3 +26,25 @@ def test_a_short_grpo_run_through_the_pipeline_beats_the_untrained_policy(kafka,
     # Groups still in flight at the end are cleared with the rest of the run's rows.
     for partition in (STAGING, TRAIN):
         assert not [k for k in tq_store.list(partition) if k.startswith(f"{result.prefix}-")], partition
+
+
+def test_rollout_actors_without_their_kafka_secret_on_the_node_stop_the_run_in_one_line(tq_session, unique):
+    # Pre-checked on every actor before any starts, as the demo's reassembler actors are: not a rollout
+    # worker failing later inside a run that waits for its groups.
+    from streams.config import KafkaConfig
+    from streams.errors import ConfigError
+    from workers.actors.kafka_secrets import for_actors
+    from workers.examples.grpo.policy import PolicyShape
+    from workers.examples.grpo.rollout import RolloutSpec
+    from workers.examples.grpo.run import _Rollouts
+    from workers.examples.grpo.task import CopyTask
+
+    kafka = for_actors(KafkaConfig("nowhere:9093", {"sasl.username": "run1", "sasl.password": "s3cret-9a1"}))
+    spec = RolloutSpec(kafka, f"grpo-{unique}", "trainer", CopyTask(), PolicyShape(), 2, 1, 2)
+    with pytest.raises(ConfigError) as err:
+        _Rollouts(spec, max_groups=1)
+    message = str(err.value)
+    assert (
+        message.startswith("rollout workers: ") and "sasl.password" in message and "not found on this node" in message
+    )
+    assert "s3cret-9a1" not in message and "\n" not in message

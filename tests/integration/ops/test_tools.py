@@ -13,10 +13,19 @@ from schemas.deadletter import DECODE_ERROR, INCONSISTENT_GROUP, METADATA_VIOLAT
 from streams.consumer import read_topic
 from streams.producer import AckedProducer, Outgoing
 from streams.tq import STAGING, TRAIN
-from tests.integration.helpers import SMALL, dead_letters, drive, finalized_records, publish_groups, setup_topics
+from tests.integration.helpers import (
+    SMALL,
+    dead_letters,
+    drive,
+    finalized_records,
+    publish_groups,
+    setup_topics,
+    stale_clear,
+)
 from workers.ops.inspect import inspect_group
 from workers.ops.lag import lag
 from workers.ops.redrive import redrive
+from workers.ops.refinalize import refinalize
 from workers.ops.replay import replay
 from workers.reassembler.config import ReassemblerConfig
 from workers.reassembler.worker import ReassemblerWorker
@@ -220,3 +229,27 @@ def test_refinalize_finds_no_difference_then_exactly_the_changed_staged_tensor(k
     want = torch.cat([s["generation_logprobs"] for s in victim.segments])
     assert torch.equal(got["generation_logprobs"].unbind()[0], want)
     tq_store.clear(TRAIN, [s for r in recs.values() for s in r.sample_ids])
+
+
+def test_refinalize_reads_a_train_row_a_stale_clear_deleted_as_a_missing_row_not_a_crash(kafka, tq_store, unique):
+    names = setup_topics(kafka, f"rs-{unique}", partitions=2)
+    groups = publish_groups(kafka, tq_store, names, 2, prefix=f"{unique}-rs")
+    worker = _worker(kafka, tq_store, names)
+    try:
+        drive([worker], lambda: len(finalized_records(kafka, names)) >= 2, timeout_s=120)
+    finally:
+        worker.close()
+    replay(kafka, names.receipts, "all", prefix=names.prefix)
+    rollouts = [r for g in groups.values() for r in g]
+    stage_rollouts(tq_store, rollouts)  # the staged tensors an operator's TQ checkpoint keeps
+    target = sorted(groups)[0]
+    record = {r.group_id: r for r in finalized_records(kafka, names)}[target]
+    # TQ still maps this train row, ready, but a clear whose lookup went stale deleted its storage.
+    stale_clear(TRAIN, [record.sample_ids[0]])
+    try:
+        diffs = refinalize(kafka, names.replay("all"), prefix=names.prefix, store=tq_store)
+        assert [(d.group_id, d.field) for d in diffs] == [(target, "train_rows")]
+        assert "1 row(s) missing" in diffs[0].detail and record.sample_ids[0] in diffs[0].detail
+    finally:
+        tq_store.clear(STAGING, _keys(rollouts))
+        tq_store.clear(TRAIN, [s for r in finalized_records(kafka, names) for s in r.sample_ids])

@@ -3,7 +3,7 @@
 Each scenario (tests/tools/sim/scenarios/tq.py) runs on the session's TQ, its pool of released
 indexes drained first so that allocations come from its counter, and on a fresh model whose
 counter starts there: global indexes then compare exactly, FIFO reuse and set orders included.
-Claims: tests/tools/sim/tq/__init__.py (T1-T7).
+Claims: tests/tools/sim/tq/__init__.py (T1-T8).
 """
 
 from __future__ import annotations
@@ -47,13 +47,14 @@ _op = st.one_of(
     st.tuples(st.just("lookup"), _part, _keys, _slot),
     st.tuples(st.just("stale_clear"), _slot),
     st.tuples(st.just("stale_storage"), _slot),
+    st.tuples(st.just("held"), _part, _slot),
 )
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(ops=st.lists(_op, min_size=1, max_size=14))
 def test_sequences_of_puts_clears_gets_lists_and_stale_clears(real, ops):
-    """T1-T6 over generated sequences: the model's client sees what TQ's does after every step."""
+    """T1-T6 and T8 over generated sequences: the model's client sees what TQ's does after every step."""
     seen, model = both(real, scenarios.sequence, ops)
     assert seen == model
 

@@ -97,15 +97,9 @@ class _ClearAndReuseBeforeRead:
     def _clear_and_reuse(self) -> None:
         index = self.client.kv_retrieve_meta(keys=[self.victim], partition_id=self.partition).global_indexes[0]
         self.tq.kv_clear([self.victim], self.partition)
-        for batch in range(400):
-            keys = [f"{self.unique}/filler{batch}-{i}" for i in range(256)]
-            meta = self.client.kv_retrieve_meta(keys=keys, partition_id=self.partition, create=True)
-            self.fillers += keys
-            if index in meta.global_indexes:
-                self.reused_by = keys[meta.global_indexes.index(index)]
-                break
-        assert self.reused_by is not None, f"TQ never handed out the freed index {index} again"
-        self.store.put(self.partition, [self.reused_by], self.newcomer, [{}])
+        self.reused_by = _hand_index_to(
+            self.client, self.store, index, self.partition, self.newcomer, self.fillers, self.unique
+        )
 
     def __enter__(self):
         self.client.async_kv_retrieve_meta, self.client.async_get_data = self.lookup, self.read
@@ -115,6 +109,23 @@ class _ClearAndReuseBeforeRead:
         self.client.async_kv_retrieve_meta, self.client.async_get_data = self.real_lookup, self.real_read
         if self.fillers:
             self.tq.kv_clear(self.fillers, self.partition)
+
+
+def _hand_index_to(
+    client, store, index: int, partition: str, newcomer: TensorDict, fillers: list[str], unique: str
+) -> str:
+    """Keys of `partition` are registered until TQ hands out `index` again (it reuses freed indexes first
+    in first out, for any partition); the key given it gets `newcomer`'s row. Returns that key; every
+    key registered is added to `fillers`, for the caller to clear."""
+    for batch in range(400):
+        keys = [f"{unique}/filler{batch}-{i}" for i in range(256)]
+        meta = client.kv_retrieve_meta(keys=keys, partition_id=partition, create=True)
+        fillers += keys
+        if index in meta.global_indexes:
+            taker = keys[meta.global_indexes.index(index)]
+            store.put(partition, [taker], newcomer, [{}])
+            return taker
+    raise AssertionError(f"TQ never handed out the freed index {index} again")
 
 
 def _token_rows(*rows: list[int]) -> TensorDict:
@@ -163,3 +174,180 @@ def test_rows_of_the_previous_layout_are_still_read_alone_or_mixed_with_packed_o
         assert tq_store.tags(STAGING, old + new) == {**{k: {"v": 0} for k in old}, **{k: {"v": 1} for k in new}}
     finally:
         tq_store.clear(STAGING, old + new)
+
+
+class _TakenOver:
+    """The rest of the job, while a clear of `victim` (staging) is frozen: its next owner clears it, and
+    TQ hands its freed index to a row of `partition` (another partition, as a train row would be)."""
+
+    def __init__(self, store, victim: str, partition: str, unique: str):
+        import transfer_queue as tq
+
+        self.tq, self.client, self.store = tq, tq.get_client(), store
+        self.victim, self.partition, self.unique = victim, partition, unique
+        self.newcomer, self.fillers, self.taker = _token_rows([7, 7, 7]), [], None
+
+    def __call__(self) -> None:
+        index = self.client.kv_retrieve_meta(keys=[self.victim], partition_id=STAGING).global_indexes[0]
+        self.tq.kv_clear([self.victim], STAGING)
+        self.taker = _hand_index_to(
+            self.client, self.store, index, self.partition, self.newcomer, self.fillers, self.unique
+        )
+
+    async def meanwhile(self) -> None:
+        import asyncio
+
+        await asyncio.get_running_loop().run_in_executor(None, self)
+
+    def row(self) -> list[int]:
+        assert self.taker is not None, "the clear never reached the point it was to be frozen at"
+        return self.store.get(self.partition, [self.taker])["token_ids"].unbind()[0].tolist()
+
+    def close(self) -> None:
+        if self.fillers:
+            self.tq.kv_clear(self.fillers, self.partition)
+
+
+@pytest.mark.parametrize("packed", [True, False], ids=["packed-layout", "per-field-layout"])
+def test_a_row_whose_storage_a_stale_clear_deleted_reads_as_missing_and_its_owners_clear_releases_it(
+    tq_store, unique, packed
+):
+    import transfer_queue as tq
+
+    from streams.tq import TQStore
+
+    partition = f"test.{unique}"
+    store = TQStore(packed=(STAGING, partition)) if packed else tq_store
+    client = tq.get_client()
+    victim = f"{unique}/victim"
+    store.put(STAGING, [victim], _token_rows([1, 2, 3]), [{}])
+    stale = client.kv_retrieve_meta(keys=[victim], partition_id=STAGING)  # a clear's lookup ...
+    tq.kv_clear([victim], STAGING)  # ... then the key's next owner clears it, and its index is reused
+    fillers: list[str] = []
+    taker = _hand_index_to(client, store, stale.global_indexes[0], partition, _token_rows([7, 7]), fillers, unique)
+    try:
+        client._run_coroutine(client.async_clear_samples(stale))  # the stale clear goes on, in TQ's own steps
+        assert taker in store.list(partition)  # the controller still maps the row, ready
+        with pytest.raises(MissingKeysError) as err:
+            store.get(partition, [taker])
+        assert err.value.missing == [taker]
+        store.clear(partition, [taker])  # what its owner does with a row it lost
+        assert taker not in store.list(partition)
+    finally:
+        tq.kv_clear(fillers, partition)
+
+
+def test_a_clear_whose_lookup_went_stale_never_deletes_the_row_that_took_its_index(tq_store, unique):
+    import transfer_queue as tq
+
+    client = tq.get_client()
+    victim = f"{unique}/victim"
+    tq_store.put(STAGING, [victim], _token_rows([1, 2, 3]), [{}])
+    taken = _TakenOver(tq_store, victim, f"test.{unique}", unique)
+    real_lookup = client.async_kv_retrieve_meta
+
+    async def lookup_then_frozen(*args, **kwargs):
+        meta = await real_lookup(*args, **kwargs)
+        client.async_kv_retrieve_meta = real_lookup
+        await taken.meanwhile()  # frozen after the lookup while the job went on
+        return meta
+
+    client.async_kv_retrieve_meta = lookup_then_frozen
+    try:
+        tq_store.clear(STAGING, [victim])
+        assert taken.row() == [7, 7, 7]
+    finally:
+        client.async_kv_retrieve_meta = real_lookup
+        taken.close()
+
+
+def test_a_clear_frozen_after_its_check_gives_up_when_its_guard_saw_the_freeze(tq_store, unique):
+    import transfer_queue as tq
+
+    from streams.errors import ClearRefused
+
+    client = tq.get_client()
+    victim = f"{unique}/victim"
+    tq_store.put(STAGING, [victim], _token_rows([1, 2, 3]), [{}])
+    taken = _TakenOver(tq_store, victim, f"test.{unique}", unique)
+    real_check = client.async_kv_retrieve_keys
+
+    async def check_then_frozen(*args, **kwargs):
+        held = await real_check(*args, **kwargs)
+        client.async_kv_retrieve_keys = real_check
+        await taken.meanwhile()
+        return held
+
+    def lease() -> str | None:
+        return "the process was frozen past its session timeout" if taken.taker else None
+
+    client.async_kv_retrieve_keys = check_then_frozen
+    try:
+        with pytest.raises(ClearRefused, match="frozen past its session timeout"):
+            tq_store.clear(STAGING, [victim], guard=lease)
+        assert taken.row() == [7, 7, 7]
+    finally:
+        client.async_kv_retrieve_keys = real_check
+        taken.close()
+
+
+def _drain_released(client, unique: str, fillers: list[str], partition: str) -> None:
+    """Keys of `partition` are registered until TQ hands out only fresh indexes (consecutive, above all
+    it gave before): its pool of released indexes is empty, so the next release is the next reuse."""
+    highest = -1
+    for n in range(400):
+        keys = [f"{unique}/drain{n}-{i}" for i in range(1024)]
+        got = client.kv_retrieve_meta(keys=keys, partition_id=partition, create=True).global_indexes
+        fillers += keys
+        if got == list(range(got[0], got[0] + len(got))) and got[0] > highest:
+            return
+        highest = max(highest, *got)
+    raise AssertionError("TQ's pool of released indexes never ran dry")
+
+
+def test_a_stale_clear_never_deletes_a_key_of_its_own_staged_again_at_another_keys_old_index(tq_store, unique):
+    # The review's e2 interleaving on real TQ: a clear of [A, B] frozen after its lookup; the keys'
+    # next owner clears A, then B; B is staged again (a publisher's retry) and TQ hands it A's old
+    # index. Every index of the stale lookup still holds a key of the clear, but not the one it was
+    # looked up for: the clear must leave B's new row alone.
+    import transfer_queue as tq
+
+    from schemas.rowpack import PACKED_FIELD, unpack_rows
+
+    client = tq.get_client()
+    a, b, scratch = f"{unique}/A", f"{unique}/B", f"test.{unique}"
+    tq_store.put(STAGING, [a, b], _token_rows([1, 1, 1], [2, 2, 2]), [{}, {}])
+    index_a = client.kv_retrieve_meta(keys=[a], partition_id=STAGING).global_indexes[0]
+    fillers: list[str] = []
+    new_b: dict = {}
+    real_lookup = client.async_kv_retrieve_meta
+
+    def meanwhile() -> None:
+        _drain_released(client, unique, fillers, scratch)
+        tq.kv_clear([a], STAGING)
+        tq.kv_clear([b], STAGING)
+        tq_store.put(STAGING, [b], _token_rows([22, 22, 22]), [{"again": True}])
+        new_b["meta"] = client.kv_retrieve_meta(keys=[b], partition_id=STAGING)
+
+    async def lookup_then_frozen(*args, **kwargs):
+        import asyncio
+
+        meta = await real_lookup(*args, **kwargs)
+        client.async_kv_retrieve_meta = real_lookup
+        await asyncio.get_running_loop().run_in_executor(None, meanwhile)
+        return meta
+
+    client.async_kv_retrieve_meta = lookup_then_frozen
+    try:
+        tq_store.clear(STAGING, [a, b])  # the stale clear
+        assert new_b["meta"].global_indexes == [index_a], "B was not handed A's old index"
+        assert b in tq_store.list(STAGING)  # not released: the controller still maps B
+        stored = client._run_coroutine(client.async_get_data(new_b["meta"]))  # storage, by index
+        row = unpack_rows(STAGING, [b], stored.get(PACKED_FIELD)).fields["token_ids"].unbind()[0]
+        assert row.tolist() == [22, 22, 22]  # B's new row is whole
+        tq_store.clear(STAGING, [b])  # its owner's clear (the stale mark left it being cleared)
+        assert b not in tq_store.list(STAGING)
+    finally:
+        client.async_kv_retrieve_meta = real_lookup
+        for i in range(0, len(fillers), 4096):
+            tq.kv_clear(fillers[i : i + 4096], scratch)

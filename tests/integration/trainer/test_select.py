@@ -10,9 +10,11 @@ from schemas.deadletter import DeadLetter
 from schemas.errors import InvalidArgument
 from schemas.finalized import FinalizedGroup
 from schemas.metadata_guard import assert_metadata_only
+from schemas.regenerate import Regenerate
 from streams.consumer import read_topic
 from streams.errors import MissingKeysError
 from streams.tq import TRAIN
+from tests.integration.helpers import stale_clear
 from tests.integration.trainer.staging import committed_at_end, finalize_groups
 from workers.trainer.batch import BatchMeta
 from workers.trainer.config import ConsumerConfig
@@ -85,6 +87,40 @@ def test_rows_cleared_by_someone_else_after_select_withdraw_the_batch_even_with_
         consumer.ack(rest)
     finally:
         tq_store.clear(TRAIN, others)
+        consumer.close()
+
+
+def test_a_row_a_stale_clear_deleted_under_its_key_is_handed_back_never_a_crash_and_the_rest_is_trained(
+    kafka, tq_store, unique
+):
+    # TQ still maps the row (select's lookup finds it, tagged), but a clear whose lookup went stale
+    # deleted its storage: materialize reads it as missing, never TQError("kept moving") after every
+    # restart; the group is handed back, its key released by the trainer's own clear after the commit.
+    names, finalized = finalize_groups(kafka, tq_store, f"se-{unique}", versions=range(2), per_version=2)
+    consumer = _consumer(kafka, tq_store, names, unique)
+    try:
+        meta = consumer.select(3, min_groups=4, max_groups=4, timeout_s=30.0)
+        broken = next(g for g in meta.groups if g.group_id == "v1-g0")
+        stale_clear(TRAIN, [broken.sample_ids[1]])
+        with pytest.raises(MissingKeysError) as err:
+            consumer.materialize(meta)
+        assert err.value.missing == [broken.sample_ids[1]]
+        rest = consumer.select(3, min_groups=3, max_groups=8, timeout_s=30.0)
+        assert rest is not None and {g.group_id for g in rest.groups} == set(finalized) - {"v1-g0"}
+        assert consumer.materialize(rest).batch_size[0] == len(rest.sample_ids)
+        consumer.ack(rest)
+
+        def settled() -> bool:
+            backs = [Regenerate.from_bytes(r.value).group_id for r in read_topic(kafka, names.regenerate)]
+            released = not tq_store.present(TRAIN, list(broken.sample_ids))
+            return backs == ["v1-g0"] and released and committed_at_end(kafka, f"se-{unique}", names.finalized)
+
+        deadline = time.monotonic() + 60
+        while not settled():  # the consumer's polls acknowledge the hand-back, commit, then clear
+            assert time.monotonic() < deadline, "the hand-back never committed and released the broken group's keys"
+            assert consumer.select(3, min_groups=1, max_groups=8, timeout_s=0.5) is None
+        assert consumer.counts.handed_back == 1
+    finally:
         consumer.close()
 
 

@@ -147,21 +147,38 @@ def test_numbers_and_booleans_in_client_settings_become_text(tmp_path):
         "sasl.oauthbearer.assertion.private.key.passphrase",
         "https.client.key.pem",
         "ssl.keystore.password",
-        "sasl.aws.credentials",
+        "sasl.password",
+        "sasl.oauthbearer.client.credentials.client.secret",
         "SASL.PASSWORD",
     ],
 )
-def test_secret_anywhere_in_the_name_is_redacted(name):
+def test_librdkafkas_secret_settings_and_names_of_their_shape_are_redacted(name):
     assert is_secret(name)
     assert "hunter2" not in repr(KafkaConfig("b:1", {name: "hunter2"}))
 
 
 @pytest.mark.parametrize(
     "name",
-    ["ssl.key.location", "ssl.keystore.location", "sasl.oauthbearer.client.id", "security.protocol", "client.id"],
+    [
+        "ssl.key.location",
+        "ssl.keystore.location",
+        "sasl.oauthbearer.client.id",
+        "security.protocol",
+        "client.id",
+        "sasl.username",
+        # Certificates are public, and where a secret lives is no secret (librdkafka's CONFIGURATION.md).
+        "ssl.ca.pem",
+        "ssl.certificate.pem",
+        "https.ca.pem",
+        "sasl.oauthbearer.token.endpoint.url",
+        "sasl.oauthbearer.assertion.private.key.file",
+        "sasl.oauthbearer.assertion.file",
+        "sasl.kerberos.keytab",
+    ],
 )
-def test_where_a_secret_is_or_who_someone_is_is_not_secret(name):
+def test_where_a_secret_is_who_someone_is_or_a_public_certificate_is_not_secret(name):
     assert not is_secret(name)
+    assert "hunter2" in repr(KafkaConfig("b:1", {name: "hunter2"}))
 
 
 @pytest.mark.parametrize("pair", ["=hunter2", " =hunter2", "sasl.password:hunter2"])

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from transfer_queue.metadata import BatchMeta
 
-from streams.tq import _fields, _NotReady
+from streams.tq_read import _fields, _NotReady
 
 
 def _meta(status):

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from streams.config import KafkaConfig
+from workers.actors.kafka_secrets import NodeKafka
 from workers.examples.grpo.policy import PolicyShape, TinyPolicy
 from workers.examples.grpo.task import CopyTask
 from workers.rollout.convert import Turn, staged_rollout
@@ -56,7 +56,7 @@ class WeightBoard:
 class RolloutSpec:
     """What a rollout worker needs: where to publish, the task, the policy's shape and the gate's bounds."""
 
-    kafka: KafkaConfig
+    kafka: NodeKafka  # no secret: Ray records an actor's arguments; each actor reads them on its node
     prefix: str
     trainer_id: str
     task: CopyTask
@@ -111,26 +111,37 @@ class RolloutWorker:
     """One rollout worker (run as a Ray actor): generates and publishes groups until the board says stop."""
 
     def __init__(self, spec: RolloutSpec, index: int, board) -> None:
-        from streams.tq import TQConfig, TQStore, init_tq
-
         torch.set_num_threads(1)  # many small ops: more threads only contend for the shared cores
-        init_tq(TQConfig(address="auto"))
-        names = TopicNames(spec.prefix)
         self._spec, self._index, self._board = spec, index, board
         self._policy = TinyPolicy(spec.policy)
         self._version = -1
         self._gen = torch.Generator().manual_seed(spec.seed * 1000 + index)
         self._next_prompt = index
-        self._publisher = RolloutPublisher(spec.kafka, TQStore(), names.receipts)
-        self._gate = AdmissionGate(
-            spec.kafka,
-            names,
-            max_staleness=spec.max_staleness,
-            trainer_id=spec.trainer_id,
-            batch_share=1.0 / spec.workers,
-        )
-        self._feed = RegenerateFeed(spec.kafka, names, f"rollouts.{spec.prefix}", generated=spec.generated)
         self._stop = threading.Event()
+        self._connected = False
+
+    def connect(self) -> list[str]:
+        """Read the Kafka secrets on this node and build the worker's clients (once); the names of the
+        client settings it has, never values. ConfigError naming a secret the node lacks, before
+        anything connects: the run calls it on every actor first (`kafka_secrets.check_on_nodes`)."""
+        from streams.tq import TQConfig, TQStore, init_tq
+
+        spec = self._spec
+        kafka = spec.kafka.resolve()
+        if not self._connected:
+            init_tq(TQConfig(address="auto"))
+            names = TopicNames(spec.prefix)
+            self._publisher = RolloutPublisher(kafka, TQStore(), names.receipts)
+            self._gate = AdmissionGate(
+                kafka,
+                names,
+                max_staleness=spec.max_staleness,
+                trainer_id=spec.trainer_id,
+                batch_share=1.0 / spec.workers,
+            )
+            self._feed = RegenerateFeed(kafka, names, f"rollouts.{spec.prefix}", generated=spec.generated)
+            self._connected = True
+        return sorted(kafka.client_settings)
 
     def _refresh(self) -> bool:
         """Take newer weights from the board; False once the board says stop."""
@@ -159,6 +170,7 @@ class RolloutWorker:
         """Publish up to `max_groups` groups (regenerations included); returns this worker's totals."""
         groups, regenerated, rewards, t0 = 0, 0, 0.0, time.monotonic()
         spec = self._spec
+        self.connect()
         try:
             while groups < max_groups and self._refresh():
                 if self._version < 0:  # the trainer has not published its first weights yet

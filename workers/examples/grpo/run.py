@@ -30,6 +30,7 @@ from streams.admin import create_topics
 from streams.config import KafkaConfig
 from streams.consumer import read_topic
 from streams.tq import STAGING, TRAIN, KVStore, TQConfig, TQStore, init_tq
+from workers.actors.kafka_secrets import NO_FILES, KafkaFiles, check_on_nodes, for_actors
 from workers.demo.local import start_local_broker, stop_all
 from workers.examples.grpo.checkpoints import Progress, latest, load, save
 from workers.examples.grpo.policy import PolicyShape, TinyPolicy
@@ -180,6 +181,8 @@ class _Rollouts:
         self.board = ray.remote(num_cpus=0)(WeightBoard).remote()
         actor = ray.remote(num_cpus=0)(RolloutWorker)
         self.actors = [actor.remote(spec, i, self.board) for i in range(spec.workers)]
+        # Every actor finds its Kafka secrets on its node before any starts: one line if one does not.
+        check_on_nodes("rollout workers", [*self.actors, self.board], [a.connect.remote() for a in self.actors])
         self.runs = [a.run.remote(max_groups) for a in self.actors]
 
     def failure(self) -> str | None:
@@ -269,8 +272,12 @@ def run_grpo(
     store: KVStore | None = None,
     prefix: str | None = None,
     log: Callable[[str], None] = print,
+    kafka_files: KafkaFiles = NO_FILES,
 ) -> GrpoResult:
     """Run GRPO through the pipeline; uses `kafka` / `store` (TQ already up) when given, else starts them.
+
+    The rollout actors read `kafka`'s secret settings on their node, from `kafka_files` or the
+    environment (`workers.actors.kafka_secrets`), never from their Ray arguments.
 
     Stops everything it started, also on failure or Ctrl-C.
     """
@@ -301,7 +308,7 @@ def run_grpo(
         cleanups.append(reassemblers.stop)
         trainer_id = trainer_id_of(result.prefix)
         spec = RolloutSpec(
-            kafka, result.prefix, trainer_id, cfg.task, policy.shape, cfg.group_size,
+            for_actors(kafka, kafka_files), result.prefix, trainer_id, cfg.task, policy.shape, cfg.group_size,
             cfg.max_staleness, cfg.rollout_workers, cfg.seed, cfg.prompts, frozenset(published),
             frozenset(generated),
         )  # fmt: skip

@@ -23,7 +23,7 @@ from workers.examples.grpo.loss import clipped_loss, group_advantages
 from workers.examples.grpo.policy import TinyPolicy, state_to_cpu
 from workers.topics import TopicNames
 from workers.trainer.config import ConsumerConfig
-from workers.trainer.consumer import ExperienceConsumer
+from workers.trainer.consumer import WITHDRAWN, ExperienceConsumer
 from workers.trainer.policies import weight_fifo
 from workers.trainer.version_topic import VersionPublisher
 
@@ -116,7 +116,10 @@ class GrpoTrainer:
             # No full batch: perhaps because groups were lost, which the gates must hear of to admit more.
             self._publish_version()
             return None
-        td = self.consumer.materialize(meta, fields=FIELDS)
+        try:
+            td = self.consumer.materialize(meta, fields=FIELDS)
+        except WITHDRAWN:  # the consumer took the batch back (rows gone, or not settled in TQ now)
+            return None
         rewards = td["total_reward"].float()
         advantages = group_advantages(rewards, [len(g.sample_ids) for g in meta.groups])
         mask = td["token_mask"].bool() & (td["sample_mask"] > 0).unsqueeze(1)

@@ -160,6 +160,15 @@ def put_steps(seen) -> None:
     assert seen["after_tags"]["tags"] == [{"key": "s1"}, {"key": "s2"}]
 
 
+def retrieve_keys(seen) -> None:
+    assert seen["held"] == ("keys", ["a0", "a1"]) and seen["reversed"] == ("keys", ["a1", "a0"])
+    assert seen["other_partitions"] == ("keys", ["a0", "a1", None])
+    assert seen["unknown_partition"] == ("error", "RuntimeError")
+    assert seen["after_clear"] == ("keys", ["a0", None])
+    assert seen["reused_elsewhere"] == ("keys", ["a0", None]) and seen["reused_by"] == ("keys", [None, "b1"])
+    assert seen["select"]["size"] == 1 and seen["select"]["tags"] == [{"key": "a1"}]
+
+
 KAFKA = {
     fn: globals()[fn.__name__]
     for fn in (
@@ -182,4 +191,4 @@ KAFKA = {
 KAFKA_OWN_BROKER = {
     fn: globals()[fn.__name__] for fn in (kafka_broker.compaction, kafka_broker.retention, kafka_broker.broker_down)
 }
-TQ = {fn: globals()[fn.__name__] for fn in (tq.index_pool, tq.stale_clear, tq.gets, tq.put_steps)}
+TQ = {fn: globals()[fn.__name__] for fn in (tq.index_pool, tq.stale_clear, tq.gets, tq.put_steps, tq.retrieve_keys)}

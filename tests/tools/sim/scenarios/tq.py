@@ -1,4 +1,4 @@
-"""TQ scenarios (claims T1-T7), run on the real TQ and on the model: each returns what its client saw.
+"""TQ scenarios (claims T1-T8), run on the real TQ and on the model: each returns what its client saw.
 
 Global indexes are written relative to `w.base`, the counter where the scenario's allocations begin
 (the real TQ's pool is drained first, so both start from an empty pool). Partitions are fresh per
@@ -185,6 +185,37 @@ def put_steps(w) -> dict[str, Any]:
     return obs
 
 
+def held(w, partition: str, indexes: list[int]) -> Any:
+    """T8: the keys `indexes` hold in `partition` now, or the error's type."""
+    try:
+        return ("keys", w.run(w.tq.get_client().async_kv_retrieve_keys(global_indexes=indexes, partition_id=partition)))
+    except Exception as exc:  # noqa: BLE001 - what the client raised is the observation
+        return ("error", type(exc).__name__)
+
+
+def retrieve_keys(w) -> dict[str, Any]:
+    """T8: which key an index holds now (a checked clear asks it between its mark and its delete)."""
+    a, b = fresh("K"), fresh("L")
+    put(w, a, ["a0", "a1"])
+    put(w, b, ["b0"])
+    ma, mb = meta(w, a, ["a0", "a1"]), meta(w, b, ["b0"])
+    obs: dict[str, Any] = {
+        "held": held(w, a, ma.global_indexes),
+        "reversed": held(w, a, list(reversed(ma.global_indexes))),
+        "other_partitions": held(w, a, [*ma.global_indexes, *mb.global_indexes]),
+        "unknown_partition": held(w, fresh("none"), ma.global_indexes),
+    }
+    clear(w, a, ["a1"])
+    obs["after_clear"] = held(w, a, ma.global_indexes)
+    put(w, b, ["b1"])  # takes a1's index: the only one released
+    obs["reused_elsewhere"] = held(w, a, ma.global_indexes)
+    obs["reused_by"] = held(w, b, ma.global_indexes)
+    obs["select"] = describe(w, ma.select_samples([1]))
+    clear(w, a, ["a0"])
+    clear(w, b, ["b0", "b1"])
+    return obs
+
+
 KEYS = [f"k{i}" for i in range(6)]
 
 
@@ -193,7 +224,8 @@ def sequence(w, ops: list[tuple]) -> list[Any]:
 
     ("put", p, keys) | ("clear", p, keys) | ("get", p, keys) | ("list", p) | ("lookup", p, keys, slot)
     keeps a lookup for later | ("stale_clear", slot) clears by a kept lookup (mark, storage, release) |
-    ("stale_storage", slot) runs only a kept lookup's storage delete.
+    ("stale_storage", slot) runs only a kept lookup's storage delete | ("held", p, slot) asks which keys
+    a kept lookup's indexes hold in partition p now.
     """
     parts = [fresh("P0"), fresh("P1")]
     client = w.tq.get_client()
@@ -217,6 +249,8 @@ def sequence(w, ops: list[tuple]) -> list[Any]:
         elif kind == "stale_clear" and op[1] in kept:
             w.run(client.async_clear_samples(kept.pop(op[1])))
             out.append([look(w, p, KEYS) for p in parts])
+        elif kind == "held" and op[2] in kept and kept[op[2]].size:
+            out.append(held(w, parts[op[1]], list(kept[op[2]].global_indexes)))
         elif kind == "stale_storage" and op[1] in kept:
             w.run(client.storage_manager.clear_data(kept.pop(op[1])))
             out.append([get(w, p, [k]) for p in parts for k in KEYS])

@@ -3,7 +3,7 @@
 `SimTQ(env)` is one TQ (a controller and its storage units, shared by a job's processes);
 `tq.module(name)` is what one process imports as `transfer_queue`: `async_kv_batch_put`,
 `async_kv_list`, `async_kv_clear`, `async_kv_batch_get`, `get_client()` (whose client has
-`async_kv_retrieve_meta`, `async_get_data`, `async_put`, `async_set_custom_meta`,
+`async_kv_retrieve_meta`, `async_kv_retrieve_keys`, `async_get_data`, `async_put`, `async_set_custom_meta`,
 `async_clear_samples`, `_mark_clearing_in_controller`, `_clear_meta_in_controller`,
 `storage_manager.put_data/get_data/clear_data`, `_run_coroutine`), `StorageKeyNotFoundError` and
 `StorageUnitTimeout`. Each operation is the same sequence of requests TQ makes, each a `Request`
@@ -31,6 +31,10 @@ Claimed behaviours (each held to the real TQ by tests/integration/sim/test_tq_di
   put has allocated its index and not yet set its tags); an unknown partition is left out.
 - T7 A request whose caller gave up (a deadline) still lands when the environment lands it: a put
   given up after its allocation leaves its key listed, with no data, until it lands.
+- T8 Reverse lookups (`async_kv_retrieve_keys`): the key each index holds in the partition now, in
+  the order asked, None for an index the partition does not hold (TQ's check for that is of the
+  wrong list); an unknown partition raises RuntimeError, as every controller failure does.
+  `BatchMeta.select_samples` keeps the rows at the positions given.
 
 Not modelled (nothing in rlstream calls it): consumption status, samplers, get_meta's insert and
 fetch modes, checkpoints, capacity limits, data parsers, per-sample shapes and dtype conflicts.

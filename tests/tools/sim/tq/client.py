@@ -91,6 +91,26 @@ class TQClient:
             create=create,
         )
 
+    async def async_kv_retrieve_keys(self, global_indexes: list[int] | int, partition_id: str) -> list[str | None]:
+        if isinstance(global_indexes, int):
+            global_indexes = [global_indexes]
+        elif isinstance(global_indexes, list):
+            if not global_indexes:
+                raise ValueError("Received an empty list as `global_indexes`.")
+            if not all(isinstance(i, int) for i in global_indexes):
+                raise TypeError("Not all elements in `global_indexes` are int.")
+        else:
+            raise TypeError("Only int or list of int are allowed as `global_indexes`.")
+        indexes = list(global_indexes)
+        keys = await self.controller_request(
+            "kv_retrieve_keys", lambda c: c.kv_retrieve_keys(indexes, partition_id), partition=partition_id
+        )
+        if len(keys) != len(indexes):  # TQ's client wraps this one like every controller failure
+            raise RuntimeError(
+                f"[{self.client_id}]: Error in kv_retrieve_indexes: Some global_indexes have no corresponding keys!"
+            )
+        return keys
+
     async def async_kv_list(self, partition_id: str | None = None) -> dict[str, dict[str, dict[str, Any]]]:
         return await self.controller_request("kv_list", lambda c: c.kv_list(partition_id), partition=partition_id)
 

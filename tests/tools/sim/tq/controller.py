@@ -207,6 +207,15 @@ class Controller:
             part.clear_data(to_clear)
             self.pool.release(partition_id, to_clear)
 
+    def kv_retrieve_keys(self, indexes: list[int], partition_id: str) -> list[str | None]:
+        """The key each index holds in the partition now, None where it holds none; [] for an unknown
+        partition. TQ 0.1.11 means to answer [] when an index holds no key, but its check looks at the
+        indexes instead of the keys found, so a None comes through."""
+        part = self.partitions.get(partition_id)
+        if part is None:
+            return []
+        return [part.revert_keys_mapping.get(i) for i in indexes]
+
     def kv_list(self, partition_id: str | None) -> dict[str, dict[str, dict[str, Any]]]:
         ids = list(self.partitions) if partition_id is None else [partition_id]
         out: dict[str, dict[str, dict[str, Any]]] = {}

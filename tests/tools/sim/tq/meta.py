@@ -94,6 +94,18 @@ class BatchMeta:
         for mine, theirs in zip(self.custom_meta, custom_meta):
             mine.update(theirs)
 
+    def select_samples(self, sample_indices: list[int]) -> BatchMeta:
+        if any(i < 0 or i >= self.size for i in sample_indices):
+            raise ValueError(f"Sample indices must be in range [0, {self.size})")
+        return BatchMeta(
+            [self.global_indexes[i] for i in sample_indices],
+            [self.partition_ids[i] for i in sample_indices],
+            copy.deepcopy(self.field_schema),
+            self.production_status[sample_indices],
+            [copy.deepcopy(self.custom_meta[i]) for i in sample_indices],
+            self.extra_info,
+        )
+
     def select_fields(self, field_names: list[str]) -> BatchMeta:
         return BatchMeta(
             self.global_indexes,

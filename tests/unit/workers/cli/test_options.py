@@ -135,9 +135,9 @@ def test_kafka_options_are_shared_by_every_kafka_verb(monkeypatch, capsys):
     seen = []
     monkeypatch.setattr(streams.admin, "list_topics", lambda kafka: seen.append(kafka) or {})
     monkeypatch.setenv("RLSTREAM_KAFKA_BOOTSTRAP_SERVERS", "env:9092")
-    assert _main(capsys, "topics", "list", "-X", "security.protocol=SASL_SSL", "-X", "sasl.password=pw")[0] == 0
+    assert _main(capsys, "topics", "list", "-X", "security.protocol=SASL_SSL", "-X", "sasl.username=u")[0] == 0
     assert seen[0].bootstrap_servers == "env:9092"
-    assert seen[0].client_settings == {"security.protocol": "SASL_SSL", "sasl.password": "pw"}
+    assert seen[0].client_settings == {"security.protocol": "SASL_SSL", "sasl.username": "u"}
     for argv in (["replay", "t", "--to", "x"], ["tail", "t"], ["inspect", "group", "g"], ["deadletter", "redrive"]):
         help_text = CliRunner().invoke(cli, [*argv, "--help"]).output
         assert all(flag in help_text for flag in ("--bootstrap-servers", "--kafka-setting", "--prefix", "--config"))
@@ -151,6 +151,22 @@ def test_a_malformed_client_setting_is_one_line_that_never_shows_its_value(capsy
     assert code == 2 and len(err.splitlines()) == 1
     assert err.startswith("rlstream topics list: Invalid value for '-X' / '--kafka-setting': 'sasl.password'")
     assert "KEY=VALUE" in err and "hunter2" not in err
+
+
+@pytest.mark.parametrize("setting", ["sasl.password=hunter2", "ssl.key.password=hunter2", "sasl.oauthbearer.config=x"])
+def test_a_secret_given_with_X_is_refused_in_one_line_naming_its_key_and_where_secrets_go(capsys, setting):
+    code, err = _main(capsys, "topics", "list", "--bootstrap-servers", "b:1", "-X", setting)
+    key = setting.partition("=")[0]
+    assert code == 2 and len(err.splitlines()) == 1 and "hunter2" not in err
+    assert f"'{key}' is a secret" in err and "--kafka-config" in err and "RLSTREAM_KAFKA_CLIENT_SETTINGS" in err
+
+
+def test_the_X_help_says_secrets_go_in_the_kafka_config_file_or_the_environment():
+    help_text = " ".join(CliRunner().invoke(cli, ["topics", "list", "--help"]).output.split())
+    x_help = help_text[help_text.index("-X, --kafka-setting") : help_text.index("--kafka-config FILE")]
+    assert "Not for secrets (sasl.password" in x_help
+    assert "--kafka- config file" in x_help or "--kafka-config file" in x_help
+    assert "RLSTREAM_KAFKA_CLIENT_SETTINGS" in x_help
 
 
 def test_no_cluster_anywhere_is_a_usage_error(capsys):
@@ -196,18 +212,18 @@ def test_demo_flags_derive_from_its_settings_and_client_settings_reach_it(monkey
     class Report:
         accounted, problems = True, []
 
-    def run_demo(cfg, *, log=None, client_settings=None):
+    def run_demo(cfg, *, log=None, client_settings=None, kafka_files=None):
         seen.append((cfg, client_settings))
         return Report()
 
     monkeypatch.setattr(workers.demo.run, "run_demo", run_demo)
     monkeypatch.setattr(workers.demo.run, "summary_table", lambda report: "table")
     argv = ["demo", "--groups", "24", "--timeout", "240", "--policy", "in_order", "--external-reassemblers"]
-    code, err = _main(capsys, *argv, "--bootstrap-servers", "b:1", "-X", "sasl.password=pw", "--prefix", "d1")
+    code, err = _main(capsys, *argv, "--bootstrap-servers", "b:1", "-X", "sasl.username=u", "--prefix", "d1")
     assert code == 0, err
     cfg, client_settings = seen[0]
     assert (cfg.groups, cfg.timeout_s, cfg.policy, cfg.external_reassemblers) == (24, 240.0, "in_order", True)
-    assert (cfg.bootstrap_servers, cfg.prefix, client_settings) == ("b:1", "d1", {"sasl.password": "pw"})
+    assert (cfg.bootstrap_servers, cfg.prefix, client_settings) == ("b:1", "d1", {"sasl.username": "u"})
     code, _ = _main(capsys, "demo")
     assert code == 0 and seen[1][0].bootstrap_servers is None and seen[1][1] is None
     code, err = _main(capsys, "demo", "--producers", "0")

@@ -5,7 +5,7 @@ import pytest
 from streams.tq import STAGING
 from tests.unit.memory_store import InMemoryStore
 from workers.reassembler.errors import StagingUnstable
-from workers.reassembler.finalize import fetch_segments
+from workers.reassembler.staged_fetch import fetch_segments
 from workers.rollout.publisher import stage_rollouts
 from workers.rollout.synthetic import SyntheticShape, make_group
 

@@ -11,9 +11,11 @@ import torch
 from tensordict import TensorDict
 
 from schemas.gym_receipt import GymCallRecord, GymReceipt, GymRolloutReceipt
+from streams.errors import RowsUnsettled
 from streams.tq import STAGING
 from tests.unit.memory_store import InMemoryStore
 from workers.reassembler.config import default_actor_config
+from workers.reassembler.errors import StagingUnstable
 from workers.reassembler.finalize import finalize_groups
 from workers.reassembler.groups import OpenGroup
 from workers.rollout.publisher import stage_rollouts
@@ -230,3 +232,23 @@ def test_extras_nested_past_the_stack_are_a_clear_error_of_the_source_naming_the
     _restage(store, key, lambda t: None, {"gym_extras": _nested_msgpack(100_000)})
     with pytest.raises(ValueError, match=rf"{key}.*extras do not decode"):
         TQStagingSource(store).fetch_records([key])
+
+
+# --- rows TQ cannot settle now: the step is rebuilt, never a crash nor a missing row ---------------------------------
+
+
+class _Unsettled(InMemoryStore):
+    """Every get of the staging partition's rows finds them moving (TQ's `RowsUnsettled`)."""
+
+    def get(self, partition, keys, select=None):
+        if partition == STAGING:
+            raise RowsUnsettled(f"rows of {len(keys)} key(s) of TQ partition {partition!r} kept moving")
+        return super().get(partition, keys, select)
+
+
+def test_nemo_gym_rows_that_keep_moving_abort_the_step_instead_of_ending_the_worker():
+    capture = pytest.importorskip("tests.unit.workers.adapters.test_nemo_gym_capture")
+    store = _Unsettled()
+    group, _ = capture.captured_group(store, "g", [{}, {}])
+    with pytest.raises(StagingUnstable, match="could not be read as theirs now"):
+        finalize_groups(store, [group], default_actor_config(), receipts_topic="t", now_ms=0)

@@ -7,7 +7,7 @@ import time
 
 from schemas.deadletter import DeadLetter
 from schemas.finalized import FinalizedGroup
-from streams.errors import TQTimeout
+from streams.errors import RowsUnsettled, TQTimeout
 from streams.partitioner import partition_of
 from streams.tq import STAGING, TRAIN, TQStore
 from tests.unit.fake_tq import FakeTQ
@@ -138,3 +138,71 @@ def test_a_tq_timeout_after_the_commit_rebuilds_instead_of_ending_the_worker():
     steps(w, 3)
     letters = [DeadLetter.from_bytes(m.value()) for m in broker.records(NAMES.deadletter)]
     assert [d.source_key for d in letters] == [b"g1"] and finalized(broker) == ["g1"]
+
+
+def test_a_staged_row_a_stale_clear_deleted_is_a_missing_row_cleared_after_the_commit_and_the_partition_flows():
+    # A row TQ still maps (its tags name the group) whose storage a stale clear deleted, an index of a
+    # train row cleared by a trainer frozen after its lookup: the fetch reads it as missing, never a
+    # crash loop; the group finalizes without it, its owner's clear releases the key, the next group flows.
+    tq = FakeTQ()
+    tq_store = TQStore()
+    tq_store._tq = tq
+    broker = make_broker()
+    rollouts = publish(broker, tq_store, "g1")
+    broken = rollouts[1].receipt.manifest[0].staging_key
+    tq.stale_clear(STAGING, broken, looked_up_in=TRAIN)
+    w = worker(broker, tq_store)
+    steps(w, 2)
+    (record,) = [FinalizedGroup.from_bytes(m.value()) for m in broker.records(NAMES.finalized)]
+    assert record.valid_row_count == 1 and record.rejection_reasons[1] == "missing_staging_row"
+    assert (STAGING, broken) not in tq.where  # released by the group's staging clear after its commit
+    publish(broker, tq_store, "g2", seed=1)
+    steps(w, 2)
+    assert finalized(broker) == ["g1", "g2"]
+
+
+class UnsettledReads(RecordingStore):
+    """Staged rows that keep moving while read, for the next `times` gets (TQ's `RowsUnsettled`)."""
+
+    times = 0
+
+    def get(self, partition, keys, select=None):
+        if self.times and partition == STAGING:
+            self.times -= 1
+            raise RowsUnsettled(f"rows of {len(keys)} key(s) of TQ partition {partition!r} kept moving")
+        return super().get(partition, keys, select)
+
+
+def test_staged_rows_that_keep_moving_abort_the_step_and_a_later_step_finalizes_the_group():
+    # Nothing is known missing: not a placeholder row, not a hand-back, and not the worker's end.
+    broker, store = make_broker(), UnsettledReads()
+    stats = ReassemblerStats()
+    w = worker(broker, store)
+    w.sensor = stats
+    publish(broker, store, "g1")
+    store.times = 1
+    steps(w, 3)
+    (record,) = [FinalizedGroup.from_bytes(m.value()) for m in broker.records(NAMES.finalized)]
+    assert record.group_id == "g1" and record.valid_row_count == 2 and stats.aborts >= 1
+
+
+class UnsettledLookup(RecordingStore):
+    """The next `times` lookups of staged rows' tags are unsettled (TQ's controller failed meanwhile)."""
+
+    times = 0
+
+    def tags(self, partition, keys):
+        if self.times and partition == STAGING:
+            self.times -= 1
+            raise RowsUnsettled(f"TQ lookup of {len(keys)} key(s) in {partition!r}: which are present")
+        return super().tags(partition, keys)
+
+
+def test_a_lookup_of_staged_rows_tq_cannot_answer_now_aborts_the_step_and_a_later_one_finalizes():
+    broker, store = make_broker(), UnsettledLookup()
+    w = worker(broker, store)
+    publish(broker, store, "g1")
+    store.times = 1
+    steps(w, 3)
+    (record,) = [FinalizedGroup.from_bytes(m.value()) for m in broker.records(NAMES.finalized)]
+    assert record.group_id == "g1" and record.valid_row_count == 2

@@ -7,7 +7,8 @@ import torch
 from tensordict import TensorDict
 
 from streams.errors import MissingKeysError
-from streams.tq import STAGING, TRAIN
+from streams.tq import STAGING, TRAIN, TQStore
+from tests.unit.fake_tq import FakeTQ
 from tests.unit.memory_store import InMemoryStore
 from workers.trainer.errors import SpillError
 from workers.trainer.spill import SPILL_FILE, read_spill, spill_rows
@@ -84,3 +85,16 @@ def test_a_spill_cut_short_missing_or_of_another_checkpoint_is_refused(tmp_path)
     path.unlink()
     with pytest.raises(SpillError, match="cannot read"):
         read_spill(tmp_path, binding="ckpt-3")
+
+
+def test_a_row_a_stale_clear_deleted_under_its_key_is_left_out_and_the_spill_completes(tmp_path):
+    # TQ still maps g0_g1 (ready, tagged) but its storage was deleted by a clear whose lookup went
+    # stale: the spill reads it as gone, as a row cleared meanwhile, instead of failing the checkpoint.
+    tq = FakeTQ()
+    store = TQStore()
+    store._tq = tq
+    _stage(store)
+    tq.stale_clear(TRAIN, "g0_g1", looked_up_in=STAGING)
+    summary = spill_rows(store, tmp_path, binding="ckpt-4", partitions=(TRAIN,))
+    assert summary.rows == {TRAIN: 3} and summary.gone == 1
+    assert read_spill(tmp_path, binding="ckpt-4").keys(TRAIN) == {"g0_g0", "g1_g0", "g1_g1"}
