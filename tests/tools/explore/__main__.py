@@ -82,7 +82,8 @@ def _explore(a: argparse.Namespace) -> int:
         virtual += result.virtual_s
         if result.failed:
             failed += 1
-            _say(f"explore: seed {seed} FAILED ({case.mix}, {result.real_s:.1f}s): {case}")
+            found_at = time.monotonic() - t0
+            _say(f"explore: seed {seed} FAILED ({case.mix}, {result.real_s:.1f}s, {found_at:.0f} s in): {case}")
             again = run(case)
             exact = "replays exactly" if again.digest == result.digest else "DOES NOT replay exactly"
             _say(f"explore: seed {seed} {exact}")

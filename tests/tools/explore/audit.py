@@ -124,7 +124,7 @@ def outstanding(world: World) -> list[str]:
     left = tq_left(world)
     if left:
         out.append(f"TQ holds {left}")
-    if world.model is not None and world.model.saved < len(world.model.trained):
+    if world.workload.checkpointed and world.model is not None and world.model.saved < len(world.model.trained):
         out.append("the trainer's last groups are not checkpointed")
     return out
 

@@ -70,7 +70,10 @@ def reassembler_config(i: int, static: bool) -> ReassemblerConfig:
         poll_timeout_s=0.5,
         group_timeout_s=10.0,
         closed_retention_s=600.0,
-        staging_sweep_age_s=20.0,
+        # Above the longest delay a plan puts between a rollout's staging and its receipts (a hold of
+        # 120 s, a broker down 70 s, a freeze of 40 s), as the default hour is above any outage DESIGN
+        # expects: a receipt later than this finds its rows swept (a bounded age, DESIGN "Staging sweeper").
+        staging_sweep_age_s=150.0,
         staging_sweep_interval_s=10.0,
         session_timeout_ms=6000,
         max_poll_interval_ms=30_000,
