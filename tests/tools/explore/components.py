@@ -209,6 +209,7 @@ def trainer(world: World, proc: Proc, rt: SimRuntime) -> None:
                 if reason is None:
                     digests[i] = rows_digest(ids[at + i, : int(lengths[at + i])])
             model.trained.append((g.group_id, digests))
+            world.facts.trained_at.setdefault(g.group_id, world.sched.elapsed)
             at += len(g.sample_ids)
         world.note(f"trainer trained {', '.join(g.group_id for g in meta.groups)} at version {version}")
         consumer.ack(meta)

@@ -2,7 +2,7 @@
 
 Each `reverts/<ITEM>.patch` undoes one fix the explorer must be able to find (REVERTS.md lists them,
 with the seed that found each, its shrunk history and how long it took). The patch is applied to a
-copy of the working tree's tracked files in a temporary directory, never here, and the explorer runs
+copy of the working tree's files (tracked and new) in a temporary directory, never here, and the explorer runs
 there (`python -m tests.tools.explore`, PYTHONHASHSEED=0) with the arguments given, so what it finds
 is the reverted code's, imported from the copy. Failures are saved under `.explore/reverted/<ITEM>/`
 of this tree unless `--out` says otherwise; `--replay FILE` replays a saved one on the reverted code.
@@ -30,8 +30,13 @@ def patches() -> dict[str, Path]:
 
 
 def _copy_tree(dest: Path) -> None:
-    """The working tree's tracked files, and the built extension modules the packages import."""
-    listed = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, check=True, capture_output=True).stdout
+    """The working tree's files (tracked, and new ones not ignored), and the built extension modules."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+    ).stdout
     files = [f for f in listed.decode().split("\0") if f]
     files += [str(p.relative_to(ROOT)) for pkg in ("schemas", "streams", "workers") for p in (ROOT / pkg).rglob("*.so")]
     for rel in files:

@@ -28,6 +28,7 @@ from confluent_kafka import KafkaException
 
 from tests.tools.explore import components
 from tests.tools.explore.audit import outstanding, violations
+from tests.tools.explore.commits import named_consumed, scaled_limits
 from tests.tools.explore.components import NAMES, Model
 from tests.tools.explore.faults import POINT_KINDS, Fault
 from tests.tools.explore.runtime import SimRuntime
@@ -38,7 +39,6 @@ from tests.tools.sim.kafka import ClusterConfig, KafkaCluster
 from tests.tools.sim.tq import SimTQ
 from workers.reassembler.errors import WorkerFenced
 from workers.topics import pipeline_topics
-from workers.trainer.position import decode_ranges
 
 DEADLINE_S = 900.0  # virtual seconds a run may take before it counts as stuck
 COMPACT_EVERY_S = 20.0  # the log cleaner's pass over the compacted topics
@@ -62,6 +62,8 @@ class Facts:
     # Groups a trainer without checkpoints trained though the commit standing when it started named them
     # consumed (DESIGN: such records are read again as consumed, their rows cleared, never trained again).
     retrained_named: list[str] = field(default_factory=list)
+    trained_at: dict[str, float] = field(default_factory=dict)  # when each group was first trained
+    job_kills: list[float] = field(default_factory=list)  # when the whole job was killed
 
 
 @dataclass
@@ -151,19 +153,7 @@ class World:
         return Counter(g for g, _ in self.model.trained) if self.model is not None else Counter()
 
     def named_consumed(self) -> set[tuple[int, int]]:
-        """(partition, offset) of every finalized record the trainer's standing commits name consumed:
-        before the committed offset, or in the resolved ranges its metadata carries inline."""
-        group = self.cluster.groups.groups.get(components.TRAINER_GROUP)
-        named: set[tuple[int, int]] = set()
-        if group is None:
-            return named
-        for (topic, part), (offset, metadata) in group.offsets.items():
-            if topic != NAMES.finalized or offset < 0:
-                continue
-            named |= {(part, o) for o in range(offset)}
-            for first, last in decode_ranges(offset, metadata):
-                named |= {(part, o) for o in range(first, last + 1)}
-        return named
+        return named_consumed(self)
 
     def resume_seams(self, proc: Proc, rt: SimRuntime) -> dict[str, Any]:
         import inspect
@@ -192,7 +182,8 @@ class World:
             self._start(role)
         try:
             try:
-                ended = self.sched.run(self._done, START + self.deadline_s)
+                with scaled_limits():
+                    ended = self.sched.run(self._done, START + self.deadline_s)
             except Stuck as exc:  # a run that cannot go on is a failure of its seed, not of the explorer
                 ended = f"stuck: {exc}"
             found = violations(self, ended)
@@ -363,6 +354,7 @@ class World:
         if self.job_down:
             return
         self.note(f"fault: {f}: every process and TQ lost, Kafka kept")
+        self.facts.job_kills.append(self.sched.elapsed)
         self.epoch += 1
         self.job_down = True
         for role in [*self.roles.values(), self.resume_role]:
