@@ -32,11 +32,13 @@ def _reexec() -> None:
 
 
 def _args(argv: list[str] | None) -> argparse.Namespace:
+    from tests.tools.explore.faults import MIXES
+
     p = argparse.ArgumentParser(prog="python -m tests.tools.explore", description=__doc__.split("\n")[0])
     p.add_argument("--seeds", type=int, default=100, help="seeds to run (default 100)")
     p.add_argument("--first", type=int, default=0, help="the first seed (default 0)")
     p.add_argument("--minutes", type=float, default=None, help="stop starting seeds after this many minutes")
-    p.add_argument("--mix", default="crash,freeze,kafka,job,trainer,all", help="fault mixes, taken in turn per seed")
+    p.add_argument("--mix", default=",".join(MIXES), help="fault mixes, taken in turn per seed (default: all of them)")
     p.add_argument("--out", type=Path, default=Path(".explore/failures"), help="where failing seeds are saved")
     p.add_argument("--no-shrink", action="store_true", help="save failures as found, unshrunk")
     p.add_argument("--shrink-runs", type=int, default=60, help="runs a shrink may take (default 60)")

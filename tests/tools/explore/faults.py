@@ -111,14 +111,29 @@ _REQUESTS = {
     "rollout": ("kafka.broker.produce", "tq.storage.put_data", "tq.controller.set_custom_meta"),
 }
 
-# A mix: the fault kinds a plan may use, and the roles its faults may target (None: any).
-MIXES: dict[str, tuple[tuple[str, ...], tuple[str, ...] | None]] = {
-    "crash": (("crash",), None),
-    "freeze": (("freeze", "slow"), None),
-    "kafka": (("hold", "error", "down"), None),
-    "job": (("job", "crash"), None),
-    "trainer": (("crash", "error", "freeze", "hold"), ("trainer",)),
-    "all": (KINDS, None),
+
+@dataclass(frozen=True)
+class Mix:
+    """The fault kinds a plan may use, the kinds of role its faults may target (None: any) and the points
+    they may fire at (None: any of the role's)."""
+
+    kinds: tuple[str, ...]
+    roles: tuple[str, ...] | None = None
+    points: tuple[str, ...] | None = None
+
+
+# Where a clear has looked its keys up and not yet deleted: a process frozen there past its session
+# timeout wakes as a zombie whose indexes may have changed hands (issue 30 item 1).
+_CLEARING = ("tq.controller.mark_clearing.send", "tq.storage.clear_data.send", "tq.controller.clear_meta.send")
+
+MIXES: dict[str, Mix] = {
+    "crash": Mix(("crash",)),
+    "freeze": Mix(("freeze", "slow")),
+    "kafka": Mix(("hold", "error", "down")),
+    "job": Mix(("job", "crash")),
+    "trainer": Mix(("crash", "error", "freeze", "hold"), roles=("trainer",)),
+    "zombie": Mix(("freeze",), roles=("reassembler",), points=_CLEARING),
+    "all": Mix(KINDS),
 }
 
 
@@ -158,8 +173,9 @@ def points_of(role: str) -> tuple[str, ...]:
 def draw_plan(rng: random.Random, roles: list[str], mix: str, *, horizon_s: float) -> list[Fault]:
     """1 to 4 faults of the mix's kinds on its roles, armed within `horizon_s` of the start. An error
     often follows a crash of its role (it then meets the restarted process's first such calls)."""
-    kinds, only = MIXES[mix]
-    roles = [r for r in roles if only is None or r in only]
+    m = MIXES[mix]
+    kinds = m.kinds
+    roles = [r for r in roles if m.roles is None or role_kind(r) in m.roles]
     plan: list[Fault] = []
     for _ in range(rng.randint(1, 4)):
         kind = rng.choice(kinds)
@@ -186,10 +202,12 @@ def draw_plan(rng: random.Random, roles: list[str], mix: str, *, horizon_s: floa
             seconds = rng.choice((0.0, 0.0, round(rng.uniform(1, 20), 1)))
             plan.append(Fault("error", role, at, rng.choice(choices), seconds))
             continue
-        point = rng.choice(points_of(role))
+        point = rng.choice([p for p in points_of(role) if m.points is None or p in m.points])
         seconds = 0.0
         if kind == "freeze":
-            seconds = round(rng.choice((rng.uniform(1, 4), rng.uniform(7, 40))), 1)
+            # Short, or past the session timeout (6 s); in a mix of chosen points (a zombie's) always past it.
+            long = rng.uniform(7, 40) if m.points is not None else rng.choice((rng.uniform(1, 4), rng.uniform(7, 40)))
+            seconds = round(long, 1)
         elif kind == "slow":
             seconds = round(rng.uniform(0.5, 15), 1)
         plan.append(Fault(kind, role, at, point, seconds))

@@ -10,6 +10,9 @@ of this tree unless `--out` says otherwise; `--replay FILE` replays a saved one 
     python -m tests.tools.explore.reverted item-3a --seeds 300 --minutes 10 --mix trainer
     python -m tests.tools.explore.reverted item-3a --replay tests/explore_seeds/item-3a-*.json
     python -m tests.tools.explore.reverted --check     # every patch still applies to this tree
+
+After an exploration that failed, each saved failure is replayed on this tree as it is: one that
+passes here is the revert's (its line says so), one that fails here too is a bug of this tree.
 """
 
 from __future__ import annotations
@@ -75,7 +78,10 @@ def main(argv: list[str]) -> int:
     name, args = argv[0], argv[1:]
     # Paths given are this tree's, whatever directory the copy runs in.
     args = [str(Path(a).resolve()) if Path(a).exists() else a for a in args]
-    if "--out" not in args and "--replay" not in args:
+    if "--out" in args:
+        at = args.index("--out") + 1
+        args[at] = str(Path(args[at]).resolve())
+    elif "--replay" not in args:
         args += ["--out", str(ROOT / ".explore" / "reverted" / name)]
     with tempfile.TemporaryDirectory(prefix=f"rlstream-reverted-{name}-") as tmp:
         tree = Path(tmp)
@@ -91,7 +97,25 @@ def main(argv: list[str]) -> int:
             print(f"reverted: the copy's code is not the one imported ({where.stdout or where.stderr})", flush=True)
             return 2
         print(f"reverted: {name} applied to a copy of {ROOT} in {tmp}; exploring there", flush=True)
-        return subprocess.run([sys.executable, "-m", "tests.tools.explore", *args], cwd=tree, env=env).returncode
+        code = subprocess.run([sys.executable, "-m", "tests.tools.explore", *args], cwd=tree, env=env).returncode
+    if "--replay" not in args and code == 1:
+        attribute(Path(args[args.index("--out") + 1]), env)
+    return code
+
+
+def attribute(out: Path, env: dict) -> None:
+    """Which failures are the revert's: each saved failure replayed on this tree, unpatched. One that
+    passes here fails only with the fix undone; one that fails here too is a bug of this tree's own."""
+    for path in sorted(out.glob("*.json"), key=lambda p: int(p.stem.split("-")[1])):
+        done = subprocess.run(
+            [sys.executable, "-m", "tests.tools.explore", "--replay", str(path)],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+        )
+        verdict = "the revert's (passes with the fix)" if done.returncode == 0 else "fails with the fix too"
+        print(f"reverted: {path.name}: {verdict}", flush=True)
 
 
 if __name__ == "__main__":
