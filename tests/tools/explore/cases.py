@@ -36,7 +36,12 @@ class Case:
         workload = random_workload(rng)
         roles = [f"w{i}" for i in range(workload.reassemblers)] + ["trainer", "rollout"]
         plan = draw_plan(rng, roles, mix, horizon_s=workload.prompts * workload.generate_s)
-        return Case(seed, mix, workload, tuple(plan), rng.choice((0.05, 0.2, 0.5)))
+        case = Case(seed, mix, workload, tuple(plan), rng.choice((0.05, 0.2, 0.5)))
+        # Drawn apart, so the cases of seeds drawn before it existed stay what they were.
+        extra = random.Random(f"case/{seed}/{mix}/finalized")
+        if workload.reassemblers > 1 and workload.partitions > 1 and extra.random() < 0.3:
+            case = replace(case, workload=replace(workload, finalized_partitions=1))
+        return case
 
     def with_plan(self, plan) -> Case:
         return replace(self, plan=tuple(plan))
@@ -67,9 +72,11 @@ class Case:
 
     def __str__(self) -> str:
         w = self.workload
+        finalized = f" (finalized {w.finalized_partitions})" if w.finalized_partitions else ""
         return (
             f"seed {self.seed} ({self.mix}): {w.prompts} prompts {list(w.kinds)}, groups of {w.group_size}, "
-            f"{w.partitions} partitions, {w.reassemblers} reassemblers{' (static)' if w.static_membership else ''}, "
+            f"{w.partitions} partitions{finalized}, {w.reassemblers} reassemblers"
+            f"{' (static)' if w.static_membership else ''}, "
             f"switch {self.switch}; faults: " + ("; ".join(str(f) for f in self.plan) or "none")
         )
 

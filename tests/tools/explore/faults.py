@@ -120,11 +120,20 @@ class Mix:
     kinds: tuple[str, ...]
     roles: tuple[str, ...] | None = None
     points: tuple[str, ...] | None = None
+    job_after: bool = False  # and the whole job killed soon after the first fault (while it still holds)
 
 
 # Where a clear has looked its keys up and not yet deleted: a process frozen there past its session
 # timeout wakes as a zombie whose indexes may have changed hands (issue 30 item 1).
 _CLEARING = ("tq.controller.mark_clearing.send", "tq.storage.clear_data.send", "tq.controller.clear_meta.send")
+
+# Where a reassembler's transaction is open: a job killed while one holds there leaves it open on the
+# broker until its timeout, hiding what other workers committed after it (issue 30 item 6).
+_IN_TXN = (
+    "kafka.producer.produce.begin",
+    "kafka.producer.send_offsets_to_transaction.begin",
+    "kafka.producer.commit_transaction.begin",
+)
 
 MIXES: dict[str, Mix] = {
     "crash": Mix(("crash",)),
@@ -133,6 +142,7 @@ MIXES: dict[str, Mix] = {
     "job": Mix(("job", "crash")),
     "trainer": Mix(("crash", "error", "freeze", "hold"), roles=("trainer",)),
     "zombie": Mix(("freeze",), roles=("reassembler",), points=_CLEARING),
+    "txnjob": Mix(("freeze", "slow"), roles=("reassembler",), points=_IN_TXN, job_after=True),
     "all": Mix(KINDS),
 }
 
@@ -211,4 +221,6 @@ def draw_plan(rng: random.Random, roles: list[str], mix: str, *, horizon_s: floa
         elif kind == "slow":
             seconds = round(rng.uniform(0.5, 15), 1)
         plan.append(Fault(kind, role, at, point, seconds))
+    if m.job_after and plan:
+        plan.append(Fault("job", at=round(plan[0].at + rng.uniform(0.2, 3.0), 1)))
     return sorted(plan, key=lambda f: f.at)

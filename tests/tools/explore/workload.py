@@ -49,6 +49,9 @@ class Workload:
     policy: str = "ready_first"  # the trainer's: "ready_first", or "weight_fifo" (evicts past 2 versions)
     checkpointed: bool = True  # the trainer checkpoints (acks settle with durable checkpoints), else acks commit
     train_s: float = 0.5  # virtual seconds a trainer step takes
+    # The finalized topic's partitions when not the receipts' (None: as many, as `rlstream topics create`
+    # makes them). Fewer, a finalized partition takes records of groups other workers own.
+    finalized_partitions: int | None = None
 
     def kind(self, prompt: int) -> str:
         return self.kinds[prompt] if prompt < len(self.kinds) else "ok"
@@ -83,6 +86,7 @@ class Workload:
             "policy": self.policy,
             "checkpointed": self.checkpointed,
             "train_s": self.train_s,
+            "finalized_partitions": self.finalized_partitions,
         }
 
     @staticmethod

@@ -118,7 +118,10 @@ class World:
         self.cluster = KafkaCluster(self.sched, ClusterConfig())
         self.tq = SimTQ(self.sched)
         for spec in pipeline_topics(NAMES, partitions=workload.partitions):
-            self.cluster.create_topic(spec.name, spec.partitions, dict(spec.config))
+            parts = spec.partitions
+            if spec.name == NAMES.finalized and workload.finalized_partitions is not None:
+                parts = workload.finalized_partitions
+            self.cluster.create_topic(spec.name, parts, dict(spec.config))
         self.roles: dict[str, Role] = {
             f"w{i}": Role(f"w{i}", components.reassembler(i)) for i in range(workload.reassemblers)
         }
