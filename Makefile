@@ -54,10 +54,11 @@ lint: $(STAMP) ## ruff check and format, as CI enforces
 demo: jars ## the whole pipeline locally, every group accounted for (about a minute)
 	$(BIN)/rlstream demo
 
-bench: jars ## every benchmark, printing its figures (bench/README.md; about 25 minutes)
+bench: jars ## every benchmark, printing its figures (bench/README.md; about 35 minutes)
 	$(BIN)/python -m bench.codec
 	$(BIN)/python -m bench.pipeline
 	$(BIN)/python -m bench.restore
+	$(BIN)/python -m bench.resume
 	$(BIN)/python -m bench.progress
 	$(BIN)/python -m bench.dataplane
 	$(BIN)/python -m bench.scaling

@@ -1,4 +1,5 @@
-"""Topic administration over the admin API: idempotent creation, listing and partition counts.
+"""Topic administration over the admin API: idempotent creation, listing and partition counts; the
+members of consumer groups.
 
 Generic: it knows nothing of the pipeline's own topics (see `workers.topics`). Every admin call is
 followed by `poll(0)`: librdkafka queues its log lines until the client is polled, and an admin
@@ -11,7 +12,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from confluent_kafka import KafkaException
+from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from streams.config import KafkaConfig
@@ -122,3 +123,59 @@ def broker_count(kafka: KafkaConfig, *, timeout_s: float = 10.0) -> int:
     """How many brokers the cluster's metadata lists."""
     with _polled(AdminClient(kafka.admin())) as admin:
         return len(admin.list_topics(timeout=timeout_s).brokers)
+
+
+@dataclass(frozen=True)
+class GroupMember:
+    """A member of a consumer group as the coordinator lists it."""
+
+    client_id: str
+    host: str
+    member_id: str
+    instance_id: str | None = None
+
+    def __str__(self) -> str:
+        return f"{self.client_id or self.member_id}@{self.host.lstrip('/')}"
+
+
+# Answers of a coordinator moving or still loading its groups (a broker just started, a failover):
+# asked again within the call's time.
+_COORDINATOR_BUSY = frozenset(
+    {KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_LOAD_IN_PROGRESS, KafkaError.COORDINATOR_NOT_AVAILABLE}
+)
+
+
+def group_members(kafka: KafkaConfig, groups: list[str], *, timeout_s: float = 10.0) -> dict[str, list[GroupMember]]:
+    """The members each consumer group has now (none for a group that does not exist or is empty).
+
+    A member stays listed until it leaves or its session times out, so a process killed a moment ago
+    is still listed for up to its `session.timeout.ms`. A coordinator moving or loading is asked again
+    until `timeout_s` has passed.
+    """
+    if not groups:
+        return {}
+    out: dict[str, list[GroupMember]] = {}
+    deadline = time.monotonic() + timeout_s
+    with _polled(AdminClient(kafka.admin())) as admin:
+        todo = list(dict.fromkeys(groups))
+        while todo:
+            futures = admin.describe_consumer_groups(todo, request_timeout=timeout_s)
+            todo = []
+            for group, fut in futures.items():
+                try:
+                    described = fut.result(timeout=timeout_s + 5)
+                except KafkaException as exc:
+                    code = exc.args[0].code()
+                    if code == KafkaError.GROUP_ID_NOT_FOUND:
+                        out[group] = []
+                        continue
+                    if code in _COORDINATOR_BUSY and time.monotonic() < deadline:
+                        todo.append(group)
+                        continue
+                    raise
+                out[group] = [
+                    GroupMember(m.client_id, m.host, m.member_id, m.group_instance_id) for m in described.members
+                ]
+            if todo:
+                time.sleep(0.2)
+    return out

@@ -26,6 +26,8 @@ from streams.errors import BrokerError
 STORAGE_TOOL = "kafka.tools.StorageTool"
 STORAGE_DIR = "kraft-logs"
 META_FILE = "meta.properties"
+# Ten years: committed offsets outlast any outage the records do (they are kept for good).
+OFFSETS_RETENTION_MINUTES = 10 * 365 * 24 * 60
 PROPERTIES_FILE = "server.properties"
 SECURITY_DIR = "security"
 NODE_PREFIX = "node-"  # a cluster's node directories: node-1, node-2, ...
@@ -177,6 +179,10 @@ def server_properties(data_dir: Path, port: int, controller_port: int, extra: tu
         "group.min.session.timeout.ms": "1000",
         "transaction.abort.timed.out.transaction.cleanup.interval.ms": "1000",
         "num.partitions": "1",
+        # A group's committed offsets are kept this long once it is empty (Kafka's default: 7 days). The
+        # topics keep their records for good; a job down longer than a week came back with its
+        # reassemblers', trainer's and rollout workers' places gone (issue 30).
+        "offsets.retention.minutes": str(OFFSETS_RETENTION_MINUTES),
     }
     props.update(dict(extra))
     return "".join(f"{k}={v}\n" for k, v in props.items())

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import math
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
@@ -72,6 +73,11 @@ class KVStore(Protocol):
 
     def tags(self, partition: str, keys: Sequence[str]) -> dict[str, dict[str, Any]]:
         """The tags each present key was put with; absent keys are left out."""
+        ...
+
+    def row_bytes(self, partition: str, keys: Sequence[str]) -> dict[str, int]:
+        """About how many bytes each present key's row holds, from metadata (no row is read); absent keys,
+        and rows whose size the store cannot tell, are left out. A reader sizes its reads by it."""
         ...
 
     def clear(self, partition: str, keys: Sequence[str]) -> None: ...
@@ -264,6 +270,21 @@ class TQStore:
         wanted = set(keys)
         return {k: dict(t) for k, t in zip(held, meta.custom_meta) if k in wanted}
 
+    def row_bytes(self, partition: str, keys: Sequence[str]) -> dict[str, int]:
+        """From the shapes and dtypes TQ's controller keeps per row (one metadata call; a packed row is one
+        uint8 field of its bytes). Keys cleared since the caller listed them are looked up again without."""
+        keys = list(dict.fromkeys(keys))
+        for _ in range(2):
+            if not keys:
+                return {}
+            lookup = self._tq.get_client().async_kv_retrieve_meta(keys=keys, partition_id=partition, create=False)
+            meta = self._call(f"lookup of {len(keys)} key(s) in {partition!r}", lookup)
+            if meta.size == len(keys):
+                return {k: n for k, n in zip(keys, _sizes(meta)) if n is not None}
+            present = self.present(partition, keys)
+            keys = [k for k in keys if k in present]
+        return {}
+
     async def _lookup(self, client, partition: str, keys: list[str]) -> tuple[Any, list]:
         """TQ's lookup of `keys`, and the key each index it found holds when some were absent."""
         meta = await client.async_kv_retrieve_meta(keys=keys, partition_id=partition, create=False)
@@ -308,3 +329,21 @@ async def _within(coro, deadline_s: float, what: str) -> Any:
             f"TQ {what} did not finish within {deadline_s:g}s: given up (cancelled where it waited, so it "
             "sends nothing more; what it sent already may still be applied)"
         ) from None
+
+
+def _sizes(meta: Any) -> list[int | None]:
+    """Bytes of each row of `meta` from its fields' per-row shapes and dtypes; None where one is unknown."""
+    if not hasattr(meta, "get_shapes"):  # a client whose metadata keeps no per-row shapes: unknown
+        return [None] * meta.size
+    sizes: list[int | None] = [0] * meta.size
+    for name, schema in meta.field_schema.items():
+        dtype = schema.get("dtype")
+        itemsize = getattr(dtype, "itemsize", None)
+        for i, shape in enumerate(meta.get_shapes(name)):
+            if sizes[i] is None:
+                continue
+            if itemsize is None or shape is None:
+                sizes[i] = None
+            else:
+                sizes[i] += math.prod(shape) * itemsize
+    return sizes

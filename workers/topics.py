@@ -104,6 +104,13 @@ def pipeline_topics(
 
     `config` applies to every topic. With 3 or more replicas, `min.insync.replicas` defaults to 2, so
     an acknowledged write (acks=all) survives the loss of any one broker; with 2 replicas it is 1.
+
+    Receipts, finalized records and hand-backs are kept for good (`retention.ms=-1`) unless `config`
+    says otherwise: what lies past the reassemblers', the trainer's and the rollout workers' offsets is
+    what a job restarted after any outage still needs (`workers/trainer/resume.py`), and the broker's
+    default (7 days) lost it to a job down a week. They are the run's record (metadata only, about a
+    KB per group); delete a finished run's topics with the run. The state changelog is compacted
+    (entries stay until tombstoned), the version topic too; dead letters keep the broker's default.
     """
     if partitions < 1:
         raise InvalidArgument(f"partitions must be >= 1, got {partitions}")
@@ -113,17 +120,18 @@ def pipeline_topics(
     common = {"min.insync.replicas": "2" if replication_factor >= 3 else "1"} if replication_factor >= 2 else {}
     common.update(config or {})
     compacted = {**common, "cleanup.policy": "compact", "min.cleanable.dirty.ratio": "0.1", "segment.ms": "60000"}
+    kept = {"retention.ms": "-1", **common}
     # Trainers read the progress topic whole (workers/trainer/progress.py): a tombstone need only outlast
     # one read, seconds, where the broker's default (a day) kept a day of them in every read.
     progress = {"delete.retention.ms": PROGRESS_TOMBSTONE_MS, **compacted}
     return [
-        TopicSpec(names.receipts, partitions, dict(common), replication_factor=replication_factor),
-        TopicSpec(names.finalized, partitions, dict(common), replication_factor=replication_factor),
+        TopicSpec(names.receipts, partitions, dict(kept), replication_factor=replication_factor),
+        TopicSpec(names.finalized, partitions, dict(kept), replication_factor=replication_factor),
         TopicSpec(names.deadletter, 1, dict(common), replication_factor=replication_factor),
         TopicSpec(names.trainer_deadletter, 1, dict(common), replication_factor=replication_factor),
         TopicSpec(names.trainer_version, 1, dict(compacted), replication_factor=replication_factor),
         TopicSpec(names.trainer_progress, 1, progress, replication_factor=replication_factor),
-        TopicSpec(names.regenerate, partitions, dict(common), replication_factor=replication_factor),
+        TopicSpec(names.regenerate, partitions, dict(kept), replication_factor=replication_factor),
         TopicSpec(names.state, partitions, compacted, replication_factor=replication_factor),
     ]
 

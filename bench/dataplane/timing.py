@@ -78,6 +78,13 @@ class TimedStore:
         finally:
             self._record("tags", partition, len(keys), t0)
 
+    def row_bytes(self, partition: str, keys: Sequence[str]) -> dict[str, int]:
+        t0 = time.perf_counter()
+        try:
+            return self._inner.row_bytes(partition, keys)
+        finally:
+            self._record("row_bytes", partition, len(keys), t0)
+
     def clear(self, partition: str, keys: Sequence[str]) -> None:
         t0 = time.perf_counter()
         try:

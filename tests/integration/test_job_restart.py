@@ -41,11 +41,19 @@ def _rounds(out: str) -> list[dict[str, int]]:
 def test_a_job_killed_whole_after_a_checkpoint_trains_every_group_once_or_hands_it_back(kafka):
     # 48 prompts in batches of 8, a checkpoint every 2 steps, the kill after step 3 of 6: some groups are
     # trained before the checkpoint, some restored from its spill, some lost with TQ and handed back.
+    # With the drill's three faults: every third prompt has a failed rollout (handed back, never
+    # dead-lettered), the reassembler holds its transaction open at the kill (resume aborts it), and
+    # a group trained before the checkpoint is finalized again past its cut (not trained again).
     out = _drill(kafka, "--rounds", "1", "--prompts", "48", "--checkpoint-every", "2", "--kill-steps", "3",
                  "--timeout", "300", timeout_s=720)  # fmt: skip
     (r,) = _rounds(out)
     assert r["lost"] == 0 and r["twice"] == 0 and r["dead"] == 0 and r["evicted"] == 0
     assert r["once"] + r["back"] == r["produced"] and r["regenerated"] == r["back"], out
+    assert "any transaction it left open is aborted" in out
+    # Each fault fired (the audit fails the round otherwise): the held transaction was still open at resume.
+    assert re.search(r"faults fired: groups with a failed rollout [1-9]\d*, partitions held open at resume [1-9]", out)
+    assert re.search(r"duplicates past the checkpoint of groups resolved before it \(resolved by the trainer\): 1", out)
+    assert re.search(r"duplicate past the cut: jr-\w+-p\d+", out), out
     # Something was at stake: groups finalized and not trained when the job died, restored or handed back.
     restored = re.search(r"finalized groups restored \((\d+) train rows back in TQ\): (\d+)", out)
     assert restored and int(restored[2]) + r["back"] > 0, out

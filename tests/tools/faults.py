@@ -76,3 +76,18 @@ class SlowCommit(Faults):
             self.times -= 1
             print(f"[drill] {HOLDING} {self.seconds:.0f}s before its commit", flush=True)
             time.sleep(self.seconds)
+
+
+class HoldWhenArmed(Faults):
+    """Once `armed` exists, hold the next step's open transaction for good (its records flushed to the
+    broker, its offsets sent): the job-restart drill arms it just before it kills the job, so the broker
+    keeps a dead reassembler's transaction open across the restart. Prints HOLDING when it holds."""
+
+    def __init__(self, armed: str):
+        self.armed = armed
+
+    def before_commit(self) -> None:
+        if os.path.exists(self.armed):
+            print(f"[drill] {HOLDING} until the job is killed", flush=True)
+            while True:
+                time.sleep(3600)

@@ -81,6 +81,10 @@ class InMemoryStore:
         part = self._rows.get(partition, {})
         return {k: dict(part[k][1]) for k in keys if k in part}
 
+    def row_bytes(self, partition: str, keys: Sequence[str]) -> dict[str, int]:
+        part = self._rows.get(partition, {})
+        return {k: sum(t.numel() * t.element_size() for t in part[k][0].values()) for k in keys if k in part}
+
     def clear(self, partition: str, keys: Sequence[str]) -> None:
         part = self._rows.get(partition, {})
         for k in keys:

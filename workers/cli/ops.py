@@ -340,10 +340,47 @@ def refinalize(target: KafkaTarget, source: str, tq_checkpoint: str, num_cpus: i
 )
 @click.option("--consumer-group", default="reassemblers", show_default=True, help="the reassemblers' consumer group")
 @click.option("--trainer-consumer-group", default="trainer", show_default=True, help="the trainer's consumer group")
+@click.option(
+    "--rollout-consumer-group",
+    default=None,
+    help="the rollout workers' RegenerateFeed consumer group: hand-backs they generated before the job died are"
+    " settled there, so none is generated twice (default: not settled)",
+)
+@click.option(
+    "--reassembler-worker-id",
+    "worker_ids",
+    multiple=True,
+    help="a worker id of the dead job's reassemblers (repeat it; `--worker-id W --workers 2` runs W-0 and W-1):"
+    " a transaction it left open is aborted at once instead of waited out",
+)
+@click.option(
+    "--transaction-wait-s",
+    type=click.FloatRange(0, 3600),
+    default=960.0,
+    show_default=True,
+    help="how long resume may wait in all: for the dead job's members to leave their consumer groups (a"
+    " killed one goes at its session timeout), for transactions it left open, for offsets they held",
+)
+@click.option(
+    "--force",
+    is_flag=True,
+    help="do not wait for the consumer groups' members to leave (they are known gone for good), and settle a"
+    " rollout consumer group that has no commit",
+)
 @click.option("--ray-address", default="auto", show_default=True, help="the restarted job's Ray, with TQ up")
-def resume(target: KafkaTarget, checkpoint, consumer_group: str, trainer_consumer_group: str, ray_address: str) -> int:
-    """After a whole-job restart, before reassemblers and trainer start: put back the rows the checkpoint kept
-    and account for every group (exit 1 if any is unaccounted for)."""
+def resume(
+    target: KafkaTarget,
+    checkpoint,
+    consumer_group: str,
+    trainer_consumer_group: str,
+    rollout_consumer_group: str | None,
+    worker_ids: tuple[str, ...],
+    transaction_wait_s: float,
+    force: bool,
+    ray_address: str,
+) -> int:
+    """After a whole-job restart, before reassemblers, trainer and rollout workers start: put back the rows the
+    checkpoint kept and account for every group (exit 1 if any is unaccounted for)."""
     from streams.tq import TQConfig, TQStore, init_tq
     from workers.trainer.config import ConsumerConfig
     from workers.trainer.resume import resume as reconcile
@@ -351,8 +388,8 @@ def resume(target: KafkaTarget, checkpoint, consumer_group: str, trainer_consume
     names = _names(target)
     say(
         f"resume: topics {names.prefix or '(no prefix)'}.* on {target.servers}, trainer consumer group"
-        f" {trainer_consumer_group!r}, reassemblers {consumer_group!r}, checkpoint {checkpoint or 'none'},"
-        f" Ray {ray_address}"
+        f" {trainer_consumer_group!r}, reassemblers {consumer_group!r}, rollout workers"
+        f" {rollout_consumer_group or '(not settled)'}, checkpoint {checkpoint or 'none'}, Ray {ray_address}"
     )
     session = init_tq(TQConfig(address=ray_address))
     if session.started_tq:
@@ -362,7 +399,18 @@ def resume(target: KafkaTarget, checkpoint, consumer_group: str, trainer_consume
         return 1
     try:
         config = ConsumerConfig(prefix=names.prefix, consumer_group=trainer_consumer_group, checkpointed=True)
-        report = reconcile(target.kafka, TQStore(), config, checkpoint, reassembler_consumer_group=consumer_group)
+        report = reconcile(
+            target.kafka,
+            TQStore(),
+            config,
+            checkpoint,
+            reassembler_consumer_group=consumer_group,
+            rollout_consumer_group=rollout_consumer_group,
+            reassembler_worker_ids=worker_ids,
+            transaction_wait_s=transaction_wait_s,
+            force=force,
+            say=say,
+        )
     finally:
         session.close()
     for line in report.lines():

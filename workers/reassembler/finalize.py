@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,9 +23,8 @@ from workers.reassembler.errors import LeaseRefused, StagingUnstable
 from workers.reassembler.groups import OpenGroup
 from workers.reassembler.gym_fetch import fetch_gym_rows, is_gym
 from workers.reassembler.staged_fetch import Segments, fetch_segments
+from workers.reassembler.staging_lost import staging_lost
 from workers.runtime import REAL_RUNTIME, Runtime
-
-MISSING_STAGING_ROW = "missing_staging_row"  # schemas.linearize's rejection of a receipt whose row is gone
 
 
 @dataclass(frozen=True)
@@ -205,10 +204,7 @@ def finalize_groups(
         fetch_gym_rows(store, config.staging_partition, [k for k in lookup if k in gym_keys], tags),
     )
     fetch_ms = (time.perf_counter() - t0) * 1000.0
-    results = [
-        _build_or_letter(group, owned[group.group_id], fetched, config, gone=_staging_gone(group, tags))
-        for group in groups
-    ]
+    results = [_build_or_letter(group, owned[group.group_id], fetched, config, present=tags.keys()) for group in groups]
     if placeholder_groups:
         results = [placeholder_group(r, owned, fetched, config) for r in results]
     built = [(r[0], r[1]) for r in results if not isinstance(r, GroupOutcome)]
@@ -245,18 +241,19 @@ def finalize_groups(
 _Built = tuple[OpenGroup, GroupBuild, tuple[str, ...], float]  # group, its rows, staging keys, build ms
 
 
-def _staging_gone(group: OpenGroup, tags: dict[str, dict[str, Any]]) -> bool:
-    """Whether not one staging key the group claims exists in TQ at all (under any owner)."""
-    return not any(k in tags for k in group.staging_keys())
-
-
 def _build_or_letter(
-    group: OpenGroup, mine: Owned, fetched: Fetched, config: RolloutReassemblerActorConfig, *, gone: bool
+    group: OpenGroup,
+    mine: Owned,
+    fetched: Fetched,
+    config: RolloutReassemblerActorConfig,
+    *,
+    present: Collection[str],
 ) -> GroupOutcome | _Built:
     """The group's rows, or its dead-letter outcome when it has no valid row or its build fails.
 
-    `gone`: none of the group's staging keys exist in TQ (a whole-job restart emptied it), so the
-    group is handed back. A group whose keys exist but belong to another group is hostile input and
+    `present`: the staging keys that exist in TQ (under any owner). A group none of whose valid rows is
+    left because its staging was lost (a whole-job restart emptied TQ; `staging_lost.py`) is handed back,
+    failed siblings or not. A group whose keys exist but belong to another group is hostile input and
     is dead-lettered like any other group without a valid row.
     """
     t1 = time.perf_counter()
@@ -273,10 +270,12 @@ def _build_or_letter(
         return GroupOutcome(group, None, INCONSISTENT_GROUP, message, staging)
     if build.valid_row_count == 0:
         reasons = sorted({r for r in build.rejection_reasons if r})
-        if reasons == [MISSING_STAGING_ROW] and gone and regeneration_of(group.group_id)[1] < MAX_REGENERATIONS:
-            # Not one row of the group is left, and no rollout failed: its staging was lost (a whole-job
-            # restart emptied TQ), not refused. Generating the prompt again is the only way to train it.
-            message = f"group {group.group_id}: none of its staged rows are in TQ; handed back for regeneration"
+        if staging_lost(group, build, present, mine.keys) and regeneration_of(group.group_id)[1] < MAX_REGENERATIONS:
+            # Generating the prompt again is the only way to train it.
+            message = (
+                f"group {group.group_id}: none of its staged rows are in TQ ({', '.join(reasons)});"
+                " handed back for regeneration"
+            )
             return GroupOutcome(group, None, None, message, staging, handed_back=True)
         kind = ALL_ROLLOUTS_FAILED if reasons == ["rollout_failed"] else INCONSISTENT_GROUP
         return GroupOutcome(group, None, kind, f"group {group.group_id}: no valid row ({', '.join(reasons)})", staging)

@@ -13,6 +13,8 @@ their rows are still there.
 
 from __future__ import annotations
 
+import bisect
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import msgspec
@@ -30,8 +32,32 @@ class PartitionMark(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # dead-lettered, duplicates).
     trained: list[tuple[int, int]] = []
 
+    def resolves(self, offset: int) -> bool:
+        """Whether the record at `offset` was resolved at the cut (before the mark, or in a trained range)."""
+        if offset < self.offset:
+            return True
+        i = bisect.bisect_right(self.trained, (offset, float("inf"))) - 1
+        return i >= 0 and self.trained[i][0] <= offset <= self.trained[i][1]
 
-class ConsumerState(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+
+def resolved_at_cut(
+    groups: Iterable[tuple[str, int, int]], marks: Mapping[int, PartitionMark]
+) -> Iterator[tuple[str, int, int]]:
+    """The (group id, partition, offset) of `groups` whose record the cut counts resolved.
+
+    A consumer remembers a group resolved as soon as it is done with it, but a group handed back or
+    dead-lettered holds its record back in the cut until its notice is acknowledged; named resolved in
+    a checkpoint, the restored consumer would take its record for one read again and drop it, the
+    notice lost. Groups of partitions the cut does not name are kept: a revoked partition's notices
+    and their groups are forgotten when it goes, so what the consumer remembers there was done.
+    """
+    for gid, part, offset in groups:
+        mark = marks.get(part)
+        if mark is None or mark.resolves(offset):
+            yield gid, part, offset
+
+
+class ConsumerState(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
     """What `ExperienceConsumer.state_dict()` returns, as plain builtins (torch.save, JSON, msgpack)."""
 
     schema_version: int
@@ -41,6 +67,10 @@ class ConsumerState(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     cut: int  # acks up to this sequence number are covered by the checkpoint
     partitions: dict[int, PartitionMark]
     run: str = ""  # the consumer instance that cut it; its cut numbers mean nothing to another
+    # (group id, partition, offset) of groups resolved before the cut, whose later duplicates the restored
+    # consumer drops: `checkpoint_dir.load_state` fills it from the checkpoint's resolved file (issue 30);
+    # `state_dict` leaves it empty, so the state stays small.
+    resolved: list[tuple[str, int, int]] = []
 
 
 def encode_state(state: ConsumerState) -> dict[str, Any]:

@@ -344,9 +344,16 @@ class ExperienceConsumer(FinalizedIntake):
         for group_id, partition, offset in records:
             self._pending.remember_resolved(group_id, partition, offset)
 
+    def resolved_groups(self) -> list[tuple[str, int, int]]:
+        """(group id, partition, offset) of the resolved groups this consumer remembers to drop duplicates
+        against (up to `max_seen_groups`), oldest first; `checkpoint_dir` keeps them in a checkpoint."""
+        return self._pending.resolved_seen()
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from a checkpoint's state, before the first poll: each partition it names is read
-        from its offset, knowing which later records were trained; the version is restored."""
+        from its offset, knowing which later records were trained; the version is restored, and the
+        groups it names resolved (`checkpoint_dir.load_state` reads them from the checkpoint) are
+        remembered, so their duplicates past the cut are dropped, not handed back to train again."""
         st = decode_state(state, topic=self.config.finalized_topic, consumer_group=self.config.consumer_group)
         if not self._clears.deferred:
             raise InvalidArgument("load_state_dict needs ConsumerConfig(checkpointed=True)")
@@ -355,3 +362,4 @@ class ExperienceConsumer(FinalizedIntake):
         self._restored = dict(st.partitions)
         self.version = max(self.version, st.version)
         self.sensor.on_version(self.version)
+        self.remember_resolved(st.resolved)

@@ -70,3 +70,11 @@ class CommitUnreadable(RlstreamError):
 
 class SpillError(RlstreamError):
     """A checkpoint's spill of TQ rows that cannot be used: missing, cut short, undecodable, or another checkpoint's."""
+
+
+class OpenTransaction(RlstreamError):
+    """A transaction stayed open on a topic `resume` must read, past its wait (`open_transactions.py`)."""
+
+
+class OldJobAlive(RlstreamError):
+    """A consumer group of the job `resume` restarts still has members past the wait: it is not dead."""

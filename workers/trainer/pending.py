@@ -191,6 +191,11 @@ class PendingGroups:
         if group_id not in self._seen:
             self._remember(group_id, _Seen(partition, offset, resolved=True))
 
+    def resolved_seen(self) -> list[tuple[str, int, int]]:
+        """(group id, partition, offset) of the resolved groups remembered, oldest first: what a checkpoint
+        keeps so that the trainer restored from it drops duplicates as this one would."""
+        return [(gid, s.partition, s.offset) for gid, s in self._seen.items() if s.resolved]
+
     def forget_seen(self, partition: int, offsets: Iterable[int]) -> None:
         """Forget the groups whose records lie at these offsets, so reading them again is no re-read."""
         at = {(partition, o) for o in offsets}

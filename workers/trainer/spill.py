@@ -1,41 +1,40 @@
-"""Keeping TQ's rows in a trainer checkpoint, and putting them back after a whole-job restart (issue 24).
+"""Keeping TQ's rows in a trainer checkpoint (issue 24), in messages a reader always accepts (issue 30).
 
 `spill_rows` writes every row of rlstream's TQ partitions (train rows not yet trained, staged calls of
 groups still open) to `rows.spill` in a checkpoint directory, as `schemas/spill.py` messages framed
-by an 8-byte length; `read_spill` reads it back whole or refuses it (`SpillError`: missing, cut
-short, undecodable, or written for another checkpoint), and `Spill.restore` puts chosen rows back
-into a fresh TQ. Which rows to put back is `resume.py`'s business: only those whose records still
-need them, so nothing trained before the checkpoint comes back.
+by an 8-byte length: chunks of whole rows up to `chunk_bytes()` (64 MiB) of data, a row bigger than
+that split into parts of that size, then an index of where each row lies, and the end record.
+Memory stays bounded by a few chunks (a read from TQ of at most a chunk of rows, sized ahead by the
+store's metadata, its packed copy and the chunk being filled), or by the largest row, read alone.
+`spill_read.py` reads it back and puts chosen rows into TQ.
 
 A row cleared or replaced while the spill reads (the pipeline keeps running) is left out: a row not
 spilled is a group handed back after a restart, never a wrong row. The spill costs one read of
-every row TQ holds per checkpoint, bounded by what admission control lets run ahead of training.
+every row TQ holds per checkpoint, bounded by what admission control lets run ahead of training;
+`checkpoint_dir.begin_checkpoint` writes it off the trainer's thread.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import struct
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import torch
-from tensordict import TensorDict
 
-from schemas.errors import SchemaError
-from schemas.jagged import jagged_rows, make_jagged
-from schemas.rowpack import pack_rows, unpack_rows
-from schemas.spill import MAX_SPILL_MESSAGE_BYTES, SpillChunk, SpillEnd, SpillHeader
+from schemas import spill as fmt
+from schemas.jagged import jagged_rows
+from schemas.rowpack import pack_rows
+from schemas.spill import FRAME, SpillChunk, SpillEnd, SpillHeader, SpillIndex, SpillRowPart
 from streams.errors import MissingKeysError, RowsUnsettled
 from streams.tq import STAGING, TRAIN, KVStore
-from workers.trainer.errors import SpillError
 
 SPILL_FILE = "rows.spill"
-_LENGTH = struct.Struct(">Q")
+# Keys whose sizes one metadata call looks up, ahead of the reads they size.
+_SIZED = 4096
 # Reads of one row TQ cannot settle now before the spill leaves it out.
 _UNSETTLED_TRIES = 3
 
@@ -49,13 +48,73 @@ class SpillSummary:
     rows: dict[str, int] = field(default_factory=dict)
     bytes: int = 0
     gone: int = 0
+    messages: int = 0
+    largest_message: int = 0
 
 
-def _write(f, msg) -> int:
-    data = msg.to_bytes()
-    f.write(_LENGTH.pack(len(data)))
-    f.write(data)
-    return len(data)
+class _Writer:
+    """Frames messages into the file, and notes where each row lies for the index."""
+
+    def __init__(self, f, partitions: Sequence[str], limit: int):
+        self._f = f
+        self._limit = limit
+        self.partition_no = {p: i for i, p in enumerate(partitions)}
+        self.keys: list[str] = []
+        self.parts_of: list[int] = []
+        self.at: list[int] = []
+        self.chunks = self.parts = 0
+        self.summary = SpillSummary()
+
+    def write(self, msg) -> int:
+        """Frame `msg`; returns the file position it starts at."""
+        data = msg.to_bytes()
+        if len(data) > self._limit:  # never written: a reader would refuse the whole file for it
+            raise ValueError(f"a spill message of {len(data)} bytes exceeds the {self._limit} bytes a reader accepts")
+        at = self._f.tell()
+        self._f.write(FRAME.pack(len(data)))
+        self._f.write(data)
+        self.summary.messages += 1
+        self.summary.largest_message = max(self.summary.largest_message, len(data))
+        return at
+
+    def rows(self, partition: str, keys: list[str], tags: list[dict], data: bytes, offsets: list[int]) -> None:
+        at = self.write(
+            SpillChunk(partition=partition, keys=tuple(keys), tags=tuple(tags), offsets=tuple(offsets), data=data)
+        )
+        self.chunks += 1
+        self._noted(partition, keys, at)
+
+    def big_row(self, partition: str, key: str, tags: dict, data: memoryview, part_bytes: int) -> None:
+        parts = -(-len(data) // part_bytes)
+        first = None
+        for i in range(parts):
+            piece = bytes(data[i * part_bytes : (i + 1) * part_bytes])
+            msg = SpillRowPart(partition=partition, key=key, tags=tags, part=i, parts=parts, size=len(data), data=piece)
+            at = self.write(msg)
+            first = at if first is None else first
+        self.parts += parts
+        self._noted(partition, [key], first)
+
+    def _noted(self, partition: str, keys: list[str], at: int) -> None:
+        self.keys.extend(keys)
+        self.parts_of.extend([self.partition_no[partition]] * len(keys))
+        self.at.extend([at] * len(keys))
+        self.summary.rows[partition] = self.summary.rows.get(partition, 0) + len(keys)
+
+    def finish(self) -> None:
+        index_at = -1
+        messages = 0
+        for i in range(0, len(self.keys), fmt.INDEX_ENTRIES):
+            s = slice(i, i + fmt.INDEX_ENTRIES)
+            at = self.write(
+                SpillIndex(keys=tuple(self.keys[s]), partition=tuple(self.parts_of[s]), at=tuple(self.at[s]))
+            )
+            index_at = at if index_at < 0 else index_at
+            messages += 1
+        rows = len(self.keys)
+        end = SpillEnd(chunks=self.chunks, rows=rows, parts=self.parts, index_at=index_at, index_messages=messages)
+        end_at = self.write(end)
+        self._f.write(FRAME.pack(end_at))
 
 
 def _rows(store: KVStore, partition: str, keys: list[str]) -> Iterator[tuple[list[str], dict[str, torch.Tensor]]]:
@@ -95,14 +154,78 @@ def _rows(store: KVStore, partition: str, keys: list[str]) -> Iterator[tuple[lis
             break
 
 
-def _chunk(partition: str, keys: list[str], tags: list[dict], fields: dict[str, torch.Tensor]) -> SpillChunk:
+def _packed(partition: str, keys: list[str], fields: dict[str, torch.Tensor]) -> tuple[memoryview, list[int]]:
+    """The rows packed (`schemas/rowpack.py`): their bytes, and where each row starts and ends in them."""
     rows = jagged_rows(pack_rows(partition, keys, fields))
     offsets = rows.offsets.tolist()[: len(keys) + 1]
-    data = rows.values.numpy()[offsets[0] : offsets[-1]].tobytes()
-    base = offsets[0]
-    return SpillChunk(
-        partition=partition, keys=tuple(keys), tags=tuple(tags), offsets=tuple(o - base for o in offsets), data=data
-    )
+    return memoryview(rows.values.numpy()).cast("B"), offsets
+
+
+def _batches(store: KVStore, partition: str, keys: list[str], per_chunk: int) -> Iterator[list[str]]:
+    """`keys` in order, in reads of at most a chunk of row bytes by the store's sizes (metadata, looked
+    up ahead), or of one row alone: one bigger than a chunk, or whose size the store cannot tell."""
+    for i in range(0, len(keys), _SIZED):
+        window = keys[i : i + _SIZED]
+        sizes = store.row_bytes(partition, window)
+        batch: list[str] = []
+        nbytes = 0
+        for key in window:
+            size = sizes.get(key)
+            if size is None or size > per_chunk:
+                if batch:
+                    yield batch
+                    batch, nbytes = [], 0
+                yield [key]
+                continue
+            if batch and (nbytes + size > per_chunk or len(batch) >= fmt.CHUNK_MAX_ROWS):
+                yield batch
+                batch, nbytes = [], 0
+            batch.append(key)
+            nbytes += size
+        if batch:
+            yield batch
+
+
+def _spill_partition(w: _Writer, store: KVStore, partition: str, per_chunk: int) -> int:
+    """Every row of `partition` into chunks (and parts); returns how many were listed."""
+    listed = store.list(partition)
+    keys = sorted(listed)
+    pending: list[tuple[str, memoryview]] = []
+    pending_bytes = 0
+    pending_kind: tuple = ()  # a chunk holds rows of one field set, as one get returns them
+
+    def flush() -> None:
+        nonlocal pending, pending_bytes
+        if pending:
+            offsets = [0]
+            for _, row in pending:
+                offsets.append(offsets[-1] + len(row))
+            data = b"".join(row for _, row in pending)
+            names = [k for k, _ in pending]
+            w.rows(partition, names, [dict(listed[k]) for k in names], data, offsets)
+            w.summary.bytes += len(data)
+        pending, pending_bytes = [], 0
+
+    for asked in _batches(store, partition, keys, per_chunk):
+        for got, fields in _rows(store, partition, asked):
+            kind = tuple(sorted((name, str(t.dtype)) for name, t in fields.items()))
+            if kind != pending_kind:
+                flush()
+                pending_kind = kind
+            values, offsets = _packed(partition, got, fields)
+            for r, key in enumerate(got):
+                row = values[offsets[r] : offsets[r + 1]]
+                if len(row) > per_chunk:
+                    flush()
+                    w.big_row(partition, key, dict(listed[key]), row, per_chunk)
+                    w.summary.bytes += len(row)
+                    continue
+                if pending and (pending_bytes + len(row) > per_chunk or len(pending) >= fmt.CHUNK_MAX_ROWS):
+                    flush()
+                pending.append((key, row))
+                pending_bytes += len(row)
+    flush()
+    return len(keys)
 
 
 def spill_rows(
@@ -111,113 +234,27 @@ def spill_rows(
     *,
     binding: str,
     partitions: Sequence[str] = (TRAIN, STAGING),
-    chunk_rows: int = 16,
 ) -> SpillSummary:
     """Write every row of `partitions` to `directory`/rows.spill (replaced whole once written and synced)."""
     path = Path(directory) / SPILL_FILE
     tmp = path.with_name(path.name + ".tmp")
-    summary = SpillSummary()
-    chunks = 0
+    limit = fmt.MAX_SPILL_MESSAGE_BYTES
+    per_chunk = fmt.chunk_bytes(limit)
     with open(tmp, "wb") as f:
-        _write(f, SpillHeader(binding=binding, partitions=tuple(partitions), created_ms=int(time.time() * 1000)))
+        w = _Writer(f, partitions, limit)
+        header = SpillHeader(
+            binding=binding, partitions=tuple(partitions), created_ms=int(time.time() * 1000), format=fmt.FORMAT_V2
+        )
+        w.write(header)
         for partition in partitions:
-            listed = store.list(partition)
-            keys = sorted(listed)
-            summary.rows[partition] = 0
-            for i in range(0, len(keys), chunk_rows):
-                batch = keys[i : i + chunk_rows]
-                for got, fields in _rows(store, partition, batch):
-                    chunk = _chunk(partition, got, [dict(listed[k]) for k in got], fields)
-                    summary.bytes += _write(f, chunk)
-                    summary.rows[partition] += len(got)
-                    chunks += 1
-            summary.gone += len(keys) - summary.rows[partition]
-        _write(f, SpillEnd(chunks=chunks, rows=sum(summary.rows.values())))
+            w.summary.rows.setdefault(partition, 0)
+            listed = _spill_partition(w, store, partition, per_chunk)
+            w.summary.gone += listed - w.summary.rows[partition]
+        w.finish()
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-    return summary
+    return w.summary
 
 
-@dataclass(frozen=True)
-class _Where:
-    chunk: int
-    row: int
-
-
-class Spill:
-    """A spill read back: which rows it holds, and `restore` to put chosen ones into TQ."""
-
-    def __init__(self, header: SpillHeader, chunks: list[SpillChunk]):
-        self.header = header
-        self._chunks = chunks
-        self._where: dict[tuple[str, str], _Where] = {}
-        for c, chunk in enumerate(chunks):
-            for r, key in enumerate(chunk.keys):
-                self._where[(chunk.partition, key)] = _Where(c, r)
-
-    def keys(self, partition: str) -> set[str]:
-        """The keys of `partition` the spill holds (a new set each call)."""
-        return {k for p, k in self._where if p == partition}
-
-    def tags(self, partition: str, key: str) -> dict[str, Any] | None:
-        where = self._where.get((partition, key))
-        return None if where is None else dict(self._chunks[where.chunk].tags[where.row])
-
-    def restore(self, store: KVStore, partition: str, keys: Sequence[str]) -> int:
-        """Put the rows of `keys` (those the spill holds) back into `partition`; returns how many."""
-        by_chunk: dict[int, list[int]] = {}
-        for key in dict.fromkeys(keys):
-            where = self._where.get((partition, key))
-            if where is not None:
-                by_chunk.setdefault(where.chunk, []).append(where.row)
-        restored = 0
-        for c, rows in sorted(by_chunk.items()):
-            chunk = self._chunks[c]
-            pieces = [chunk.data[chunk.offsets[r] : chunk.offsets[r + 1]] for r in rows]
-            offsets = [0]
-            for piece in pieces:
-                offsets.append(offsets[-1] + len(piece))
-            values = torch.frombuffer(bytearray(b"".join(pieces)), dtype=torch.uint8)
-            packed = make_jagged(values, torch.tensor(offsets, dtype=torch.int64))
-            keys_ = [chunk.keys[r] for r in rows]
-            fields = unpack_rows(partition, keys_, packed).fields
-            store.put(partition, keys_, TensorDict(fields, batch_size=[len(rows)]), [chunk.tags[r] for r in rows])
-            restored += len(rows)
-        return restored
-
-
-def read_spill(directory: str | Path, *, binding: str) -> Spill:
-    """The spill in `directory`, whole and written for `binding`; SpillError naming what is wrong otherwise."""
-    path = Path(directory) / SPILL_FILE
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise SpillError(f"{path}: cannot read the spill ({exc.strerror or exc})") from None
-    messages = []
-    pos = 0
-    while pos < len(raw):
-        if pos + _LENGTH.size > len(raw):
-            raise SpillError(f"{path}: cut short at byte {pos}")
-        (n,) = _LENGTH.unpack_from(raw, pos)
-        pos += _LENGTH.size
-        if n > MAX_SPILL_MESSAGE_BYTES or pos + n > len(raw):
-            raise SpillError(f"{path}: cut short at byte {pos} (a message of {n} bytes)")
-        messages.append(raw[pos : pos + n])
-        pos += n
-    try:
-        if not messages:
-            raise SpillError(f"{path}: empty")
-        header = SpillHeader.from_bytes(messages[0])
-        chunks = [SpillChunk.from_bytes(m, max_bytes=MAX_SPILL_MESSAGE_BYTES) for m in messages[1:-1]]
-        end = SpillEnd.from_bytes(messages[-1]) if len(messages) > 1 else None
-    except SchemaError as exc:
-        raise SpillError(f"{path}: {exc}") from None
-    if end is None or end.chunks != len(chunks) or end.rows != sum(len(c.keys) for c in chunks):
-        raise SpillError(f"{path}: cut short (its end record is missing or does not count what came before it)")
-    if header.binding != binding:
-        raise SpillError(f"{path}: written for checkpoint {header.binding!r}, not {binding!r}")
-    return Spill(header, chunks)
-
-
-__all__ = ["SPILL_FILE", "Spill", "SpillSummary", "read_spill", "spill_rows"]
+__all__ = ["SPILL_FILE", "SpillSummary", "spill_rows"]

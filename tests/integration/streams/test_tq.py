@@ -351,3 +351,32 @@ def test_a_stale_clear_never_deletes_a_key_of_its_own_staged_again_at_another_ke
         client.async_kv_retrieve_meta = real_lookup
         for i in range(0, len(fillers), 4096):
             tq.kv_clear(fillers[i : i + 4096], scratch)
+
+
+def test_row_bytes_comes_from_tq_metadata_for_packed_and_plain_rows_and_leaves_absent_keys_out(tq_store, unique):
+    # What the spill sizes its reads by (issue 30 review, item 2): a packed row is one uint8 field of its
+    # bytes (its fields and a header); a plain partition's row is the sum of its fields' bytes.
+    from schemas.rowpack import pack_rows
+    from streams.tq import TRAIN
+
+    lengths = [3, 1000, 70_000]
+    ids = [torch.arange(n, dtype=torch.int64) for n in lengths]
+    fields = TensorDict(
+        {"input_ids": torch.nested.nested_tensor(ids, layout=torch.jagged), "reward": torch.tensor([0.5, 1.0, 2.0])},
+        batch_size=[3],
+    )
+    keys = [f"{unique}_g{i}" for i in range(3)]
+    tq_store.put(TRAIN, keys, fields, [{}] * 3)
+    plain = f"test.{unique}"
+    tq_store.put(plain, keys, fields, [{}] * 3)
+    try:
+        packed = pack_rows(TRAIN, keys, fields)
+        want = [len(r) for r in packed.unbind()]
+        assert tq_store.row_bytes(TRAIN, [*keys, f"{unique}_absent"]) == dict(zip(keys, want))
+        assert want[2] >= 70_000 * 8  # the row's own bytes at least
+        assert tq_store.row_bytes(plain, keys) == {k: n * 8 + 4 for k, n in zip(keys, lengths)}
+        tq_store.clear(TRAIN, keys[:1])
+        assert tq_store.row_bytes(TRAIN, keys) == dict(zip(keys[1:], want[1:]))  # cleared since listed
+    finally:
+        tq_store.clear(TRAIN, keys)
+        tq_store.clear(plain, keys)

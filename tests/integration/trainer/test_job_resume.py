@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+from schemas.finalized import FinalizedGroup
 from schemas.regenerate import TRAIN_ROWS_LOST, Regenerate
 from streams.consumer import read_topic
 from streams.producer import AckedProducer, Outgoing
@@ -29,6 +30,7 @@ from workers.trainer.checkpoint_dir import load_state, save_into_checkpoint
 from workers.trainer.config import ConsumerConfig
 from workers.trainer.consumer import ExperienceConsumer
 from workers.trainer.policies import ready_first
+from workers.trainer.resolved import RESOLVED_FILE
 from workers.trainer.resume import resume
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -92,7 +94,8 @@ def test_resume_restores_what_the_checkpoint_kept_and_the_trainer_hands_back_the
     cli += ["--checkpoint", str(tmp_path), "--ray-address", ray_address()]
     out = subprocess.run(cli, cwd=ROOT, capture_output=True, text=True, timeout=180)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "finalized groups resolved before the checkpoint (trained, evicted or handed back): 2" in out.stdout
+    # Read from the checkpoint's cut: of the groups trained before it, only those past the cut are read.
+    assert "finalized records read from the checkpoint's cut:" in out.stdout
     assert "finalized groups restored (16 train rows back in TQ): 2" in out.stdout
     assert "to be handed back (or dead-lettered) by the trainer: 2" in out.stdout
     assert "open groups restored whole: 1," in out.stdout
@@ -116,13 +119,10 @@ def test_resume_restores_what_the_checkpoint_kept_and_the_trainer_hands_back_the
     assert sorted(b.group_id for b in backs) == late and {b.reason for b in backs} == {TRAIN_ROWS_LOST}
 
 
-def test_a_duplicate_past_the_checkpoint_of_a_group_trained_before_it_is_not_handed_back_to_train_again(
-    kafka, tq_store, unique, tmp_path
-):
-    """The restored trainer starts at the checkpoint's marks and never reads the original again: without
-    `remember_resolved` it takes the duplicate for a group whose rows were lost and hands it back."""
-    names, finalized = finalize_groups(kafka, tq_store, f"jdup-{unique}", versions=range(1), per_version=2)
-    group = f"jdup-trainer-{unique}"
+def _duplicate_past_the_cut(kafka, tq_store, unique, tmp_path, tag):
+    """Two groups trained and checkpointed, then a re-publish of one of them past the checkpoint's cut."""
+    names, finalized = finalize_groups(kafka, tq_store, f"{tag}-{unique}", versions=range(1), per_version=2)
+    group = f"{tag}-trainer-{unique}"
     first = _consumer(kafka, tq_store, names, group, [])
     try:
         batch = first.select(10, min_groups=2, max_groups=2, timeout_s=60)
@@ -136,18 +136,15 @@ def test_a_duplicate_past_the_checkpoint_of_a_group_trained_before_it_is_not_han
     producer = AckedProducer(kafka)
     producer.send([Outgoing(names.finalized, original.group_id.encode(), original.to_bytes())])  # a re-publish
     producer.close()
+    return names, group, original
 
-    config = ConsumerConfig(prefix=names.prefix, consumer_group=group, checkpointed=True)
-    report = resume(kafka, tq_store, config, tmp_path, reassembler_consumer_group=f"re-{names.prefix}")
-    (gid, part, offset), *more = report.resolved_originals
-    assert gid == original.group_id and not more
-    assert any(r.offset == offset and r.partition == part for r in read_topic(kafka, names.finalized))
 
+def _train_to_the_end(kafka, tq_store, names, group, tmp_path) -> ExperienceConsumer:
+    """A trainer restored the way README says (`load_state` of the checkpoint), run until it committed all."""
     yielded: list[str] = []
     second = _consumer(kafka, tq_store, names, group, yielded)
     try:
         second.load_state_dict(load_state(tmp_path))
-        second.remember_resolved(report.resolved_originals)
         deadline = time.monotonic() + 60
         while not committed_at_end(kafka, group, names.finalized):
             assert time.monotonic() < deadline, f"counts {second.counts}"
@@ -157,7 +154,47 @@ def test_a_duplicate_past_the_checkpoint_of_a_group_trained_before_it_is_not_han
             second.checkpoint_durable(state)
     finally:
         second.close()
-    assert yielded == [] and second.counts.duplicates == 1 and second.counts.handed_back == 0
+    assert yielded == []
+    return second
+
+
+def test_a_duplicate_past_the_checkpoint_of_a_group_trained_before_it_is_not_handed_back_to_train_again(
+    kafka, tq_store, unique, tmp_path
+):
+    """The restored trainer starts at the checkpoint's marks and never reads the original again: unless the
+    checkpoint gives it the groups resolved before (no code of the user's), it takes the duplicate for a
+    group whose rows were lost and hands it back to be trained twice."""
+    names, group, original = _duplicate_past_the_cut(kafka, tq_store, unique, tmp_path, "jdup")
+    config = ConsumerConfig(prefix=names.prefix, consumer_group=group, checkpointed=True)
+    report = resume(kafka, tq_store, config, tmp_path, reassembler_consumer_group=f"re-{names.prefix}")
+    assert report.duplicates == 1 and report.hand_back_finalized == 0 and not report.read_whole
+    second = _train_to_the_end(kafka, tq_store, names, group, tmp_path)
+    assert second.counts.duplicates == 1 and second.counts.handed_back == 0
+    assert not list(read_topic(kafka, names.regenerate))
+
+
+def test_resume_finds_the_duplicates_of_a_checkpoint_without_resolved_groups_and_writes_them_for_the_trainer(
+    kafka, tq_store, unique, tmp_path
+):
+    # A checkpoint written before it kept its resolved groups: resume reads the finalized topic from its
+    # start, finds the original before the cut, and writes the groups resolved before the cut where the
+    # restored trainer loads them from: all of them, not only those with a duplicate resume saw, so a
+    # duplicate published after resume ran (of v0-g1 here) is dropped too.
+    names, group, original = _duplicate_past_the_cut(kafka, tq_store, unique, tmp_path, "jold")
+    (tmp_path / RESOLVED_FILE).unlink()
+    config = ConsumerConfig(prefix=names.prefix, consumer_group=group, checkpointed=True)
+    report = resume(kafka, tq_store, config, tmp_path, reassembler_consumer_group=f"re-{names.prefix}")
+    (gid, part, offset), *more = report.resolved_originals
+    assert report.read_whole and gid == original.group_id and not more
+    assert any(r.offset == offset and r.partition == part for r in read_topic(kafka, names.finalized))
+    records = {(g := FinalizedGroup.from_bytes(r.value)).group_id: g for r in read_topic(kafka, names.finalized)}
+    assert sorted(g for g, _, _ in load_state(tmp_path)["resolved"]) == sorted(records)  # both trained before
+    later = next(g for gid, g in records.items() if gid != original.group_id)
+    producer = AckedProducer(kafka)
+    producer.send([Outgoing(names.finalized, later.group_id.encode(), later.to_bytes())])  # after resume ran
+    producer.close()
+    second = _train_to_the_end(kafka, tq_store, names, group, tmp_path)
+    assert second.counts.duplicates == 2 and second.counts.handed_back == 0
     assert not list(read_topic(kafka, names.regenerate))
 
 

@@ -1,18 +1,29 @@
-"""Whole-job restart drill (issue 24): a GRPO run killed whole at a random step, restarted from its checkpoint.
+"""Whole-job restart drill (issues 24, 30): a GRPO run killed whole at a random step, restarted from its checkpoint.
 
-Each round runs `rlstream example grpo` as a job of its own (its own Ray with TQ, reassembler
-threads, Ray rollout actors, a checkpointing trainer) over a finite set of prompts; at a random
-trainer step it SIGKILLs every process of the job: the job's process group, the Ray daemons it
-started (their pid files) and every descendant of those, so TQ's rows die with them. The broker
-stays up. It then restarts the job with `--resume` from its last checkpoint and lets it run to the
-end, and audits from the system's own outputs (`tests.tools.job_restart.audit`): the receipts topic
-(groups produced), the regenerate topic (groups handed back), dead letters, and the trainer's
-journal in its final checkpoint (groups trained, in the model's history). It prints, per round,
-trained once / handed back / regenerated and trained / lost / trained twice, the time from the
-restart to the first trained batch and the evaluated reward, and exits 1 unless every round has
-lost = 0, trained twice = 0 and trained once + handed back = produced.
+Each round runs the GRPO example (`tests.tools.job_restart.job`: `rlstream example grpo`'s run with
+the drill's faults) as a job of its own (its own Ray with TQ, reassembler threads, Ray rollout
+actors, a checkpointing trainer) over a finite set of prompts; at a random trainer step it SIGKILLs
+every process of the job: the job's process group, the Ray daemons it started (their pid files) and
+every descendant of those, so TQ's rows die with them. The broker stays up. It then restarts the job
+with `--resume` from its last checkpoint and lets it run to the end, and audits from the system's
+own outputs (`tests.tools.job_restart.audit`): the receipts topic (groups produced), the regenerate
+topic (groups handed back), dead letters, and the trainer's journal in its final checkpoint (groups
+trained, in the model's history). It prints, per round, trained once / handed back / regenerated and
+trained / lost / trained twice, the time from the restart to the first trained batch and the
+evaluated reward, and exits 1 unless every round has lost = 0, trained twice = 0, dead-lettered = 0
+and trained once + handed back = produced.
 
-    .venv/bin/python -m tests.tools.job_restart [--rounds 3] [--prompts 480] [--bootstrap-servers B]
+Each round's faults (`--faults`, by default all three in every round):
+- `failed`: every third prompt's first rollout fails (an environment crash), so groups with a failed
+  rollout are open, finalized and lost at the kill: handed back, never dead-lettered (issue 30 item 2);
+- `held`: just before the kill the reassembler holds its step's transaction open (records flushed, no
+  commit), so the broker keeps a dead worker's transaction open across the restart (item 6);
+- `duplicate`: after the kill, a copy of the finalized record of a group trained before the last
+  checkpoint is published, past the checkpoint's cut (item 4): it must not be trained again.
+A round fails unless each fault it asked for is seen to have fired (`audit.py`: a failed rollout's
+receipt, partitions resume found held open, the duplicate resume found past the cut).
+
+    .venv/bin/python -m tests.tools.job_restart [--rounds 3] [--prompts 480] [--faults failed,held,duplicate]
 
 It stops only the processes it started, by their pid. A drill, not part of the runtime: `make drills`
 runs it at full size, and `make test` a short round (tests/integration/test_job_restart.py).
@@ -21,6 +32,7 @@ runs it at full size, and `make test` a short round (tests/integration/test_job_
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import re
@@ -34,13 +46,24 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+from schemas.finalized import FinalizedGroup
 from streams.config import KafkaConfig
-from tests.tools.job_restart.audit import Audit, audit_run
+from streams.consumer import read_topic
+from streams.producer import AckedProducer, Outgoing
+from tests.tools.faults import HOLDING
+from tests.tools.job_restart.audit import Audit, audit_run, fired_in_resume
 from workers.demo.local import start_local_broker, stop_all
+from workers.topics import TopicNames
+
+FAULTS = ("failed", "held", "duplicate")
+FAILED_EVERY = 3
+# The reassemblers' transaction timeout in a round with `held`: longer than the kill and the restart up to resume.
+HELD_TRANSACTION_MS = 600_000
 
 ROOT = Path(__file__).resolve().parents[3]
 STEP = re.compile(r"^step\s+(\d+)\s", re.M)
 FIRST = re.compile(r"^first trained batch ([\d.]+)s after this run started", re.M)
+LATEST_MADE = ": made the latest and declared durable"
 
 
 class Job:
@@ -158,24 +181,56 @@ def _wait_for(what: str, done: Callable[[], bool], job: Job, timeout_s: float) -
         time.sleep(0.2)
 
 
-def run_round(kafka: KafkaConfig, args, kill_step: int, workdir: Path, say: Callable[[str], None]) -> Audit:
+def _republish_trained(kafka: KafkaConfig, prefix: str, checkpoints: Path) -> str:
+    """Publish again the finalized record of the first group the last checkpoint's journal trained; its id."""
+    name = (checkpoints / "LATEST").read_text().strip()
+    trained = json.loads((checkpoints / name / "progress.json").read_text())["trained"]
+    if not trained:
+        raise RuntimeError("the last checkpoint trained nothing: kill later for a duplicate past its cut")
+    gid = trained[0][0]
+    names = TopicNames(prefix)
+    record = next(r for r in read_topic(kafka, names.finalized) if FinalizedGroup.from_bytes(r.value).group_id == gid)
+    producer = AckedProducer(kafka)
+    producer.send([Outgoing(names.finalized, record.key, record.value)])
+    producer.close()
+    return gid
+
+
+def run_round(
+    kafka: KafkaConfig, args, kill_step: int, faults: set[str], workdir: Path, say: Callable[[str], None]
+) -> Audit:
     prefix = f"jr-{uuid.uuid4().hex[:8]}"
     checkpoints = workdir / prefix
+    hold = workdir / f"{prefix}.hold"
     argv = [
-        sys.executable, "-m", "workers.cli.main", "example", "grpo",
+        sys.executable, "-m", "tests.tools.job_restart.job",
         "--bootstrap-servers", kafka.bootstrap_servers, "--prefix", prefix,
-        "--prompts", str(args.prompts), "--steps", "100000", "--checkpoint-dir", str(checkpoints),
+        "--prompts", str(args.prompts), "--checkpoint-dir", str(checkpoints),
         "--checkpoint-every", str(args.checkpoint_every), "--max-staleness", str(args.max_staleness),
         "--seed", str(args.seed), "--time-budget", str(args.timeout), "--png", str(workdir / f"{prefix}.png"),
         "--batch-groups", str(args.batch_groups),
+        "--failed-rollout-every", str(FAILED_EVERY if "failed" in faults else 0),
     ]  # fmt: skip
-    say(f"round {prefix}: {args.prompts} prompts, kill at trainer step {kill_step}")
-    first = Job(argv, workdir, f"{prefix}-first")
+    if "held" in faults:
+        # Past the kill and the restart up to resume: the held transaction is still open for resume to
+        # abort (with the default 10 s the coordinator had aborted it, and the fault proved nothing).
+        argv += ["--transaction-timeout-ms", str(HELD_TRANSACTION_MS)]
+    say(f"round {prefix}: {args.prompts} prompts, kill at trainer step {kill_step}, faults {sorted(faults) or 'none'}")
+    first = Job([*argv, "--hold-when", str(hold)], workdir, f"{prefix}-first")
     _wait_for(f"trainer step {kill_step}", lambda: first.steps_done() >= kill_step, first, args.timeout)
+    if "duplicate" in faults:  # a checkpoint with trained groups, for a duplicate past its cut
+        _wait_for("a checkpoint made the latest", lambda: LATEST_MADE in first.output, first, args.timeout)
+    if "held" in faults:
+        hold.touch()
+        _wait_for("a reassembler holding its transaction", lambda: HOLDING in first.output, first, 120)
     killed = first.kill_everything()
     say(f"  killed {killed} processes of the job after {first.steps_done()} steps (Ray and TQ with them)")
+    hold.unlink(missing_ok=True)
     if first.steps_done() * args.batch_groups >= args.prompts:
         raise RuntimeError(f"the job trained every prompt before the kill at step {kill_step}: kill it earlier")
+    duplicate = _republish_trained(kafka, prefix, checkpoints) if "duplicate" in faults else None
+    if duplicate:
+        say(f"  published again the finalized record of {duplicate}, trained before the last checkpoint")
     restart = Job([*argv, "--resume"], workdir, f"{prefix}-restart")
     code = restart.wait(args.timeout)
     out = restart.output
@@ -188,6 +243,9 @@ def run_round(kafka: KafkaConfig, args, kill_step: int, workdir: Path, say: Call
     result = audit_run(kafka, prefix, checkpoints)
     result.killed_at_step = first.steps_done()
     result.first_batch_s = float(first_batch[1]) if first_batch else None
+    result.duplicate = duplicate
+    result.faults = frozenset(faults)
+    result.held_partitions, result.duplicates_found = fired_in_resume(out)
     rewards = re.search(r"evaluated reward: untrained ([\d.]+) -> final ([\d.]+)", out)
     if rewards:
         result.rewards = (float(rewards[1]), float(rewards[2]))
@@ -206,7 +264,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per start of the job")
     p.add_argument("--bootstrap-servers", default=None, help="use this broker (default: start one)")
     p.add_argument("--workdir", type=Path, default=None, help="keep logs, checkpoints, plots here")
+    p.add_argument(
+        "--faults",
+        default=",".join(FAULTS),
+        help=f"comma-separated, in every round: {', '.join(FAULTS)} (or 'none')",
+    )
     args = p.parse_args(argv)
+    faults = {f for f in args.faults.split(",") if f and f != "none"}
+    if faults - set(FAULTS):
+        p.error(f"--faults: unknown {sorted(faults - set(FAULTS))}, choose from {', '.join(FAULTS)}")
 
     def say(line: str) -> None:
         print(line, flush=True)
@@ -224,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
             workdir = args.workdir or Path(tmp)
             workdir.mkdir(parents=True, exist_ok=True)
             for kill_step in kills[: args.rounds]:
-                result = run_round(kafka, args, kill_step, workdir, say)
+                result = run_round(kafka, args, kill_step, faults, workdir, say)
                 results.append(result)
                 for line in result.lines():
                     say(f"  {line}")

@@ -254,3 +254,12 @@ def test_compose_config_rejects_a_broken_file(compose_cmd, tmp_path, breakage):
     broken.write_text(yaml.safe_dump(doc))
     proc = _config(compose_cmd, broken, "--quiet")
     assert proc.returncode != 0, "docker compose config accepted a broken file"
+
+
+def test_every_broker_keeps_committed_offsets_as_long_as_the_records(compose):
+    # Kafka's default drops an empty group's offsets after 7 days; the topics keep records for good.
+    from streams.kraft_dir import OFFSETS_RETENTION_MINUTES
+
+    doc, _ = compose
+    for svc in _brokers(doc).values():
+        assert _env(svc)["KAFKA_OFFSETS_RETENTION_MINUTES"] == str(OFFSETS_RETENTION_MINUTES)

@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from streams.config import KafkaConfig
+from streams.kraft_dir import OFFSETS_RETENTION_MINUTES
 from streams.settings import load
 from tests.unit.docker.cli_args import parse_rlstream
 from workers.reassembler.config import ReassemblerConfig
@@ -219,6 +220,7 @@ def test_kafka_is_kraft_on_three_nodes_with_scram_tls_and_acls():
     assert config["min.insync.replicas"] == 2 and config["default.replication.factor"] == 3
     assert config["transaction.state.log.min.isr"] == 2 and config["transaction.state.log.replication.factor"] == 3
     assert config["auto.create.topics.enable"] is False
+    assert config["offsets.retention.minutes"] == OFFSETS_RETENTION_MINUTES  # as long as the records (issue 30)
 
 
 def test_the_topics_are_the_pipelines():

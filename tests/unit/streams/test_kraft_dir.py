@@ -114,3 +114,10 @@ def test_properties_are_read_as_java_writes_them(tmp_path):
     path = tmp_path / "p.properties"
     path.write_text("# comment\n! also\n\nlisteners=PLAINTEXT\\://h\\:1\n  key = value \nnoequals\n")
     assert read_properties(path) == {"listeners": "PLAINTEXT://h:1", "key": "value"}
+
+
+def test_a_local_broker_keeps_committed_offsets_as_long_as_the_records(tmp_path):
+    # Kafka's default forgets an empty group's offsets after 7 days: a job down a week lost its place.
+    write_node_files(tmp_path, server_properties(tmp_path, 9101, 9102))
+    minutes = int(read_properties(tmp_path / "server.properties")["offsets.retention.minutes"])
+    assert minutes >= 10 * 365 * 24 * 60

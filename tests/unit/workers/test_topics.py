@@ -51,6 +51,18 @@ def test_two_replicas_keep_writing_with_one_broker_down():
     assert {s.config["min.insync.replicas"] for s in specs} == {"1"}
 
 
+def test_the_topics_a_resume_reads_past_what_was_consumed_never_expire_unless_the_user_says_so():
+    # Receipts past the reassemblers' offsets, finalized records past the trainer's cut and hand-backs past
+    # the rollout workers' feed are what a restarted job still needs, however long it was down; with the
+    # broker's default (7 days) a job down a week lost them (issue 30).
+    specs = {s.name: s for s in pipeline_topics(TopicNames("p"), 2)}
+    kept = {"p.rollout.receipts", "p.experience.finalized", "p.rollout.regenerate"}
+    assert {n for n, s in specs.items() if s.config.get("retention.ms") == "-1"} == kept
+    assert "retention.ms" not in specs["p.reassembler.state"].config  # compacted: entries stay until tombstoned
+    mine = {s.name: s for s in pipeline_topics(TopicNames("p"), 2, config={"retention.ms": "86400000"})}
+    assert {mine[n].config["retention.ms"] for n in kept} == {"86400000"}
+
+
 def test_the_progress_topic_keeps_its_tombstones_minutes_not_the_broker_s_day():
     """Every trainer reads the progress topic whole; a tombstone only has to outlast one such read (seconds),
     and the broker's default (a day) kept a day of them in every read."""

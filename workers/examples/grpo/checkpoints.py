@@ -4,9 +4,12 @@ A checkpoint is a directory `step-NNNNN` under the run's checkpoint root holding
 and optimizer, torch's own format, local disk only), `progress.json` (version, the journal of groups
 trained and evicted, the step figures, the untrained policy's reward, the steps at which the run
 restarted) and what `workers.trainer.checkpoint_dir` writes (the consumer's state and the spill).
-It is written under a temporary name, synced, renamed into place and named in `LATEST` (replaced
-atomically); only then is it declared durable to the consumer, which commits its offsets and clears
-the rows it covers. A job killed at any instant restarts from the last checkpoint `LATEST` names.
+It is written under a temporary name (rlstream's spill of TQ off the trainer's thread, which trains
+on meanwhile: `begin`, then `finish` once it is written), synced, renamed into place and named in
+`LATEST` (replaced atomically); only then is it declared durable to the consumer, which commits its
+offsets and clears the rows it covers. A job killed at any instant restarts from the last
+checkpoint `LATEST` names; `load` restores the consumer with the groups it had resolved, so their
+duplicates past the checkpoint are dropped.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import torch
 
 from streams.tq import KVStore
 from workers.examples.grpo.train import GrpoTrainer, StepStats
-from workers.trainer.checkpoint_dir import load_state, save_into_checkpoint
+from workers.trainer.checkpoint_dir import CheckpointWrite, begin_checkpoint, load_state
 
 LATEST = "LATEST"
 KEEP = 2  # checkpoints kept: the latest, and the one before it while the latest is declared durable
@@ -49,11 +52,23 @@ def _sync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def save(root: Path, trainer: GrpoTrainer, store: KVStore, progress: Progress) -> Path:
-    """Write a checkpoint of `trainer` now, make it the latest, then declare it durable; returns its directory."""
+@dataclass
+class Saving:
+    """A checkpoint written but not yet made the latest: its spill may still be running (off the trainer's thread)."""
+
+    root: Path
+    name: str
+    tmp: Path
+    write: CheckpointWrite
+
+    def done(self) -> bool:
+        return self.write.done()
+
+
+def begin(root: Path, trainer: GrpoTrainer, store: KVStore, progress: Progress) -> Saving:
+    """Write a checkpoint of `trainer` as it stands now, its spill of TQ in the background; `finish` it."""
     root.mkdir(parents=True, exist_ok=True)
     name = f"step-{len(trainer.steps):05d}"
-    final = root / name
     tmp = root / f"{name}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
@@ -63,7 +78,13 @@ def save(root: Path, trainer: GrpoTrainer, store: KVStore, progress: Progress) -
     progress.evicted = list(trainer.evicted_groups)
     progress.steps = [dataclasses.asdict(s) for s in trainer.steps]
     (tmp / "progress.json").write_text(json.dumps(dataclasses.asdict(progress)))
-    state, _ = save_into_checkpoint(tmp, trainer.consumer, store)
+    return Saving(root, name, tmp, begin_checkpoint(tmp, trainer.consumer, store))
+
+
+def finish(saving: Saving, trainer: GrpoTrainer) -> Path:
+    """Once its spill is written: sync the checkpoint, make it the latest, then declare it durable."""
+    saving.write.wait()
+    root, tmp, final = saving.root, saving.tmp, saving.root / saving.name
     for f in tmp.iterdir():
         with open(f, "rb") as fh:
             os.fsync(fh.fileno())
@@ -71,13 +92,24 @@ def save(root: Path, trainer: GrpoTrainer, store: KVStore, progress: Progress) -
     os.replace(tmp, final)
     _sync_dir(root)
     pointer = root / f"{LATEST}.tmp"
-    pointer.write_text(name)
+    pointer.write_text(saving.name)
     os.replace(pointer, root / LATEST)
     _sync_dir(root)
-    trainer.consumer.checkpoint_durable(state)
+    trainer.consumer.checkpoint_durable(saving.write.state)
     for old in sorted(p for p in root.glob("step-*") if p.is_dir() and p.suffix != ".tmp")[:-KEEP]:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def save(root: Path, trainer: GrpoTrainer, store: KVStore, progress: Progress) -> Path:
+    """Write a checkpoint of `trainer` now, make it the latest, then declare it durable; returns its directory."""
+    return finish(begin(root, trainer, store, progress), trainer)
+
+
+def journal_prompts(directory: Path) -> set[int]:
+    """Prompts a checkpoint's journal says were trained or evicted."""
+    raw = json.loads((directory / "progress.json").read_text())
+    return {int(idx) for _, idx in raw["trained"]} | {int(idx) for _, idx in raw["evicted"]}
 
 
 def latest(root: Path) -> Path | None:

@@ -8,7 +8,7 @@ staged in TQ, a metadata-only receipt per rollout on Kafka, each carrying the we
 sampled at. Prompts are numbered (`CopyTask.prompt_at`): a worker takes every `workers`-th one,
 skipping those already published before a restart, and first any group handed back on
 `rollout.regenerate` (its rows were lost with the job), which it generates again under the derived
-group id the hand-back names.
+group id the hand-back names (those generated before a restart were settled by `resume`).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import torch
 from workers.actors.kafka_secrets import NodeKafka
 from workers.examples.grpo.policy import PolicyShape, TinyPolicy
 from workers.examples.grpo.task import CopyTask
-from workers.rollout.convert import Turn, staged_rollout
+from workers.rollout.convert import Turn, failed_rollout, staged_rollout
 from workers.rollout.gate import AdmissionGate
 from workers.rollout.publisher import RolloutPublisher, StagedRollout
 from workers.rollout.regenerate_feed import HandBack, RegenerateFeed
@@ -68,13 +68,22 @@ class RolloutSpec:
     # Prompts 0 .. prompts - 1 (None: no end); those already published (before a restart) are skipped.
     prompts: int | None = None
     published: frozenset[int] = frozenset()
-    # Group ids with receipts already (before a restart): a hand-back naming one is not generated again.
-    generated: frozenset[str] = frozenset()
+    # Every n-th prompt's first rollout reports a failure, as an environment that crashed would (0: none).
+    failed_rollout_every: int = 0
 
 
 def group_id_of(prefix: str, prompt_idx: int) -> str:
     """The group id of prompt `prompt_idx`'s first generation (a regeneration takes the id its hand-back names)."""
     return f"{prefix}-p{prompt_idx:06d}"
+
+
+def prompt_of(prefix: str, group_id: str) -> int | None:
+    """The prompt of a group of this run, its first generation or a regeneration (`...~r1`); None if not one."""
+    head = f"{prefix}-p"
+    if not group_id.startswith(head):
+        return None
+    digits = group_id[len(head) :].split("~", 1)[0]
+    return int(digits) if digits.isdigit() else None
 
 
 def make_group(
@@ -86,8 +95,12 @@ def make_group(
     size: int,
     gen: torch.Generator,
     prompt: torch.Tensor,
+    failed_rollout_every: int = 0,
 ) -> tuple[list[StagedRollout], float]:
-    """A prompt group of `size` sampled answers to `prompt`, as StagedRollouts; and its mean reward."""
+    """A prompt group of `size` sampled answers to `prompt`, as StagedRollouts; and its mean reward.
+
+    With `failed_rollout_every` n, every n-th prompt's rollout 0 failed instead (no calls, nothing staged).
+    """
     prompts = prompt.unsqueeze(0).expand(size, -1)
     answers, logprobs = policy.sample(prompts, task.answer_len, gen)
     rewards = task.reward(prompts, answers)
@@ -104,6 +117,11 @@ def make_group(
         )
         for i in range(size)
     ]
+    if failed_rollout_every and prompt_idx % failed_rollout_every == 0:
+        rollouts[0] = failed_rollout(
+            rollout_id=f"{group_id}-r0", group_id=group_id, prompt_idx=prompt_idx, rollout_index=0,
+            group_size=size, environment=ENVIRONMENT, failure_reason="env_crashed",
+        )  # fmt: skip
     return rollouts, float(rewards.mean())
 
 
@@ -139,7 +157,8 @@ class RolloutWorker:
                 trainer_id=spec.trainer_id,
                 batch_share=1.0 / spec.workers,
             )
-            self._feed = RegenerateFeed(kafka, names, f"rollouts.{spec.prefix}", generated=spec.generated)
+            # Hand-backs generated before a restart were settled on this consumer group by `resume`.
+            self._feed = RegenerateFeed(kafka, names, f"rollouts.{spec.prefix}")
             self._connected = True
         return sorted(kafka.client_settings)
 
@@ -186,8 +205,9 @@ class RolloutWorker:
                 group_id, idx, back = job
                 prompt = spec.task.prompt_at(idx, spec.seed)
                 rollouts, reward = make_group(
-                    self._policy, spec.task, group_id, idx, self._version, spec.group_size, self._gen, prompt
-                )
+                    self._policy, spec.task, group_id, idx, self._version, spec.group_size, self._gen, prompt,
+                    spec.failed_rollout_every,
+                )  # fmt: skip
                 self._publisher.publish(rollouts)
                 self._gate.on_finished(accepted=True)
                 if back is not None:

@@ -24,20 +24,19 @@ from pathlib import Path
 
 import torch
 
-from schemas.errors import InvalidArgument, SchemaError
-from schemas.receipt import Receipt
+from schemas.errors import InvalidArgument
 from streams.admin import create_topics
 from streams.config import KafkaConfig
-from streams.consumer import read_topic
 from streams.tq import STAGING, TRAIN, KVStore, TQConfig, TQStore, init_tq
 from workers.actors.kafka_secrets import NO_FILES, KafkaFiles, check_on_nodes, for_actors
 from workers.demo.local import start_local_broker, stop_all
-from workers.examples.grpo.checkpoints import Progress, latest, load, save
+from workers.examples.grpo.checkpoints import Progress, Saving, begin, finish, journal_prompts, latest, load, save
 from workers.examples.grpo.policy import PolicyShape, TinyPolicy
-from workers.examples.grpo.rollout import RolloutSpec, RolloutWorker, WeightBoard, group_id_of
+from workers.examples.grpo.rollout import RolloutSpec, RolloutWorker, WeightBoard, prompt_of
 from workers.examples.grpo.task import CopyTask
 from workers.examples.grpo.train import GrpoTrainer, StepStats
 from workers.reassembler.config import ReassemblerConfig
+from workers.reassembler.faults import NO_FAULTS, Faults
 from workers.reassembler.worker import ReassemblerWorker
 from workers.topics import TopicNames, pipeline_topics
 from workers.trainer.config import ConsumerConfig
@@ -68,6 +67,11 @@ class GrpoConfig:
     checkpoint_every: int = 5
     resume: bool = False  # restart from checkpoint_dir's latest checkpoint, under the same prefix
     group_timeout_s: float = 10.0  # reassemblers: a group cut short by a crash is finalized this soon
+    # Every n-th prompt's first rollout reports a failure, as an environment that crashed would (0: none).
+    failed_rollout_every: int = 0
+    # The reassemblers' transaction timeout (None: ReassemblerConfig's). The job-restart drill makes it
+    # long so the transaction it holds open at the kill is still open when the restarted job resumes.
+    transaction_timeout_ms: int | None = None
 
 
 @dataclass
@@ -132,18 +136,22 @@ def progress_line(s: StepStats) -> str:
 class _Reassemblers:
     """Reassembler workers in threads of this process (one consumer group), stopped together."""
 
-    def __init__(self, kafka: KafkaConfig, store: KVStore, prefix: str, n: int, group_timeout_s: float):
+    def __init__(
+        self, kafka: KafkaConfig, store: KVStore, prefix: str, n: int, group_timeout_s: float, faults: Faults,
+        transaction_timeout_ms: int | None = None,
+    ):  # fmt: skip
         self._stop = threading.Event()
         self._errors: list[BaseException] = []
         self._threads = []
         for i in range(n):
             cfg = ReassemblerConfig(
                 prefix=prefix,
-                worker_id=f"grpo-{i}",
+                worker_id=reassembler_id(i),
                 consumer_group=reassembler_group(prefix),
                 group_timeout_s=group_timeout_s,
+                **({"transaction_timeout_ms": transaction_timeout_ms} if transaction_timeout_ms else {}),
             )
-            worker = ReassemblerWorker(kafka, store, cfg)
+            worker = ReassemblerWorker(kafka, store, cfg, faults=faults)
             t = threading.Thread(target=self._run, args=(worker,), name=f"reassembler-{i}", daemon=True)
             t.start()
             self._threads.append(t)
@@ -165,6 +173,15 @@ class _Reassemblers:
 
 def reassembler_group(prefix: str) -> str:
     return f"reassemblers.{prefix}"
+
+
+def reassembler_id(i: int) -> str:
+    return f"grpo-{i}"
+
+
+def rollout_group(prefix: str) -> str:
+    """The rollout workers' RegenerateFeed consumer group."""
+    return f"rollouts.{prefix}"
 
 
 def trainer_id_of(prefix: str) -> str:
@@ -233,36 +250,33 @@ def _train(
     return True
 
 
-def _published(kafka: KafkaConfig, names: TopicNames) -> tuple[set[int], set[str]]:
-    """Prompts whose first generation has a receipt on Kafka already, and every group id with one: a
-    restarted run generates neither again (a group cut short is completed or handed back by the
-    reassemblers; a hand-back delivered again after the restart names a group generated already)."""
-    prompts, groups = set(), set()
-    for r in read_topic(kafka, names.receipts):
-        try:
-            receipt = Receipt.from_bytes(r.value)
-        except SchemaError:
-            continue
-        groups.add(receipt.group_id)
-        if receipt.group_id == group_id_of(names.prefix, receipt.prompt_idx):
-            prompts.add(receipt.prompt_idx)
-    return prompts, groups
-
-
 def _restart(
     cfg: GrpoConfig, kafka: KafkaConfig, store: KVStore, names: TopicNames, log: Callable[[str], None]
-) -> tuple[Path | None, ResumeReport, set[int], set[str]]:
-    """Before anything reads the topics again: put back what the last checkpoint's spill kept."""
+) -> tuple[Path | None, ResumeReport, set[int]]:
+    """Before anything reads the topics again: put back what the last checkpoint's spill kept.
+
+    Resume aborts what this job's reassemblers left open (their ids are known) and settles the rollout
+    workers' hand-backs; the prompts published already (the journal's, and those of every group
+    resume saw) are not generated again.
+    """
     assert cfg.checkpoint_dir is not None
     checkpoint = latest(cfg.checkpoint_dir)
     config = ConsumerConfig(prefix=names.prefix, consumer_group=trainer_id_of(names.prefix), checkpointed=True)
-    report = resume(kafka, store, config, checkpoint, reassembler_consumer_group=reassembler_group(names.prefix))
-    lines = report.lines()
-    for line in lines:
+    report = resume(
+        kafka, store, config, checkpoint,
+        reassembler_consumer_group=reassembler_group(names.prefix),
+        rollout_consumer_group=rollout_group(names.prefix),
+        reassembler_worker_ids=[reassembler_id(i) for i in range(cfg.reassemblers)],
+        feed_from_start=True,  # its own feed's group: one with no commit never took a hand-back
+        say=log,
+    )  # fmt: skip
+    for line in report.lines():
         log(f"resume: {line}")
     if report.unaccounted:
         raise RuntimeError(f"resume: {len(report.unaccounted)} group(s) unaccounted for, e.g. {report.unaccounted[:3]}")
-    return checkpoint, report, *_published(kafka, names)
+    published = journal_prompts(checkpoint) if checkpoint is not None else set()
+    published |= {p for g in report.known_groups if (p := prompt_of(names.prefix, g)) is not None}
+    return checkpoint, report, published
 
 
 def run_grpo(
@@ -273,13 +287,15 @@ def run_grpo(
     prefix: str | None = None,
     log: Callable[[str], None] = print,
     kafka_files: KafkaFiles = NO_FILES,
+    reassembler_faults: Faults = NO_FAULTS,
 ) -> GrpoResult:
     """Run GRPO through the pipeline; uses `kafka` / `store` (TQ already up) when given, else starts them.
 
     The rollout actors read `kafka`'s secret settings on their node, from `kafka_files` or the
     environment (`workers.actors.kafka_secrets`), never from their Ray arguments.
 
-    Stops everything it started, also on failure or Ctrl-C.
+    Stops everything it started, also on failure or Ctrl-C. `reassembler_faults` is a drill's (the
+    reassemblers' fault points, `workers/reassembler/faults.py`); nothing else sets it.
     """
     if cfg.resume and (cfg.checkpoint_dir is None or prefix is None):
         raise InvalidArgument("resuming a GRPO run needs its checkpoint directory and its prefix")
@@ -298,19 +314,22 @@ def run_grpo(
             store = TQStore()
         names = TopicNames(result.prefix)
         create_topics(kafka, pipeline_topics(names, cfg.partitions))
-        checkpoint, report, published, generated = None, None, set(), set()
+        checkpoint, published = None, set()
         if cfg.resume:
-            checkpoint, report, published, generated = _restart(cfg, kafka, store, names, log)
+            checkpoint, report, published = _restart(cfg, kafka, store, names, log)
             result.resume_report = report.lines()
         # Runs last: groups still in flight when training stops leave rows that nobody will consume.
         cleanups.append(lambda: _clear_rows(store, f"{result.prefix}-"))
-        reassemblers = _Reassemblers(kafka, store, result.prefix, cfg.reassemblers, cfg.group_timeout_s)
+        reassemblers = _Reassemblers(
+            kafka, store, result.prefix, cfg.reassemblers, cfg.group_timeout_s, reassembler_faults,
+            cfg.transaction_timeout_ms,
+        )  # fmt: skip
         cleanups.append(reassemblers.stop)
         trainer_id = trainer_id_of(result.prefix)
         spec = RolloutSpec(
             for_actors(kafka, kafka_files), result.prefix, trainer_id, cfg.task, policy.shape, cfg.group_size,
             cfg.max_staleness, cfg.rollout_workers, cfg.seed, cfg.prompts, frozenset(published),
-            frozenset(generated),
+            cfg.failed_rollout_every,
         )  # fmt: skip
         rollouts = _Rollouts(spec, max_groups=10_000_000)
         cleanups.append(lambda: _stop_rollouts(rollouts, result))
@@ -322,7 +341,6 @@ def run_grpo(
         cleanups.append(trainer.close)
         if checkpoint is not None:
             progress = load(checkpoint, trainer)
-            trainer.consumer.remember_resolved(report.resolved_originals)
             log(f"restarted from {checkpoint} at step {len(trainer.steps)}, version {trainer.version}")
         if cfg.resume:
             progress.restarts.append(len(trainer.steps))
@@ -333,18 +351,32 @@ def run_grpo(
             f" {cfg.batch_groups} groups x {cfg.group_size} rollouts per step"
         )
         saved = len(trainer.steps)
+        saving: Saving | None = None
+
+        def finished() -> None:
+            nonlocal saving
+            where = finish(saving, trainer)
+            saving = None
+            log(f"checkpoint {where.name}: made the latest and declared durable")
 
         def on_step(stats: StepStats) -> None:
-            nonlocal saved
+            nonlocal saved, saving
             if result.first_step_after_start_s is None:
                 result.first_step_after_start_s = time.monotonic() - t0
                 log(f"first trained batch {result.first_step_after_start_s:.1f}s after this run started")
+            if saving is not None and saving.done():
+                finished()
             if cfg.checkpoint_dir is not None and len(trainer.steps) - saved >= cfg.checkpoint_every:
-                where = save(cfg.checkpoint_dir, trainer, store, progress)
+                if saving is not None:  # still spilling the last one: it goes first
+                    finished()
+                # The spill reads TQ off this thread; the trainer trains on and makes it the latest once written.
+                saving = begin(cfg.checkpoint_dir, trainer, store, progress)
                 saved = len(trainer.steps)
-                log(f"checkpoint {where.name}: {len(trainer.trained)} groups trained so far")
+                log(f"checkpoint {saving.name}: {len(trainer.trained)} groups trained so far, spilling TQ")
 
         result.timed_out = not _train(trainer, cfg, [reassemblers.failure, rollouts.failure], log, on_step)
+        if saving is not None:
+            finished()
         if cfg.checkpoint_dir is not None and len(trainer.steps) > saved:
             save(cfg.checkpoint_dir, trainer, store, progress)
         result.steps, result.evicted_stale = list(trainer.steps), len(trainer.evicted_groups)

@@ -482,6 +482,83 @@ def test_a_group_whose_staging_rows_are_all_gone_is_handed_back_with_its_offsets
     assert "g" not in task.groups.dead_lettered
 
 
+def _with_failed_sibling(store, group_id, *, staged_rows=False):
+    """A staged group of two whose rollout 1 failed: its receipt names nothing, or (`staged_rows`) the rows it
+    staged before failing; returns the receipts."""
+    ok, failed = staged(store, group_id)
+    return [
+        ok,
+        msgspec.structs.replace(failed, failure_reason="env_crashed", manifest=failed.manifest if staged_rows else ()),
+    ]
+
+
+def test_a_group_with_a_failed_rollout_whose_other_rows_are_all_gone_is_handed_back_not_dead_lettered():
+    # After a whole-job restart: one rollout failed, the other's staging went with TQ. Dead-lettering it
+    # as inconsistent would leave its prompt untrained for good.
+    store = InMemoryStore()
+    task = make_task(store)
+    receipts = _with_failed_sibling(store, "g")
+    store.clear(STAGING, [c.staging_key for c in receipts[0].manifest])
+    for offset, r in enumerate(receipts, start=10):
+        task.intake(record(offset, r.to_bytes()), 5_000)
+    commit = step(task, store)
+    assert commit.finalized == () and commit.dead_letters == ()
+    (regen,) = commit.regenerate
+    assert (regen.group_id, regen.new_group_id, regen.reason) == ("g", "g~r1", STAGING_LOST)
+    assert commit.state[-1].outcome == HANDED_BACK
+
+
+def test_a_failed_rollouts_own_staged_rows_do_not_keep_its_group_from_being_handed_back():
+    # "Gone" is judged on the rollouts whose rows are missing: the failed one's rows (restored from a
+    # spill, say) are not a sign that the group's staging survived.
+    store = InMemoryStore()
+    task = make_task(store)
+    ok, failed = _with_failed_sibling(store, "g", staged_rows=True)
+    store.clear(STAGING, [c.staging_key for c in ok.manifest])
+    assert store.present(STAGING, [c.staging_key for c in failed.manifest])
+    for offset, r in enumerate([ok, failed], start=10):
+        task.intake(record(offset, r.to_bytes()), 5_000)
+    commit = step(task, store)
+    assert [r.group_id for r in commit.regenerate] == ["g"] and commit.dead_letters == ()
+
+
+def test_a_timed_out_group_whose_received_rollouts_lost_their_rows_is_handed_back():
+    # Open when the job died: one receipt committed, the other never published; its rows went with TQ.
+    store = InMemoryStore()
+    task = make_task(store)
+    first = staged(store, "g")[0]
+    store.clear(STAGING, [c.staging_key for c in first.manifest])
+    task.intake(record(10, first.to_bytes()), 5_000)
+    commit = step(task, store, now_ms=5_000 + TIMEOUT_MS + 1)
+    assert [r.group_id for r in commit.regenerate] == ["g"] and commit.dead_letters == ()
+
+
+def test_a_group_every_rollout_of_which_failed_is_still_dead_lettered_not_handed_back():
+    store = InMemoryStore()
+    task = make_task(store)
+    ok, failed = _with_failed_sibling(store, "g")
+    store.clear(STAGING, [c.staging_key for c in ok.manifest])
+    both = [msgspec.structs.replace(ok, failure_reason="env_crashed", manifest=()), failed]
+    for offset, r in enumerate(both, start=10):
+        task.intake(record(offset, r.to_bytes()), 5_000)
+    commit = step(task, store)
+    assert commit.regenerate == ()
+    assert {d.error_kind for d in commit.dead_letters} == {dl.ALL_ROLLOUTS_FAILED}
+
+
+def test_a_group_with_a_failed_rollout_naming_another_groups_rows_is_dead_lettered_not_handed_back():
+    # Hostile input as before: the rows exist, staged by "a"; a failed sibling changes nothing.
+    store = InMemoryStore()
+    task = make_task(store)
+    ok = msgspec.structs.replace(staged(store, "a")[0], group_id="b")
+    failed = receipt("b", 1)
+    failed = msgspec.structs.replace(failed, failure_reason="env_crashed", manifest=())
+    for offset, r in enumerate([ok, failed], start=10):
+        task.intake(record(offset, r.to_bytes()), 5_000)
+    commit = step(task, store)
+    assert commit.regenerate == () and commit.dead_letters
+
+
 def test_a_partial_group_whose_surviving_rollouts_are_in_tq_is_completed_not_handed_back():
     store = InMemoryStore()
     task = make_task(store)
@@ -516,3 +593,22 @@ def test_a_group_regenerated_too_often_is_dead_lettered_instead_of_handed_back_a
     assert commit.regenerate == ()
     assert {d.source_key for d in commit.dead_letters} == {late.encode()}
     assert commit.state[-1].outcome == DEAD_LETTERED
+
+
+def test_a_group_whose_lost_staging_a_spill_put_back_in_part_is_handed_back_not_dead_lettered():
+    # After a whole-job restart the spill had caught one call of a multi-call rollout (staged before the
+    # spill listed staging, the rest after): the group's own key present was taken for its staging
+    # having survived, and the group was dead-lettered inconsistent, its prompt never trained.
+    store = InMemoryStore()
+    task = make_task(store)
+    shape = dataclasses.replace(TINY, calls=(3, 3))
+    rollouts = make_group("g", 0, 1, shape=shape)
+    stage_rollouts(store, rollouts)
+    keys = [c.staging_key for r in rollouts for c in r.receipt.manifest]
+    store.clear(STAGING, keys[1:])
+    assert store.present(STAGING, keys) == {keys[0]}
+    for offset, r in enumerate(rollouts, start=10):
+        task.intake(record(offset, r.receipt.to_bytes()), 5_000)
+    commit = step(task, store)
+    assert [r.group_id for r in commit.regenerate] == ["g"] and commit.dead_letters == ()
+    assert commit.state[-1].outcome == HANDED_BACK

@@ -10,8 +10,9 @@ to the assignment: it survives a revocation and the next assignment, and only `r
 partition of a topic the consumer has not been assigned yet cannot be paused). A commit is checked
 against the member's generation only, as the classic protocol's coordinator does: a commit of a
 partition the member is not assigned lands (checked on the real broker). `Faults` makes calls
-fail (the first committed() calls, commits, seeks, acknowledged sends), and every commit is noted in
-`events` in order, beside whatever a test's store notes there, so tests can check what came first.
+fail (the first committed() calls, commits, seeks, acknowledged sends) or wait (the outbox's
+deliveries), and every commit is noted in `events` in order, beside whatever a test's store notes
+there, so tests can check what came first.
 It is not evidence that the trainer works against Kafka; the integration tests are.
 """
 
@@ -77,6 +78,8 @@ class Faults:
     seeks: int = 0  # seek() calls that raise, the first ones
     # Topics whose acknowledged sends always fail (the broker does not know them, say).
     unknown_topics: set[str] = field(default_factory=set)
+    # Topics whose records from the outbox's producer wait unacknowledged (queued, no delivery report).
+    held_topics: set[str] = field(default_factory=set)
     committed_calls: int = 0  # how many committed() calls were made
     committed_in_callback: int = 0  # of those, how many from inside a rebalance callback (librdkafka: a stall)
 
@@ -324,7 +327,9 @@ class FakeProducer:
         self._queued.append((topic, key, value, on_delivery))
 
     def poll(self, timeout: float = 0.0) -> int:
-        queued, self._queued = self._queued, []
+        held = self.broker.faults.held_topics
+        queued = [q for q in self._queued if q[0] not in held]
+        self._queued = [q for q in self._queued if q[0] in held]
         for topic, key, value, on_delivery in queued:
             offset = self.broker.append(topic, 0, key, value)
             if on_delivery is not None:

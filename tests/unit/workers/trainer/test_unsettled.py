@@ -11,7 +11,8 @@ from streams.errors import RowsUnsettled
 from streams.tq import TRAIN
 from tests.unit.workers.trainer.trainer_kafka import Pipeline, group
 from workers.trainer.dataset import ExperienceDataset
-from workers.trainer.spill import read_spill, spill_rows
+from workers.trainer.spill import spill_rows
+from workers.trainer.spill_read import read_spill
 
 
 class Unsettled:

@@ -1,0 +1,42 @@
+"""Whether a group with no valid row lost its staging with TQ (handed back) or was refused (dead-lettered).
+
+After a whole-job restart TQ comes back empty while Kafka keeps the receipts: a group whose rows went
+with TQ can only be trained by generating its prompt again. A group whose keys exist under another
+group is hostile input, and a group of failed rollouts alone is no loss: both are dead-lettered.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+from schemas.group_build import GroupBuild
+from workers.reassembler.groups import OpenGroup
+
+MISSING_STAGING_ROW = "missing_staging_row"  # schemas.linearize's rejection of a receipt whose row is gone
+
+# A group with no valid row whose rows were lost with TQ (every other reason is the group's own): handed back.
+_LOST_WITH_TQ = {MISSING_STAGING_ROW, "rollout_failed", "missing_receipt"}
+
+
+def staging_lost(group: OpenGroup, build: GroupBuild, present: Collection[str], mine: Collection[str]) -> bool:
+    """Whether the group's missing rows were lost with TQ rather than refused: every rollout is either
+    missing its staged rows, failed, or never sent a receipt (a group cut short by the crash), at least
+    one is missing rows, and each of those has a staging key not in TQ at all (under any owner) and
+    none in TQ under another owner.
+
+    Only the rollouts missing rows are looked at: a failed rollout stages nothing, or rows of its own
+    (which a spill may have put back), and says nothing about whether the others' staging survived. A
+    rollout whose keys a spill put back in part (one call of several staged before the spill listed
+    staging) is lost all the same. A key present under another owner is hostile input, never a loss.
+    A group of failed rollouts alone is no loss: it is dead-lettered as before.
+    """
+    reasons = build.rejection_reasons
+    if not set(reasons) <= _LOST_WITH_TQ or MISSING_STAGING_ROW not in reasons:
+        return False
+    receipts = group.by_index()
+    missing = [receipts[i] for i, reason in enumerate(reasons) if reason == MISSING_STAGING_ROW]
+    for r in missing:
+        keys = [c.staging_key for c in r.manifest] if r is not None else []
+        if any(k in present and k not in mine for k in keys) or (keys and all(k in present for k in keys)):
+            return False
+    return True
