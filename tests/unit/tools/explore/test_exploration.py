@@ -18,7 +18,7 @@ from tests.tools.explore.shrink import Shrunk, _ddmin
 
 ROOT = Path(__file__).resolve().parents[4]
 SEEDS = ROOT / "tests" / "explore_seeds"
-# Seeds of the short exploration: every mix in turn (crash, freeze, kafka, job, all), about 1 s each.
+# Seeds of the short exploration: every mix in turn (faults.MIXES), about 0.2 s each.
 SHORT = ["--seeds", "40", "--first", "1000"]
 
 
@@ -72,3 +72,16 @@ def test_a_shrink_keeps_only_the_faults_the_failure_needs():
     _ddmin(best, fails)
     assert set(best.case.plan) == needed
     assert best.runs < 30
+
+
+def test_every_revert_of_an_issue_30_fix_still_applies():
+    # REVERTS.md's demonstrations undo each fix in a copy of the tree; a fix that moved on must take its patch along.
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.tools.explore.reverted", "--check"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.count(": applies") == len(list((ROOT / "tests/tools/explore/reverts").glob("*.patch")))
