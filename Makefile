@@ -77,6 +77,14 @@ chaos: jars ## the chaos drill at full size (2,000 groups; CHAOS_ARGS to scale i
 drills: jars ## the fault drills too long for make test (minutes each)
 	$(BIN)/python -m pytest -q -rs -m drill
 
+# The explorer (tests/tools/explore): seeded runs of the real components on the Kafka and TQ models,
+# faults at every point they wait, every invariant checked; a failure is shrunk and saved as a
+# replayable seed file under .explore/failures/. No broker, no Ray. `make test` runs 40 seeds and
+# the seeds of every bug found (tests/explore_seeds/). Scale it: EXPLORE_ARGS="--seeds 5000 --minutes 60".
+.PHONY: explore
+explore: $(STAMP) ## seeded fault exploration on the models (EXPLORE_ARGS="--seeds N --minutes M")
+	PYTHONHASHSEED=0 $(BIN)/python -m tests.tools.explore $(EXPLORE_ARGS)
+
 # A tiny GRPO run on CPU through the whole pipeline (broker, TQ, reassemblers, Ray rollout actors);
 # writes grpo.png and exits 1 if the reward did not rise. Tune it with GRPO_ARGS="--steps 100".
 .PHONY: example-grpo

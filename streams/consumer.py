@@ -1,8 +1,12 @@
-"""Consumer-side helpers: reading a topic slice to its end, and committed versus end offsets."""
+"""Consumer-side helpers: reading a topic slice to its end, and committed versus end offsets.
+
+Each helper builds its confluent-kafka `Consumer` through the `KafkaApi` it is given and waits (idle
+timeouts, retries) on the `Runtime` it is given; the defaults are confluent-kafka and the process's
+own clock, so a caller that passes neither gets the real thing.
+"""
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -11,6 +15,8 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPar
 
 from streams.config import KafkaConfig
 from streams.errors import ReadTimeout
+from streams.kafka_api import REAL_KAFKA, KafkaApi
+from streams.runtime import REAL_RUNTIME, Runtime
 
 
 @dataclass(frozen=True)
@@ -50,10 +56,10 @@ def partitions_of(consumer: Consumer, topic: str, timeout_s: float = 10.0) -> li
 
 
 def end_offsets(
-    kafka: KafkaConfig, topic: str, *, read_committed: bool = True, timeout_s: float = 10.0
+    kafka: KafkaConfig, topic: str, *, read_committed: bool = True, timeout_s: float = 10.0, api: KafkaApi = REAL_KAFKA
 ) -> dict[int, tuple[int, int]]:
     """partition -> (low, high) watermark; with read_committed, high is the last stable offset."""
-    c = Consumer(kafka.consumer(_throwaway_consumer_group(), read_committed=read_committed))
+    c = api.Consumer(kafka.consumer(_throwaway_consumer_group(), read_committed=read_committed))
     try:
         return {
             p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s, cached=False)
@@ -63,9 +69,11 @@ def end_offsets(
         c.close()
 
 
-def committed_offsets(kafka: KafkaConfig, group_id: str, topic: str, *, timeout_s: float = 10.0) -> dict[int, int]:
+def committed_offsets(
+    kafka: KafkaConfig, group_id: str, topic: str, *, timeout_s: float = 10.0, api: KafkaApi = REAL_KAFKA
+) -> dict[int, int]:
     """partition -> committed offset of the group (-1001 when it has none)."""
-    c = Consumer(kafka.consumer(group_id))
+    c = api.Consumer(kafka.consumer(group_id))
     try:
         tps = [TopicPartition(topic, p) for p in partitions_of(c, topic, timeout_s)]
         return {tp.partition: tp.offset for tp in c.committed(tps, timeout=timeout_s)}
@@ -73,17 +81,17 @@ def committed_offsets(kafka: KafkaConfig, group_id: str, topic: str, *, timeout_
         c.close()
 
 
-def _watermarks(c: Consumer, topic: str, partition: int, timeout_s: float) -> tuple[int, int]:
+def _watermarks(c: Consumer, topic: str, partition: int, timeout_s: float, runtime: Runtime) -> tuple[int, int]:
     """A partition's (low, high) offsets; a leader that just died is retried until `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
+    deadline = runtime.monotonic() + timeout_s
     while True:
         try:
             return c.get_watermark_offsets(TopicPartition(topic, partition), timeout=10, cached=False)
         except KafkaException as exc:
             # Leadership moves within seconds when a broker dies; only a fatal error is final.
-            if exc.args[0].fatal() or time.monotonic() > deadline:
+            if exc.args[0].fatal() or runtime.monotonic() > deadline:
                 raise
-            time.sleep(0.2)
+            runtime.sleep(0.2)
 
 
 def read_topic(
@@ -95,15 +103,17 @@ def read_topic(
     stop: dict[int, int] | None = None,
     partitions: Sequence[int] | None = None,
     idle_timeout_s: float = 10.0,
+    api: KafkaApi = REAL_KAFKA,
+    runtime: Runtime = REAL_RUNTIME,
 ) -> Iterator[Record]:
     """Yield a topic's records from `start` (default: beginning) up to `stop` (default: current end).
 
     Uses manual assignment and no group, so it never disturbs production consumer groups.
     """
-    c = Consumer(kafka.consumer(_throwaway_consumer_group(), read_committed=read_committed))
+    c = api.Consumer(kafka.consumer(_throwaway_consumer_group(), read_committed=read_committed))
     try:
         parts = list(partitions) if partitions is not None else partitions_of(c, topic)
-        ends = {p: _watermarks(c, topic, p, idle_timeout_s) for p in parts}
+        ends = {p: _watermarks(c, topic, p, idle_timeout_s, runtime) for p in parts}
         # A stop beyond the end would never be reached: clamp it to the end.
         stop_at = {p: min((stop or {}).get(p, ends[p][1]), ends[p][1]) for p in parts}
         begin = {p: (start or {}).get(p, OFFSET_BEGINNING) for p in parts}
@@ -111,7 +121,7 @@ def read_topic(
         if not pending:
             return
         c.assign([TopicPartition(topic, p, begin[p]) for p in sorted(pending)])
-        last_progress = time.monotonic()
+        last_progress = runtime.monotonic()
         while pending:
             got = c.consume(500, timeout=0.5)
             # A broker restarting arrives as error messages the client retries itself; they are not
@@ -126,13 +136,13 @@ def read_topic(
                 for tp in c.position([TopicPartition(topic, p) for p in list(pending)]):
                     if tp.offset >= stop_at[tp.partition]:
                         pending.discard(tp.partition)
-                if time.monotonic() - last_progress > idle_timeout_s:
+                if runtime.monotonic() - last_progress > idle_timeout_s:
                     raise ReadTimeout(
                         f"reading {topic}: no progress for {idle_timeout_s:.0f}s, "
                         f"partitions {sorted(pending)} short of their end"
                     )
                 continue
-            last_progress = time.monotonic()
+            last_progress = runtime.monotonic()
             for m in msgs:
                 p = m.partition()
                 if p not in pending:
@@ -148,10 +158,15 @@ def read_topic(
 
 
 def wait_until(
-    predicate: Callable[[], bool], *, timeout_s: float, interval_s: float = 0.2, what: str = "condition"
+    predicate: Callable[[], bool],
+    *,
+    timeout_s: float,
+    interval_s: float = 0.2,
+    what: str = "condition",
+    runtime: Runtime = REAL_RUNTIME,
 ) -> None:
-    deadline = time.monotonic() + timeout_s
+    deadline = runtime.monotonic() + timeout_s
     while not predicate():
-        if time.monotonic() > deadline:
+        if runtime.monotonic() > deadline:
             raise ReadTimeout(f"timed out after {timeout_s:.0f}s waiting for {what}")
-        time.sleep(interval_s)
+        runtime.sleep(interval_s)

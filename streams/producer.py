@@ -1,7 +1,8 @@
 """Thin producers over confluent-kafka: an idempotent one that waits for acks, and a transactional one.
 
 Retry and error routing policy lives with the callers; these classes only make the delivery
-outcome explicit (an exception, never a silently dropped message).
+outcome explicit (an exception, never a silently dropped message). Each builds its confluent-kafka
+`Producer` through the `KafkaApi` it is given (`streams.kafka_api`: confluent-kafka itself by default).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
 from streams.config import KafkaConfig
 from streams.errors import DeliveryError
+from streams.kafka_api import REAL_KAFKA, KafkaApi
 
 Headers = Sequence[tuple[str, bytes]]
 
@@ -50,8 +52,8 @@ def _produce(producer: Producer, rec: Outgoing, on_delivery=None) -> None:
 class AckedProducer:
     """Idempotent producer whose `send` returns only once the broker has acknowledged every record."""
 
-    def __init__(self, kafka: KafkaConfig, **overrides: object):
-        self._producer = Producer(kafka.producer(**overrides))
+    def __init__(self, kafka: KafkaConfig, *, api: KafkaApi = REAL_KAFKA, **overrides: object):
+        self._producer = api.Producer(kafka.producer(**overrides))
 
     def send(self, records: Sequence[Outgoing], *, timeout_s: float = 30.0) -> list[tuple[int, int]]:
         """Produce records and wait for their acks; returns (partition, offset) per record."""
@@ -90,13 +92,14 @@ class TransactionalProducer:
         *,
         transaction_timeout_ms: int = 30000,
         init_timeout_s: float = 60.0,
+        api: KafkaApi = REAL_KAFKA,
         **overrides: object,
     ):
         conf = kafka.producer(
             transactional_id=transactional_id, **{"transaction.timeout.ms": transaction_timeout_ms, **overrides}
         )
         self.transactional_id = transactional_id
-        self._producer = Producer(conf)
+        self._producer = api.Producer(conf)
         # Fences any earlier producer with the same id and aborts its open transaction.
         self._producer.init_transactions(init_timeout_s)
         self._in_txn = False

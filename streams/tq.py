@@ -158,9 +158,15 @@ class TQStore:
     ready, when a stalled unit or controller gets to the request.
     """
 
-    def __init__(self, packed: Iterable[str] = (STAGING, TRAIN)) -> None:
-        import transfer_queue as tq
-        from transfer_queue.storage.managers.simple_storage_manager import StorageUnitTimeout
+    def __init__(self, packed: Iterable[str] = (STAGING, TRAIN), *, tq: Any = None) -> None:
+        # `tq`: the `transfer_queue` module to call (None: the installed one). A stand-in (the explorer's
+        # model of TQ 0.1.11, tests/tools/sim/tq) has the same KV API and client, and names its storage
+        # units' timeout error `StorageUnitTimeout`. An argument only: no setting reaches it.
+        if tq is None:
+            import transfer_queue as tq
+            from transfer_queue.storage.managers.simple_storage_manager import StorageUnitTimeout
+        else:
+            StorageUnitTimeout = tq.StorageUnitTimeout  # noqa: N806 - the class, as TQ names it
 
         self._tq = tq
         self._unit_timeout = StorageUnitTimeout

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import TopicPartition
 
 from schemas.state import PartitionProgress, decode_state_entry
 from streams.config import KafkaConfig
 from streams.consumer import read_topic
+from streams.kafka_api import REAL_KAFKA, KafkaApi
+from streams.runtime import REAL_RUNTIME, Runtime
 from workers.reassembler.restore import LogEntry
 
 # Records read back from the end to find the latest progress entry. One step writes one per
@@ -33,11 +35,26 @@ class Changelog:
     end_offset: int
 
 
-def read_changelog(kafka: KafkaConfig, topic: str, partition: int, *, tail_records: int = TAIL_RECORDS) -> Changelog:
-    """Read a state partition from the restore point its latest progress entry names (all of it if none does)."""
-    low, high = _bounds(kafka, topic, partition)
+def read_changelog(
+    kafka: KafkaConfig,
+    topic: str,
+    partition: int,
+    *,
+    tail_records: int = TAIL_RECORDS,
+    api: KafkaApi = REAL_KAFKA,
+    runtime: Runtime = REAL_RUNTIME,
+) -> Changelog:
+    """Read a state partition from the restore point its latest progress entry names (all of it if none does).
+
+    Its consumers come from `api` and its reads wait on `runtime` (`streams.consumer.read_topic`).
+    """
+    low, high = _bounds(kafka, topic, partition, api)
+
+    def read(start: int, stop: int) -> list[LogEntry]:
+        return _read(kafka, topic, partition, start, stop, api, runtime)
+
     tail_start = max(low, high - tail_records)
-    tail = _read(kafka, topic, partition, tail_start, high)
+    tail = read(tail_start, high)
     restore_from = low
     for record in reversed(tail):
         if isinstance(record.entry, PartitionProgress):
@@ -45,22 +62,27 @@ def read_changelog(kafka: KafkaConfig, topic: str, partition: int, *, tail_recor
             break
     if restore_from >= tail_start:
         return Changelog([r for r in tail if r.offset >= restore_from], restore_from, high)
-    return Changelog(_read(kafka, topic, partition, restore_from, tail_start) + tail, restore_from, high)
+    return Changelog(read(restore_from, tail_start) + tail, restore_from, high)
 
 
-def _bounds(kafka: KafkaConfig, topic: str, partition: int) -> tuple[int, int]:
+def _bounds(kafka: KafkaConfig, topic: str, partition: int, api: KafkaApi) -> tuple[int, int]:
     # read_committed: the high mark is the last stable offset, below any still-open transaction.
-    c = Consumer(kafka.consumer(f"rlstream-changelog-{partition}", read_committed=True))
+    c = api.Consumer(kafka.consumer(f"rlstream-changelog-{partition}", read_committed=True))
     try:
         return c.get_watermark_offsets(TopicPartition(topic, partition), timeout=30, cached=False)
     finally:
         c.close()
 
 
-def _read(kafka: KafkaConfig, topic: str, partition: int, start: int, stop: int) -> list[LogEntry]:
+def _read(
+    kafka: KafkaConfig, topic: str, partition: int, start: int, stop: int, api: KafkaApi, runtime: Runtime
+) -> list[LogEntry]:
     if stop <= start:
         return []
+    records = read_topic(
+        kafka, topic, partitions=[partition], start={partition: start}, stop={partition: stop}, api=api, runtime=runtime
+    )
     return [
         LogEntry(rec.offset, rec.key, decode_state_entry(rec.value) if rec.value is not None else None)
-        for rec in read_topic(kafka, topic, partitions=[partition], start={partition: start}, stop={partition: stop})
+        for rec in records
     ]

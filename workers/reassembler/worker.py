@@ -89,7 +89,7 @@ class ReassemblerWorker:
         self.config = config
         self.sensor = sensor if sensor is not None else ReassemblerSensor()
         self.faults = faults
-        self._clients = clients if clients is not None else KafkaClients(kafka)
+        self._clients = clients if clients is not None else KafkaClients(kafka, runtime=runtime)
         # Everything below gets the guarded store: a clear made through the bare one would skip the lease.
         self._clearer = StagingClearer(self.store, config.actor.staging_partition, runtime=runtime)
         # The partition tasks, by partition (a mapping), and their assignment, restore and rebuild.

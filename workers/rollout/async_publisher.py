@@ -25,14 +25,14 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-
-from confluent_kafka import Producer
 
 from schemas.metadata_guard import assert_metadata_only
 from streams.config import KafkaConfig
 from streams.errors import DeliveryError
+from streams.kafka_api import REAL_KAFKA, KafkaApi
+from streams.runtime import REAL_RUNTIME, Runtime
 from streams.tq import STAGING, KVStore
 from workers.rollout.errors import UnacknowledgedReceipts
 from workers.rollout.publisher import StagedRollout, stage_rollouts
@@ -53,6 +53,8 @@ class AsyncRolloutPublisher:
     """Stages each call's deltas under `{rollout_id}/{call_id}`, then publishes the receipts; all awaited.
 
     `staging_threads` bounds concurrent TQ puts. Use as `async with` or call `close()` when done.
+    The producer comes from `api` (confluent-kafka by default; a test's that holds reports back) and the
+    rows' `staged_at_ms` from `runtime`'s wall clock.
     """
 
     def __init__(
@@ -63,9 +65,11 @@ class AsyncRolloutPublisher:
         *,
         staging_partition: str = STAGING,
         staging_threads: int = 4,
-        make_producer: Callable[[dict[str, object]], Producer] = Producer,
+        api: KafkaApi = REAL_KAFKA,
+        runtime: Runtime = REAL_RUNTIME,
     ):
-        self._producer = make_producer(kafka.producer())
+        self._producer = api.Producer(kafka.producer())
+        self._runtime = runtime
         self._store = store
         self._topic = receipts_topic
         self._staging = staging_partition
@@ -93,7 +97,10 @@ class AsyncRolloutPublisher:
         loop = asyncio.get_running_loop()
         staged = [r for r in rollouts if r.receipt.manifest]
         if staged:
-            await loop.run_in_executor(self._executor, stage_rollouts, self._store, staged, self._staging)
+            now_ms = self._runtime.wall_ms()
+            await loop.run_in_executor(
+                self._executor, lambda: stage_rollouts(self._store, staged, self._staging, now_ms=now_ms)
+            )
         deadline = loop.time() + timeout_s
         futures: list[asyncio.Future] = []
         try:

@@ -26,10 +26,11 @@ gate started are not its own. A worker sharing the trainer with others (`batch_s
 that share of each loss, as of B.
 
 `StalenessBudget` is that arithmetic and its counters, thread-safe and free of I/O. `AdmissionGate`
-feeds it from the two topics in a background thread. A worker calls `acquire(n, timeout)` before
-starting n groups (or checks `capacity()` itself and calls `on_started(n)`), then
-`on_finished(accepted)` once per group: accepted once it is published, rejected when it was
-dropped before publishing (filtered out). What becomes of a published group downstream is the
+feeds it from the two topics in a background tick (its `Runtime`'s `periodic`; the consumer from its
+`KafkaApi`: the process's own thread and confluent-kafka by default, a simulator's under the explorer).
+A worker calls `acquire(n, timeout)` before starting n groups (or checks `capacity()` itself and calls
+`on_started(n)`), then `on_finished(accepted)` once per group: accepted once it is published, rejected
+when it was dropped before publishing (filtered out). What becomes of a published group downstream is the
 gate's to learn, not the worker's to guess: one whose rollouts all failed is still accepted, and
 returns its capacity when the reassembler dead-letters it.
 
@@ -47,13 +48,15 @@ import uuid
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaException, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, KafkaException, TopicPartition
 
 from schemas.errors import InvalidArgument, SchemaError
 from schemas.state import CLOSED, DEAD_LETTERED, HANDED_BACK, GroupState
 from schemas.trainer_version import TrainerVersion
 from streams.config import KafkaConfig
 from streams.consumer import partitions_of
+from streams.kafka_api import REAL_KAFKA, KafkaApi
+from streams.runtime import REAL_RUNTIME, Runtime
 from workers.topics import STATE_ROLE, TopicNames, decode_value
 
 log = logging.getLogger("rlstream.rollout.gate")
@@ -246,9 +249,12 @@ class TrainerLosses:
 
 class AdmissionGate(StalenessBudget):
     """A `StalenessBudget` following one trainer's records on the version topic, and the groups the
-    reassemblers dead-letter on their state topic, in a daemon thread.
+    reassemblers dead-letter on their state topic, in a background tick.
 
-    `trainer_id` None follows whichever trainer wrote last (one trainer per topic prefix).
+    `trainer_id` None follows whichever trainer wrote last (one trainer per topic prefix). `api` makes
+    its consumer and `runtime` runs its tick (back to back, each waiting up to `poll_s` for records)
+    and its sleeps; `acquire` and `wait_for_version` wait on the process's own clock (a simulated
+    rollout worker checks `capacity()` and calls `on_started` instead).
     """
 
     def __init__(
@@ -261,19 +267,28 @@ class AdmissionGate(StalenessBudget):
         max_concurrent: int = 1_000_000,
         batch_share: float = 1.0,
         poll_s: float = 0.1,
+        api: KafkaApi = REAL_KAFKA,
+        runtime: Runtime = REAL_RUNTIME,
     ):
         super().__init__(max_staleness, max_concurrent=max_concurrent, batch_share=batch_share)
         self._topic = topics.trainer_version
         self._state_topic = topics.state
         self._trainer_id = trainer_id
         self._poll_s = poll_s
+        self._runtime = runtime
         self._stop = threading.Event()
+        self._stopped = threading.Event()  # the follower closed its consumer and ticks no more
         self._trainer_losses = TrainerLosses()
         self._dead: OrderedDict[str, None] = OrderedDict()  # dead-lettered groups counted, newest last
+        # Per version partition, its end offset when assigned while the history up to it is read (None:
+        # not assigned yet); the latest matching record of that history.
+        self._behind: dict[int, int] | None = None
+        self._latest: tuple[bytes | None, bytes] | None = None
+        self._ticking: int | None = None  # the thread running a tick now
+        self._follower = None
         # read_committed: a reassembler's aborted step must not count its dead letters.
-        self._consumer = Consumer(kafka.consumer(f"rlstream-gate-{uuid.uuid4().hex[:12]}", read_committed=True))
-        self._thread = threading.Thread(target=self._follow, name="admission-gate", daemon=True)
-        self._thread.start()
+        self._consumer = api.Consumer(kafka.consumer(f"rlstream-gate-{uuid.uuid4().hex[:12]}", read_committed=True))
+        self._follower = runtime.periodic(0.0, self._follow, name="admission-gate")
 
     def wait_for_version(self, timeout: float) -> int | None:
         """Block until a trainer version has been read (or `timeout`); returns it, or None."""
@@ -300,33 +315,50 @@ class AdmissionGate(StalenessBudget):
         return {p: high for p, (low, high) in ends.items() if high > low}
 
     def _follow(self) -> None:
-        # The history up to the end offsets found at assignment is read first and only its latest
-        # record applied: compaction is lazy, and counting from an old version would over-admit.
+        """One tick of the follower: assign (once the topics exist), then one consume and what it read."""
+        if self._stopped.is_set():
+            return
+        self._ticking = threading.get_ident()
         try:
-            behind = None
-            while not self._stop.is_set() and (behind := self._assign()) is None:
-                self._stop.wait(0.5)
-            latest: tuple[bytes | None, bytes] | None = None
-            while not self._stop.is_set():
-                for msg in self._consumer.consume(100, timeout=self._poll_s):
-                    if msg.error() is not None or msg.value() is None:
-                        continue
-                    if msg.topic() == self._state_topic:
-                        self._closing(msg.value())
-                        continue
-                    if not behind:
-                        self._apply(msg.key(), msg.value())
-                        continue
-                    if self._matches(msg.value()):
-                        latest = (msg.key(), msg.value())
-                    if msg.offset() + 1 >= behind.get(msg.partition(), 0):
-                        behind.pop(msg.partition(), None)
-                    if not behind and latest is not None:
-                        self._apply(*latest)
+            if self._stop.is_set():
+                self._finish()
+                return
+            if self._behind is None:
+                self._behind = self._assign()
+                if self._behind is None:
+                    self._runtime.sleep(0.5)
+                return
+            # The history up to the end offsets found at assignment is read first and only its latest
+            # record applied: compaction is lazy, and counting from an old version would over-admit.
+            behind = self._behind
+            for msg in self._consumer.consume(100, timeout=self._poll_s):
+                if msg.error() is not None or msg.value() is None:
+                    continue
+                if msg.topic() == self._state_topic:
+                    self._closing(msg.value())
+                    continue
+                if not behind:
+                    self._apply(msg.key(), msg.value())
+                    continue
+                if self._matches(msg.value()):
+                    self._latest = (msg.key(), msg.value())
+                if msg.offset() + 1 >= behind.get(msg.partition(), 0):
+                    behind.pop(msg.partition(), None)
+                if not behind and self._latest is not None:
+                    self._apply(*self._latest)
         except Exception:  # noqa: BLE001 - a dead follower must not pass silently; waiters time out
             log.exception("admission gate stopped following %s", self._topic)
+            self._finish()
         finally:
+            self._ticking = None
+
+    def _finish(self) -> None:
+        if self._follower is not None:  # else its first tick came first: the stopped flag ends the others
+            self._follower.stop()
+        try:
             self._consumer.close()
+        finally:
+            self._stopped.set()
 
     def _closing(self, value: bytes) -> None:
         """A state entry: a group closed without rows is a loss, counted once however often it is written."""
@@ -362,8 +394,11 @@ class AdmissionGate(StalenessBudget):
         self.observe(record.version, record.batch_groups)
 
     def close(self) -> None:
-        """Stop following the topics and release every waiter."""
+        """Stop following the topics and release every waiter; the follower closes its consumer."""
         super().close()
         self._stop.set()
-        if self._thread is not threading.current_thread():
-            self._thread.join(timeout=10)
+        if self._ticking == threading.get_ident():
+            return  # called from the follower's own tick: it finishes when the tick returns
+        deadline = self._runtime.monotonic() + 10
+        while not self._stopped.is_set() and self._runtime.monotonic() < deadline:
+            self._runtime.sleep(0.02)

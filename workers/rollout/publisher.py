@@ -4,7 +4,9 @@
 plus its calls' token deltas); `publish_receipts` publishes receipts whose rows are staged already,
 such as NeMo Gym's (`GymReceipt`: its capture stages every call as it is acknowledged).
 `stage_rollouts` and `segments_to_fields` are its staging half, also used on their own by tools and
-tests. What a staged row holds is `schemas.staged_rows`'s contract.
+tests. What a staged row holds is `schemas.staged_rows`'s contract. The publisher's Kafka producer
+comes from the `KafkaApi` it is given and its clock (a row's `staged_at_ms`) from its `Runtime`:
+confluent-kafka and the process's own by default, the explorer's models under a simulator.
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ from schemas.metadata_guard import assert_metadata_only
 from schemas.receipt import Receipt
 from schemas.staged_rows import ROUTED_EXPERTS, ROUTED_EXPERTS_K_TAG, SEGMENT_FIELDS, row_tags
 from streams.config import KafkaConfig
+from streams.kafka_api import REAL_KAFKA, KafkaApi
 from streams.producer import AckedProducer, Outgoing
+from streams.runtime import REAL_RUNTIME, Runtime
 from streams.tq import STAGING, KVStore
 
 __all__ = [
@@ -63,13 +67,16 @@ def _jagged(rows: list[torch.Tensor]) -> torch.Tensor:
     return jagged_views({"rows": torch.cat(rows)}, offsets)["rows"]
 
 
-def stage_rollouts(store: KVStore, rollouts: Sequence[StagedRollout], staging_partition: str = STAGING) -> None:
+def stage_rollouts(
+    store: KVStore, rollouts: Sequence[StagedRollout], staging_partition: str = STAGING, *, now_ms: int | None = None
+) -> None:
     """Put every call segment of the rollouts into TQ staging (one put per field layout).
 
     Each row's tags name its group and rollout (the reassembler checks them before using or clearing
-    a row) and when it was staged (`staged_at_ms`, by which the sweeper ages rows no receipt names).
+    a row) and when it was staged (`staged_at_ms`: `now_ms`, else this process's clock now; the
+    sweeper ages rows no receipt names by it).
     """
-    staged_at = int(time.time() * 1000)
+    staged_at = int(time.time() * 1000) if now_ms is None else now_ms
     by_layout: dict[bool, list[tuple[str, Mapping[str, torch.Tensor], Mapping]]] = {}
     for r in rollouts:
         if len(r.segments) != len(r.receipt.manifest):
@@ -98,8 +105,18 @@ class RolloutPublisher:
     The order is the contract: a receipt is never visible before its tensors are staged.
     """
 
-    def __init__(self, kafka: KafkaConfig, store: KVStore, receipts_topic: str, *, staging_partition: str = STAGING):
-        self._producer = AckedProducer(kafka)
+    def __init__(
+        self,
+        kafka: KafkaConfig,
+        store: KVStore,
+        receipts_topic: str,
+        *,
+        staging_partition: str = STAGING,
+        api: KafkaApi = REAL_KAFKA,
+        runtime: Runtime = REAL_RUNTIME,
+    ):
+        self._producer = AckedProducer(kafka, api=api)
+        self._runtime = runtime
         self._store = store
         self._topic = receipts_topic
         self._staging = staging_partition
@@ -108,7 +125,8 @@ class RolloutPublisher:
         """Stage, then publish the receipts keyed by group_id; returns (partition, offset) per receipt."""
         for r in rollouts:
             assert_metadata_only(r.receipt, path="receipt")
-        stage_rollouts(self._store, [r for r in rollouts if r.receipt.manifest], self._staging)
+        staged = [r for r in rollouts if r.receipt.manifest]
+        stage_rollouts(self._store, staged, self._staging, now_ms=self._runtime.wall_ms())
         return self._producer.send(
             [Outgoing(self._topic, r.receipt.group_id.encode(), r.receipt.to_bytes()) for r in rollouts],
             timeout_s=timeout_s,

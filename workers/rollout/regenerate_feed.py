@@ -14,14 +14,15 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import KafkaException, TopicPartition
 
 from schemas.errors import SchemaError
 from schemas.regenerate import Regenerate
 from streams.config import KafkaConfig
+from streams.kafka_api import REAL_KAFKA, KafkaApi
 from workers.topics import TopicNames
 
 log = logging.getLogger("rlstream.rollout")
@@ -40,7 +41,10 @@ class HandBack:
 
 
 class RegenerateFeed:
-    """Hand-backs for one consumer group of rollout workers; `take` them, `done` once republished."""
+    """Hand-backs for one consumer group of rollout workers; `take` them, `done` once republished.
+
+    Its consumer comes from `api` (confluent-kafka by default, the explorer's model of Kafka).
+    """
 
     def __init__(
         self,
@@ -49,10 +53,10 @@ class RegenerateFeed:
         consumer_group: str,
         *,
         generated: Iterable[str] = (),
-        make_consumer: Callable[[dict[str, object]], Consumer] = Consumer,
+        api: KafkaApi = REAL_KAFKA,
     ):
         self.topic = names.regenerate
-        self._consumer = make_consumer(kafka.consumer(consumer_group))
+        self._consumer = api.Consumer(kafka.consumer(consumer_group))
         self._consumer.subscribe([self.topic], on_revoke=self._on_revoke, on_lost=self._on_revoke)
         # Per partition: offsets taken and not yet committed past, in order, and which are done.
         self._taken: dict[int, list[int]] = {}

@@ -1,6 +1,8 @@
 """The Kafka clients a trainer's consumer makes, behind one factory it is given.
 
-`KafkaTrainerClients` builds real confluent-kafka clients from a `KafkaConfig`. The trainer's side
+`KafkaTrainerClients` builds confluent-kafka clients from a `KafkaConfig` through the `KafkaApi` it is
+given (confluent-kafka itself by default, the explorer's model of Kafka), its topic reads waiting on
+the trainer's `Runtime`. The trainer's side
 asks its factory for the finalized topic's reader (a consumer of its consumer group), acknowledged
 producers (the stale-group replay, the version publisher, the progress entries), the outbox's
 producer (dead letters and hand-backs, served by delivery reports) and a read of a whole topic (the
@@ -16,11 +18,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from confluent_kafka import Consumer, Producer
-
 from streams.config import KafkaConfig
 from streams.consumer import Record, read_topic
+from streams.kafka_api import REAL_KAFKA, KafkaApi
 from streams.producer import AckedProducer, Outgoing
+from streams.runtime import REAL_RUNTIME, Runtime
 
 
 class Acked(Protocol):
@@ -54,25 +56,27 @@ class TrainerClients(Protocol):
 
 
 class KafkaTrainerClients:
-    """Real clients of the cluster `kafka` describes."""
+    """Clients of the cluster `kafka` describes, made by `api` (the real ones by default)."""
 
-    def __init__(self, kafka: KafkaConfig):
+    def __init__(self, kafka: KafkaConfig, *, api: KafkaApi = REAL_KAFKA, runtime: Runtime = REAL_RUNTIME):
         self.kafka = kafka
+        self.api = api
+        self.runtime = runtime
 
-    def consumer(self, consumer_group: str, settings: dict[str, Any]) -> Consumer:
-        return Consumer(self.consumer_settings(consumer_group, settings))
+    def consumer(self, consumer_group: str, settings: dict[str, Any]) -> Any:
+        return self.api.Consumer(self.consumer_settings(consumer_group, settings))
 
     def consumer_settings(self, consumer_group: str, settings: dict[str, Any]) -> dict[str, Any]:
         return self.kafka.consumer(consumer_group, **settings)
 
     def acked_producer(self) -> AckedProducer:
-        return AckedProducer(self.kafka)
+        return AckedProducer(self.kafka, api=self.api)
 
-    def producer(self, settings: dict[str, Any]) -> Producer:
-        return Producer(self.kafka.producer(**settings))
+    def producer(self, settings: dict[str, Any]) -> Any:
+        return self.api.Producer(self.kafka.producer(**settings))
 
     def read(self, topic: str) -> list[Record]:
-        return list(read_topic(self.kafka, topic))
+        return list(read_topic(self.kafka, topic, api=self.api, runtime=self.runtime))
 
 
 def cooperative(settings: dict[str, Any]) -> bool:

@@ -12,7 +12,6 @@ The Kafka side (reading, policy decisions, dead letters, commits) is `intake.py`
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -86,12 +85,12 @@ class ExperienceConsumer(FinalizedIntake):
         """Groups ready at the current version once `want` are (or `at_deadline` by the deadline); else None."""
         while True:
             ready = self._ready()
-            if len(ready) >= want or (len(ready) >= at_deadline and time.monotonic() >= deadline):
+            if len(ready) >= want or (len(ready) >= at_deadline and self._runtime.monotonic() >= deadline):
                 return ready
-            if time.monotonic() >= deadline:
+            if self._runtime.monotonic() >= deadline:
                 self._update_waiting()
                 return None
-            self.poll(min(0.1, max(0.0, deadline - time.monotonic())))
+            self.poll(min(0.1, max(0.0, deadline - self._runtime.monotonic())))
 
     def select(
         self, version: int, min_groups: int = 1, max_groups: int | None = None, timeout_s: float = 10.0
@@ -112,11 +111,11 @@ class ExperienceConsumer(FinalizedIntake):
                 f"min_groups ({min_groups}) is above max_waiting_groups ({self.config.max_waiting_groups})"
             )
         self.set_version(version)
-        deadline = time.monotonic() + timeout_s
+        deadline = self._runtime.monotonic() + timeout_s
         while (ready := self._wait_ready(min_groups, min_groups, deadline)) is not None:
             chosen = self._with_rows(ready[:most])
             if chosen is None:  # TQ could not say now which rows are there: the groups wait
-                self.poll(min(0.1, max(0.0, deadline - time.monotonic())))
+                self.poll(min(0.1, max(0.0, deadline - self._runtime.monotonic())))
                 continue
             if len(chosen) >= min_groups:
                 return self._hand_out(chosen)
@@ -217,7 +216,7 @@ class ExperienceConsumer(FinalizedIntake):
         """Up to num_groups usable groups with their padded tensors, waiting at most timeout_s for any."""
         if num_groups < 1:
             raise InvalidArgument(f"num_groups must be >= 1, got {num_groups}")
-        deadline = time.monotonic() + timeout_s
+        deadline = self._runtime.monotonic() + timeout_s
         while (ready := self._wait_ready(num_groups, 1, deadline)) is not None:
             chosen = ready[:num_groups]
             # One fetch, no metadata call first: rows found missing are dead-lettered, then retried.
@@ -229,7 +228,7 @@ class ExperienceConsumer(FinalizedIntake):
                 continue
             except RowsUnsettled as exc:  # not now: the groups wait, read again after a poll
                 log.info("rows of %d group(s) not settled in TQ, read again: %s", len(chosen), exc)
-                self.poll(min(0.1, max(0.0, deadline - time.monotonic())))
+                self.poll(min(0.1, max(0.0, deadline - self._runtime.monotonic())))
                 continue
             meta = self._hand_out(chosen)
             return TrainBatch(
@@ -285,6 +284,7 @@ class ExperienceConsumer(FinalizedIntake):
                 UNUSABLE_GROUP,
                 message,
                 worker_id=self._outbox.worker_id,
+                time_ms=self._runtime.wall_ms(),
             )
             notice = Notice(
                 self.config.topics.trainer_deadletter, letter.source_key, letter.to_bytes(), UNUSABLE_GROUP, where
@@ -342,6 +342,11 @@ class ExperienceConsumer(FinalizedIntake):
             self._durable_cut = st.cut
         marks, naming = [], []
         for part, mark in st.partitions.items():
+            if part in self._starts:
+                # Still waiting for its commit: it starts at the lower of the mark and the commit, so rows
+                # a predecessor left of records before the mark are cleared when they are read again.
+                # Committed now, the mark would be that start and those records never read again.
+                continue
             marks.append((part, mark.offset, list(mark.trained)))
             committed = self._pending.committed_offset(part)
             if release is not None and committed is not None and committed < mark.offset:

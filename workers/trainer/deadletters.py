@@ -34,8 +34,10 @@ def make_letter(
     message: str,
     *,
     worker_id: str,
+    time_ms: int | None = None,
 ) -> DeadLetter:
-    """The dead letter of the record at topic[partition]@offset, bounded to fit one Kafka message."""
+    """The dead letter of the record at topic[partition]@offset, bounded to fit one Kafka message;
+    `time_ms` is when (the caller's wall clock, its runtime's; None: this process's clock now)."""
     return DeadLetter(
         source_topic=topic,
         source_partition=partition,
@@ -44,6 +46,6 @@ def make_letter(
         error_kind=kind,
         message=bounded_message(message),
         worker_id=worker_id,
-        time_ms=int(time.time() * 1000),
+        time_ms=int(time.time() * 1000) if time_ms is None else time_ms,
         **bounded_original(value or b""),  # type: ignore[arg-type]
     )

@@ -10,7 +10,6 @@ groups stay until one covers them.
 from __future__ import annotations
 
 import logging
-import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from schemas.errors import SchemaError
 from schemas.finalized import FinalizedGroup
 from streams.config import KafkaConfig
 from streams.producer import Outgoing
+from streams.runtime import REAL_RUNTIME, Runtime
 from streams.tq import KVStore
 from workers.telemetry.sensors import TrainerSensor
 from workers.trainer.checkpoint import PartitionMark
@@ -74,7 +74,9 @@ class FinalizedIntake:
     `sensor` gets every yield (with its staleness), eviction, duplicate, undecodable record and group
     with missing rows, e.g. a `PrometheusTrainerSensor`; `on_yield` / `on_evict` get the group itself.
     `clients` makes every Kafka client it uses (`clients.py`; a test passes fakes or clients with faults);
-    `clock` times the retries of committed offsets that could not be read (a test's moves when it says).
+    `runtime` (`streams.runtime`) is every clock it reads: select's and next_batch's deadlines, the
+    retries of committed offsets that could not be read, record times (a test's or a simulator's moves
+    when it says; no setting reaches it).
     """
 
     def __init__(
@@ -89,7 +91,7 @@ class FinalizedIntake:
         on_evict: Callable[[FinalizedGroup, int], None] | None = None,
         sensor: TrainerSensor | None = None,
         clients: TrainerClients | None = None,
-        clock: Callable[[], float] = time.monotonic,
+        runtime: Runtime = REAL_RUNTIME,
     ):
         self.config = config
         self.policy = policy
@@ -100,6 +102,7 @@ class FinalizedIntake:
         self._on_evict = on_evict
         self.sensor = sensor if sensor is not None else TrainerSensor()
         self.sensor.on_version(version)
+        self._runtime = runtime
         # Rows of resolved groups stay until a commit names their records: a durable checkpoint's with
         # checkpoints, else the next commit of the offsets (`clears.py`).
         self._clears = RowClears(store, config.train_partition, deferred=config.checkpointed)
@@ -110,7 +113,7 @@ class FinalizedIntake:
         self._durable_cut = -1  # the last durable cut of this run: an older one never moves commits back
         self._paused: set[int] = set()
         self._errors = PollErrors(config.finalized_topic, config.consumer_group, config.max_poll_interval_ms)
-        self._clients = clients if clients is not None else KafkaTrainerClients(kafka)
+        self._clients = clients if clients is not None else KafkaTrainerClients(kafka, runtime=runtime)
         self._replay = self._clients.acked_producer() if config.stale_replay else None
         self._outbox = Outbox(self._clients, f"trainer:{config.consumer_group}")
         settings = {
@@ -121,12 +124,20 @@ class FinalizedIntake:
         self._consumer = self._clients.consumer(config.consumer_group, settings)
         self._cooperative = cooperative(self._clients.consumer_settings(config.consumer_group, settings))
         # Partitions assigned whose commit is not read yet: paused until it is.
-        self._starts = PartitionStarts(config.finalized_topic, clock)
+        self._starts = PartitionStarts(config.finalized_topic, runtime.monotonic)
         # Where each commit's resolved ranges go when its metadata cannot hold them, and the commits.
         topic, group = config.finalized_topic, config.consumer_group
-        self._progress = ProgressCarrier(self._clients, config.topics.trainer_progress, group, topic, self._run, clock)
+        self._progress = ProgressCarrier(
+            self._clients, config.topics.trainer_progress, group, topic, self._run, runtime.monotonic, runtime.wall_ms
+        )
         self._commits = Commits(
-            self._consumer, config.finalized_topic, self._pending, self._clears, self._outbox, self._progress, clock
+            self._consumer,
+            config.finalized_topic,
+            self._pending,
+            self._clears,
+            self._outbox,
+            self._progress,
+            runtime.monotonic,
         )
         self._consumer.subscribe(
             [config.finalized_topic], on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_revoke
@@ -292,6 +303,7 @@ class FinalizedIntake:
             UNDECODABLE_FINALIZED,
             f"{where}: {exc}",
             worker_id=self._outbox.worker_id,
+            time_ms=self._runtime.wall_ms(),
         )
         notice = Notice(topic, letter.source_key, letter.to_bytes(), UNDECODABLE_FINALIZED, where)
         self._outbox.add(part, offset, notice)
@@ -350,7 +362,13 @@ class FinalizedIntake:
             if not lost:
                 continue
             notice, message = lost_rows_notice(
-                self.config, p.group, p.partition, p.offset, lost, worker_id=self._outbox.worker_id
+                self.config,
+                p.group,
+                p.partition,
+                p.offset,
+                lost,
+                worker_id=self._outbox.worker_id,
+                time_ms=self._runtime.wall_ms(),
             )
             self.counts.missing_rows += 1
             self.counts.lost += 1

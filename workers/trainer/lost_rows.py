@@ -32,8 +32,12 @@ def lost_rows_notice(
     lost: Sequence[str],
     *,
     worker_id: str,
+    time_ms: int | None = None,
 ) -> tuple[Notice, str]:
-    """The notice to send about `group` (at finalized[partition]@offset), whose rows `lost` are gone; and why."""
+    """The notice to send about `group` (at finalized[partition]@offset), whose rows `lost` are gone; and why.
+
+    `time_ms` is when, by the trainer's runtime (None: this process's clock now)."""
+    time_ms = int(time.time() * 1000) if time_ms is None else time_ms
     topic, train = config.finalized_topic, config.train_partition
     where = f"{topic}[{partition}]@{offset}"
     message = (
@@ -51,14 +55,22 @@ def lost_rows_notice(
             reason=TRAIN_ROWS_LOST,
             source=where,
             worker_id=worker_id,
-            time_ms=int(time.time() * 1000),
+            time_ms=time_ms,
         )
         notice = Notice(config.topics.regenerate, group.group_id.encode(), back.to_bytes(), HANDED_BACK, where)
         return notice, f"{message}; handed back as {back.new_group_id} on {notice.topic}"
     if config.hand_back_lost_rows:
         message += f"; regenerated {times} times already, so not handed back again"
     letter = make_letter(
-        topic, partition, offset, group.group_id.encode(), group.to_bytes(), MISSING_ROWS, message, worker_id=worker_id
+        topic,
+        partition,
+        offset,
+        group.group_id.encode(),
+        group.to_bytes(),
+        MISSING_ROWS,
+        message,
+        worker_id=worker_id,
+        time_ms=time_ms,
     )
     notice = Notice(config.topics.trainer_deadletter, letter.source_key, letter.to_bytes(), MISSING_ROWS, where)
     return notice, f"{message}; dropped and sent to {notice.topic}"

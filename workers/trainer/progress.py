@@ -100,6 +100,7 @@ class ProgressCarrier:
         topic: str,
         run: str,
         clock: Callable[[], float] = time.monotonic,
+        wall_ms: Callable[[], int] = lambda: int(time.time() * 1000),
         chunk_ranges: int = MAX_CHUNK_RANGES,
     ):
         # `chunk_ranges`: ranges per entry (a test's fewer, to see entries of many chunks).
@@ -110,6 +111,7 @@ class ProgressCarrier:
         self._topic = topic
         self._run = run
         self._clock = clock
+        self._wall_ms = wall_ms
         self._producer: Acked | None = None
         self._seq = 0
         # Per partition, the entries on the topic this trainer knows of (token -> chunk numbers): written
@@ -155,7 +157,7 @@ class ProgressCarrier:
         self._sweep(partition)
         self._seq += 1
         token = f"{self._run[:16]}.{self._seq:x}"
-        now_ms = int(time.time() * 1000)
+        now_ms = self._wall_ms()
         chunks = progress_chunks(self._group, self._topic, partition, offset, token, ranges, now_ms, self._chunk_ranges)
         # Known before it is sent: a write that fails half way leaves chunks to tombstone.
         self._live.setdefault(partition, {})[token] = set(range(len(chunks)))

@@ -111,10 +111,19 @@ class HeldReports:
         return getattr(self._producer, name)
 
 
+class _HeldApi:
+    """A `KafkaApi` whose producers hold their delivery reports back (the publisher's only client)."""
+
+    def __init__(self, made: list[HeldReports]):
+        self._made = made
+
+    def Producer(self, conf):  # noqa: N802 - confluent-kafka's name
+        self._made.append(HeldReports(conf))
+        return self._made[-1]
+
+
 def _held_publisher(kafka, store, topic, made: list[HeldReports]) -> AsyncRolloutPublisher:
-    return AsyncRolloutPublisher(
-        kafka, store, topic, make_producer=lambda conf: made.append(HeldReports(conf)) or made[0]
-    )
+    return AsyncRolloutPublisher(kafka, store, topic, api=_HeldApi(made))
 
 
 def _staging_keys(rollouts) -> list[str]:

@@ -2,9 +2,10 @@
 
 `KafkaCluster(env)` is the broker; `SimKafka(cluster, process="w1")` is confluent-kafka's module as
 one process sees it: `Consumer(conf)`, `Producer(conf)`, and the real `KafkaError`,
-`KafkaException`, `TopicPartition` and `OFFSET_*`. rlstream's wrappers (`TransactionalProducer`,
-`AckedProducer`, `read_topic`, `partitions_of`, the changelog reader, the trainer's and the
-reassembler's consumers) run on it unchanged once they build their clients through such a factory.
+`KafkaException`, `TopicPartition` and `OFFSET_*`: a `streams.kafka_api.KafkaApi`, so rlstream's
+own wrappers (`TransactionalProducer`, `AckedProducer`, `read_topic`, the changelog read, the
+reassembler's `KafkaClients` and the trainer's `KafkaTrainerClients`, the publisher, the feed, the
+gate) run on it unchanged when they are given it as their `api`.
 What a test or explorer drives on the cluster: `create_topic`, `down`/`up` (the broker),
 `freeze`/`thaw`/`kill` (a process's clients), `compact`, `expire` (retention), `records`.
 

@@ -140,6 +140,9 @@ class GroupCoordinator:
         g.members[member_id] = member
         if instance_id is not None:
             g.static[instance_id] = member_id
+        if g.state == PREPARING:
+            # A JoinGroup during a round is that round's join: the round waits for it no further.
+            member.rejoined = True
         self._rebalance(g)
         return member
 

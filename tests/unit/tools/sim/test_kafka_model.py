@@ -201,3 +201,27 @@ def test_a_synchronous_commit_that_gets_no_answer_times_out_and_may_land_later(c
     env.release()  # the coordinator applies it after the caller gave up
     (tp,) = c.committed([TopicPartition("t", 0)])
     assert (tp.offset, tp.metadata) == (5, "m")
+
+
+def test_a_member_joining_while_a_round_waits_for_a_dead_one_is_in_that_round(cluster):
+    """A JoinGroup sent while the coordinator prepares a rebalance joins that round: once the silent
+    member's session ends the round completes with the newcomer, not at the rebalance timeout.
+
+    (The explorer found the model waiting for the newcomer to rejoin a round it had joined: a trainer
+    restarted twice quickly, both predecessors killed, sat 60 s in PreparingRebalance, its commits
+    refused ILLEGAL_GENERATION.)"""
+    env, events = cluster.env, []
+    eager = {"partition.assignment.strategy": "range", "max.poll.interval.ms": 60000}
+    a = _member(cluster, "a", events, **eager)
+    _poll(a)
+    assert _owned(a) == {0, 1, 2, 3}
+    cluster.kill("a")
+    b = _member(cluster, "b", events, **eager)  # starts a round that waits for a, dead
+    _poll(b, rounds=1)
+    cluster.kill("b")
+    c = _member(cluster, "c", events, **eager)  # joins while that round is still preparing
+    _poll(c, rounds=1)
+    env.advance(6.5)  # a's and b's sessions end
+    _poll(c)
+    assert _owned(c) == {0, 1, 2, 3}
+    assert env.now() - cluster.started_at < 20

@@ -1,7 +1,8 @@
 """rlstream's reassembler and trainer run on the two models: the proof that they cover the calls both make.
 
-The worker gets the Kafka model through its client factory (`WorkerClients`), the trainer's
-consumer through `make_consumer`, and each process the TQ model through a real `TQStore`. A group
+The worker gets the Kafka model through its real client factory (`KafkaClients` over the model's
+`SimKafka`), the trainer through `KafkaTrainerClients` likewise, and each process the TQ model
+through a real `TQStore(tq=...)`. A group
 published is finalized once (its train rows in TQ, its staging cleared, its receipts' offsets
 committed with the transaction), then selected, materialized and acked by the trainer (its rows
 cleared, its record's offset committed).
@@ -14,19 +15,19 @@ from confluent_kafka import TopicPartition
 from schemas.finalized import FinalizedGroup
 from streams.config import KafkaConfig
 from streams.partitioner import partition_of
-from streams.producer import Outgoing
-from streams.tq import STAGING, TRAIN
+from streams.producer import AckedProducer, Outgoing
+from streams.tq import STAGING, TRAIN, TQStore
 from tests.tools.sim.env import ManualEnv
 from tests.tools.sim.kafka import KafkaCluster, SimKafka
-from tests.tools.sim.kafka.wrappers import SimAckedProducer, SimTrainerClients, SimWorkerClients
 from tests.tools.sim.tq import SimTQ
-from tests.tools.sim.tq.store import tq_store
+from workers.reassembler.clients import KafkaClients
 from workers.reassembler.config import ReassemblerConfig
 from workers.reassembler.worker import ReassemblerWorker
 from workers.rollout.publisher import stage_rollouts
 from workers.rollout.synthetic import SyntheticShape, make_group
 from workers.runtime import RealRuntime
 from workers.topics import TopicNames, pipeline_topics
+from workers.trainer.clients import KafkaTrainerClients
 from workers.trainer.config import ConsumerConfig
 from workers.trainer.consumer import ExperienceConsumer
 from workers.trainer.policies import windowed
@@ -53,17 +54,18 @@ def test_a_group_goes_through_the_reassembler_and_the_trainer_on_the_models():
     for spec in pipeline_topics(names, partitions=2):
         cluster.create_topic(spec.name, spec.partitions, dict(spec.config))
     tq = SimTQ(env)
-    publisher_store = tq_store(tq.module("publisher"))
+    publisher_store = TQStore(tq=tq.module("publisher"))
     rollouts = make_group("g1", 0, 1, shape=TINY, seed=3)
     stage_rollouts(publisher_store, rollouts)
     key, part = b"g1", partition_of(b"g1", 2)
-    SimAckedProducer(SimKafka(cluster, "publisher"), KAFKA).send(
+    AckedProducer(KAFKA, api=SimKafka(cluster, "publisher")).send(
         [Outgoing(names.receipts, key, r.receipt.to_bytes(), partition=part) for r in rollouts]
     )
 
     config = ReassemblerConfig(prefix="m", worker_id="w0", consumer_group="reassemblers.m", poll_timeout_s=0.2)
-    clients = SimWorkerClients(SimKafka(cluster, "w0"), KAFKA)
-    worker = ReassemblerWorker(KAFKA, tq_store(tq.module("w0")), config, clients=clients, runtime=_EnvClock(env))
+    runtime = _EnvClock(env)
+    clients = KafkaClients(KAFKA, api=SimKafka(cluster, "w0"), runtime=runtime)
+    worker = ReassemblerWorker(KAFKA, TQStore(tq=tq.module("w0")), config, clients=clients, runtime=runtime)
     try:
         for _ in range(20):
             worker.step()
@@ -82,10 +84,11 @@ def test_a_group_goes_through_the_reassembler_and_the_trainer_on_the_models():
 
     trainer = ExperienceConsumer(
         KAFKA,
-        tq_store(tq.module("trainer")),
+        TQStore(tq=tq.module("trainer")),
         ConsumerConfig(prefix="m", session_timeout_ms=6000),
         windowed(1),
-        clients=SimTrainerClients(SimKafka(cluster, "trainer"), KAFKA),
+        clients=KafkaTrainerClients(KAFKA, api=SimKafka(cluster, "trainer"), runtime=runtime),
+        runtime=runtime,
     )
     try:
         meta = trainer.select(0, 1, 1, timeout_s=5.0)

@@ -9,10 +9,9 @@ import torch
 from tensordict import TensorDict
 
 from streams.errors import MissingKeysError, RowsUnsettled, TQTimeout
-from streams.tq import STAGING, TRAIN, with_call_deadline
+from streams.tq import STAGING, TRAIN, TQStore, with_call_deadline
 from tests.tools.sim.env import ManualEnv
 from tests.tools.sim.tq import JobLost, SimTQ
-from tests.tools.sim.tq.store import tq_store
 
 
 def _values(td: TensorDict) -> list[list[int]]:
@@ -26,7 +25,7 @@ def _rows(n: int, base: int = 0) -> TensorDict:
 def test_a_put_given_up_at_its_deadline_lands_later_without_its_tags():
     env = ManualEnv()
     tq = SimTQ(env)
-    store = with_call_deadline(tq_store(tq.module("w")), 2.0)
+    store = with_call_deadline(TQStore(tq=tq.module("w")), 2.0)
     stop = env.hold(lambda r: r.name == "tq.controller.notify_data_update")
     with pytest.raises(TQTimeout):
         store.put(TRAIN, ["k"], _rows(1), [{"group": "g"}])
@@ -47,7 +46,7 @@ def test_a_storage_unit_that_does_not_answer_times_out_after_every_attempt_and_e
     env = ManualEnv()
     tq = SimTQ(env)
     tq.bound_calls(4.0, attempts=2)
-    store = tq_store(tq.module("w"))
+    store = TQStore(tq=tq.module("w"))
     t0 = env.now()
     env.hold(lambda r: r.name == "tq.storage.put_data")
     with pytest.raises(TQTimeout):
@@ -63,7 +62,7 @@ def test_a_clear_frozen_between_its_lookup_and_its_storage_step_deletes_the_next
     request lands."""
     env = ManualEnv()
     tq = SimTQ(env)
-    zombie, successor = tq_store(tq.module("zombie")), tq_store(tq.module("successor"))
+    zombie, successor = TQStore(tq=tq.module("zombie")), TQStore(tq=tq.module("successor"))
     successor.put(STAGING, ["r1/c0"], _rows(1), [{"rollout_id": "r1"}])
     stop = env.hold(lambda r: r.name == "tq.storage.clear_data" and r.details["client"] == "zombie")
     frozen = with_call_deadline(zombie, 1.0)
@@ -84,7 +83,7 @@ def test_a_clear_frozen_between_its_lookup_and_its_storage_step_deletes_the_next
 def test_a_located_get_after_the_rows_changed_hands_reads_missing_not_another_keys_row():
     env = ManualEnv()
     tq = SimTQ(env)
-    trainer, other = tq_store(tq.module("trainer")), tq_store(tq.module("other"))
+    trainer, other = TQStore(tq=tq.module("trainer")), TQStore(tq=tq.module("other"))
     trainer.put(TRAIN, ["a_g0"], _rows(1), [{"group": "a"}])
     assert trainer.tags(TRAIN, ["a_g0"])  # the trainer keeps where it found the row
     other.clear(TRAIN, ["a_g0"])
@@ -96,7 +95,7 @@ def test_a_located_get_after_the_rows_changed_hands_reads_missing_not_another_ke
 def test_a_whole_job_loss_empties_tq_and_nothing_of_the_old_job_lands():
     env = ManualEnv()
     tq = SimTQ(env)
-    old = tq_store(tq.module("old"))
+    old = TQStore(tq=tq.module("old"))
     old.put(TRAIN, ["k"], _rows(1), [{"group": "g"}])
     stop = env.hold(lambda r: r.name == "tq.controller.kv_retrieve_meta")
     with pytest.raises(TQTimeout):
@@ -104,7 +103,7 @@ def test_a_whole_job_loss_empties_tq_and_nothing_of_the_old_job_lands():
     stop()
     tq.lose_everything()
     env.release()  # the old job's allocation arrives at the new TQ: refused, nothing allocated
-    fresh = tq_store(tq.module("new"))
+    fresh = TQStore(tq=tq.module("new"))
     assert fresh.list(TRAIN) == {} and tq.controller.pool.global_index_counter == 0
     with pytest.raises(RowsUnsettled) as lost:  # TQ's client failing, as TQStore reports it: not now
         old.list(TRAIN)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from schemas.trainer_version import TrainerVersion
 from streams.config import KafkaConfig
+from streams.errors import DeliveryError
 from workers.trainer.version_topic import VersionPublisher
 
 
@@ -53,3 +54,39 @@ def test_a_loss_count_given_back_on_a_rebalance_neither_crashes_the_trainer_nor_
     assert pub.publish(4, lost_groups=3)
     assert [(r.version, r.lost_groups) for r in sent.sent] == [(3, 2), (4, 2), (4, 3)]
     assert len({r.run for r in sent.sent}) == 1
+
+
+class Unacknowledged(SentRecords):
+    """An acked producer whose first `fails` sends are not acknowledged in time (a broker down or slow)."""
+
+    def __init__(self, fails: int) -> None:
+        super().__init__()
+        self.fails = fails
+
+    def send(self, records, *, timeout_s: float = 30.0):
+        if self.fails:
+            self.fails -= 1
+            raise DeliveryError(f"1 record(s) not acknowledged within {timeout_s:.0f}s")
+        return super().send(records, timeout_s=timeout_s)
+
+
+def test_a_version_the_broker_does_not_acknowledge_in_time_is_sent_again_by_the_next_call_not_raised():
+    # Found by the explorer: every trainer loop rlstream ships (the verl sampler, the GRPO example, the
+    # demo) calls publish each round, and a DeliveryError out of it ended the trainer whenever the
+    # version topic's produce went 30 s without an acknowledgement (a broker down while it trained).
+    sent = Unacknowledged(fails=2)
+    pub = VersionPublisher(
+        KafkaConfig("localhost:1"),
+        "t.version",
+        trainer_id="t",
+        consumer_group="cg",
+        batch_groups=4,
+        clients=SendsTo(sent),
+    )
+    assert not pub.publish(3, lost_groups=1)
+    assert pub.last_published is None
+    assert not pub.publish(3, lost_groups=1)
+    assert pub.publish(3, lost_groups=1), "sent again once the broker answers"
+    assert pub.last_published == 3
+    assert not pub.publish(3, lost_groups=1)
+    assert [(r.version, r.lost_groups) for r in sent.sent] == [(3, 1)]

@@ -8,6 +8,7 @@ from tensordict import TensorDict
 from schemas.finalized import FinalizedGroup
 from streams.config import KafkaConfig
 from streams.tq import TRAIN
+from tests.unit.manual_runtime import ManualRuntime
 from tests.unit.memory_store import InMemoryStore
 from tests.unit.workers.trainer.fake_kafka import FakeBroker, NotingStore
 from workers.topics import TopicNames, pipeline_topics
@@ -40,16 +41,6 @@ def group(group_id: str, weight_version: int = 0, rows: int = 2) -> FinalizedGro
     )
 
 
-class Clock:
-    """Time as the test moves it."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 class Pipeline:
     """A broker with the pipeline's topics, a store with its train rows, and consumers of one consumer group."""
 
@@ -59,7 +50,7 @@ class Pipeline:
             self.broker.create(spec.name, spec.partitions)
         self.rows = InMemoryStore()
         self.store = NotingStore(self.rows, self.broker.events)
-        self.clock = Clock()
+        self.clock = ManualRuntime(now=0.0)  # time as the test moves it
 
     def finalize(self, groups: list[FinalizedGroup], partition: int = 0) -> list[int]:
         """Append the groups' records to the finalized topic and put their rows; their offsets."""
@@ -82,7 +73,7 @@ class Pipeline:
             policy or ready_first(),
             version=version,
             clients=self.broker.clients(**(client_settings or {})),
-            clock=self.clock,
+            runtime=self.clock,
             sensor=sensor,
         )
 
