@@ -9,6 +9,7 @@ while the step committed" and "the prefetch never ran" are decided by the test, 
 
 from __future__ import annotations
 
+import logging
 import time
 
 from confluent_kafka import KafkaError, KafkaException
@@ -300,4 +301,18 @@ def test_a_read_past_max_poll_interval_puts_nothing_though_the_overlapped_poll_s
     assert store.puts() == [], "no train row put by a worker that has left its group"
     assert finalized(broker) == []
     broker.members_notice = True
+    _finalized_once(broker, w, [f"g{i}" for i in range(4)])
+
+
+def test_a_step_that_ran_out_of_the_poll_interval_in_its_read_finalizes_fewer_groups_next(caplog):
+    """Else the rebuilt step reads as many groups again and runs out of time again, forever."""
+    broker, store, runtime = make_broker(), ReadingStore(), Clock(deferred=True)
+    gs = [publish(broker, store, f"g{i}") for i in range(4)]
+    w = worker(broker, store, clock=runtime, max_poll_records=1000)
+    store.when_read(gs[0], _read_past_max_poll_interval(runtime, w, broker))
+    with caplog.at_level(logging.WARNING, logger="rlstream.reassembler"):
+        w.step()
+    assert store.puts() == [] and finalized(broker) == []
+    assert w._step.groups == 2, "a step of 4 groups that ran out of time: the next ones take half"
+    assert any("a step of 4 group(s) ran past 75% of max_poll_interval_ms" in r.getMessage() for r in caplog.records)
     _finalized_once(broker, w, [f"g{i}" for i in range(4)])
