@@ -35,6 +35,17 @@ def native_row_copier() -> bool:
     return _rowcopy is not None
 
 
+def per_token_items(name: str, rest: tuple[int, ...]) -> int:
+    """The items one token of field `name` holds (`rest`: its per-token shape); ValueError if none:
+    rows of zero items per token all lie at offset 0 of their values, so no reader can tell them apart."""
+    items = math.prod(rest)
+    if items == 0:
+        raise ValueError(
+            f"{name} holds nothing per token (per-token shape {rest}; a [delta_len, k] field needs k >= 1)"
+        )
+    return items
+
+
 def offsets_from_lengths(lengths: torch.Tensor) -> torch.Tensor:
     """Row offsets [N + 1] (starting at 0) from row lengths [N]."""
     offsets = torch.zeros(lengths.numel() + 1, dtype=torch.int64)

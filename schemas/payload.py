@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from schemas.jagged import JaggedLayout, JaggedRows, is_nested, jagged_rows, pad_rows, stack_padded
+from schemas.jagged import JaggedLayout, JaggedRows, is_nested, jagged_rows, pad_rows, per_token_items, stack_padded
 from schemas.multimodal import ROW_SHAPES_SUFFIX, PackedRows, packed_fields
 from schemas.row_fields import ROLLOUT_ENVIRONMENT, taken_by_row
 from schemas.violations import (
@@ -103,6 +103,7 @@ def record_to_train_batch(
     if include_message_violation_fields:
         rows[_INVALID_MASK], rows[_MALFORMED_MASK] = [], []
     if experts_like is not None:
+        per_token_items("routed_experts", tuple(experts_like.shape[1:]))  # the group is refused, not packed
         rows["routed_experts"] = []
     counts: list[dict[str, int]] = []
     for _completion, log in zip(completions, logs):

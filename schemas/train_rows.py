@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from schemas.jagged import jagged_views, offsets_from_lengths
+from schemas.jagged import jagged_views, offsets_from_lengths, per_token_items
 from schemas.payload import VIOLATION_TAG_KEYS
 from schemas.receipt import Receipt
 
@@ -74,12 +74,13 @@ def group_rows(
     Placeholder rows hold one pad token, zero reward and sample_mask 0. A row longer than
     `max_seq_len` is cut to it and marked truncated. With `router_replay`, routed experts take the
     dtype and per-token shape of the first kept call that has them (zeros, counted as backfilled,
-    for calls staged without), and a call of another per-token shape raises `ValueError`, as the
-    message-log path does.
+    for calls staged without), and a call of another per-token shape, or a per-token shape of no
+    item, raises `ValueError`, as the message-log path does.
     """
     n = len(slots)
     kept = [_kept(s, max_seq_len) for s in slots]
     like = _experts_like(slots, kept) if router_replay else None
+    per_token = per_token_items(ROUTED, like[1]) if like is not None else 0  # raises as record_to_train_batch does
     p = _Pieces([], [], [], [], [], [], [], [], [])
     lengths: list[int] = []
     for i, (slot, keep) in enumerate(zip(slots, kept)):
@@ -128,7 +129,6 @@ def group_rows(
     rest = None
     if like is not None:
         rest = tuple(like[1])
-        per_token = max(1, _prod(rest))
         experts = torch.cat([e.reshape(-1) for e in p.experts])
         fields[ROUTED] = jagged_views({ROUTED: experts}, offsets * per_token)[ROUTED]
     counts = _counts(p, mask, n, valid, like is not None)
@@ -231,10 +231,3 @@ def _prompt(slots: Sequence[CheckedRollout | None], pad_id: int) -> torch.Tensor
     generated = torch.nonzero(first["token_mask"])
     end = int(generated[0]) if generated.numel() else int(first["token_mask"].numel())
     return first["token_ids"][:end].to(torch.int64)
-
-
-def _prod(shape: tuple[int, ...]) -> int:
-    out = 1
-    for d in shape:
-        out *= d
-    return out

@@ -1,8 +1,9 @@
 """How many ready groups one reassembler step finalizes: fewer after a step too slow for the poll interval.
 
-A step that runs past 3/4 of `max_poll_interval_ms` is aborted (the lease refuses its puts, or its
-commit is refused once the consumer left its group) and its records come back after the rebuild:
-finalizing as many again would only run out of time again, forever. So the next steps take half
+A step that runs past 3/4 of `max_poll_interval_ms` is aborted (the lease refuses its puts, or the
+overlapped poll after its staging read, or its commit is refused once the consumer left its group)
+and its records come back after the rebuild: finalizing as many again would only run out of time
+again, forever. So the next steps take half
 as many groups (the rest stay ready; offsets never pass them), doubling again after each step done
 within 1/8 of the interval. Time the process spent frozen is not the step's (`Lease.slow_step`): a
 freeze aborts a step without shrinking it.

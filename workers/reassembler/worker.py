@@ -34,7 +34,7 @@ from streams.producer import TransactionalProducer, is_fatal, is_fenced
 from streams.tq import KVStore, with_call_deadline, with_clear_guard
 from workers.reassembler.clearing import StagingClearer
 from workers.reassembler.clients import KafkaClients, WorkerClients, consumer_settings
-from workers.reassembler.commit import PartitionCommit, commit_transaction, confirm_membership, dead_letter_counts
+from workers.reassembler.commit import commit_transaction, confirm_membership, report_commit
 from workers.reassembler.config import ReassemblerConfig
 from workers.reassembler.errors import LeaseRefused, MemberFenced, StepAborted
 from workers.reassembler.faults import NO_FAULTS, Faults
@@ -207,6 +207,11 @@ class ReassemblerWorker:
         """The next step's poll and staging read, run while this step builds, puts and commits; this
         step's groups less those that took a receipt since their rows were read, None if tasks changed."""
         claims, epoch = {g.group_id: g.staging_keys() for g in ready}, self._tasks.epoch
+        # A read past the lease's share of max.poll.interval may have left the group, and the poll
+        # below can return before the revoke: it must not renew the lease (an abort as a slow step).
+        if ready and (refusal := self._lease.refusal()) is not None:
+            names = ", ".join(g.group_id for g in ready[:3]) + (" ..." if len(ready) > 3 else "")
+            raise LeaseRefused(f"not putting the rows of group(s) {names} read since the last poll: {refusal}")
         if self._poll(0.0) is None or self._tasks.epoch != epoch:
             return None
         ready = [g for g in ready if g.staging_keys() == claims[g.group_id]]
@@ -274,7 +279,7 @@ class ReassemblerWorker:
             self._txn_began = None
         self.faults.after_commit()
         seconds = self._clock() - t0
-        self._report_commit(commits, seconds)
+        report_commit(self.sensor, commits, seconds)
         self._step.committed(len(ready), seconds)
         staging_to_clear: list[str] = []
         try:
@@ -318,14 +323,6 @@ class ReassemblerWorker:
         """Every task from committed state; the next step's prefetched read goes with the old tasks."""
         self._prefetch.discard()
         self._tasks.rebuild()
-
-    def _report_commit(self, commits: list[PartitionCommit], seconds: float) -> None:
-        self.sensor.on_commit(
-            seconds=seconds,
-            finalized=sum(len(c.finalized) for c in commits),
-            dead_letters=dead_letter_counts(commits),
-        )
-        self.sensor.on_handed_back(sum(len(c.regenerate) for c in commits))
 
     def _recover(self, exc: KafkaException, groups: int) -> None:
         """Abort the step and rebuild from committed offsets and the state topic (the step never happened)."""

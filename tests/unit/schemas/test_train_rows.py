@@ -1,8 +1,8 @@
 """`build_group` assembles a group's rows straight from its checked segments (`schemas/train_rows.py`);
 `linearize` + `record_to_train_batch` + `pack_payload` make them from message logs. The two must agree
 row for row: the packed bytes TQ would store, the tags, the counts and the record's figures, and the
-errors, on random groups with placeholders, truncation, flagged turns, routed experts (some calls
-staged without them) and corrupt rows.
+errors, on random groups with placeholders, truncation, flagged turns, routed experts of widths 0 to 3
+(some calls staged without them, some rollouts one wider) and corrupt rows.
 
 The reference is the message-log path, `build_group_from_logs` (`build_group` before issue 33, and
 still the path of a group with a NeMo Gym receipt): linearize, truncation of the message log, routed
@@ -73,11 +73,11 @@ rollout = st.fixed_dictionaries(
 )
 
 
-def _group(specs, seed, environment="math"):
+def _group(specs, seed, environment="math", experts_k=2):
     receipts, segments = [], {}
     for i, spec in enumerate(specs):
         flags = {k: v for k, v in spec["flags"].items() if k < len(spec["calls"])}
-        experts_k = None if spec["experts"] == "none" else (3 if spec["experts"] == "wide" else 2)
+        k = None if spec["experts"] == "none" else experts_k + (spec["experts"] == "wide")
         receipt, segs = make_rollout(
             spec["calls"],
             rollout_id=f"r{i}",
@@ -86,7 +86,7 @@ def _group(specs, seed, environment="math"):
             prompt_idx=1,
             reward=0.5 + i,
             weight_versions=[4 + (i + j) % 3 for j in range(len(spec["calls"]))],
-            experts_k=experts_k,
+            experts_k=k,
             flags=flags,
             seed=seed + i,
         )
@@ -132,16 +132,17 @@ def _packed(ids, fields) -> torch.Tensor:
     st.sampled_from([1.0, 0.5]),
     st.integers(0, 10_000),
     st.sampled_from(["math", "unknown", ""]),
+    st.sampled_from([2, 2, 1, 0]),  # routed experts per token; 0 names none: both refuse the group
 )
 def test_rows_assembled_from_segments_are_the_message_log_paths_byte_for_byte(
-    specs, max_seq_len, router_replay, multiplier, seed, environment
+    specs, max_seq_len, router_replay, multiplier, seed, environment, experts_k
 ):
-    receipts, segments = _group(specs, seed, environment)
+    receipts, segments = _group(specs, seed, environment, experts_k)
     config = _config(max_seq_len, router_replay)
     kw = dict(group_id="g", prompt_idx=1, group_size=len(specs), receipts=receipts, segments=segments, config=config)
     try:
         want = reference_build(**kw, loss_multiplier=multiplier)
-    except ValueError as exc:  # routed experts of another width: both refuse the group, alike
+    except ValueError as exc:  # routed experts of another width, or of none: both refuse the group, alike
         with pytest.raises(ValueError) as got:
             build_group(**kw, loss_multiplier=multiplier)
         assert str(got.value) == str(exc)

@@ -80,3 +80,30 @@ def test_rows_are_fetched_by_exactly_the_keys_and_order_their_tags_were_looked_u
     (kind1, looked_up), (kind2, fetched) = store.calls[:2]
     assert (kind1, kind2) == ("tags", "get") and len(looked_up) > 3
     assert fetched == looked_up
+
+
+def test_a_group_whose_routed_experts_hold_no_expert_per_token_is_dead_lettered_and_nothing_is_put():
+    """A [delta_len, 0] routed_experts passes every staging check; its rows cannot be packed. As on the
+    message-log path the group is dead-lettered (inconsistent_group), never put as a row no reader can
+    unpack, nor raised out of the step."""
+    import msgspec
+
+    from streams.tq import TRAIN
+    from tests.unit.schemas.chains import make_rollout
+    from tests.unit.workers.reassembler.test_task import CONFIG
+    from workers.reassembler.finalize import finalize_groups
+    from workers.reassembler.groups import PromptGroups
+    from workers.rollout.publisher import StagedRollout
+
+    store, groups = InMemoryStore(), PromptGroups(0)
+    for i in range(2):
+        receipt, segments = make_rollout(
+            [(2, 3)], rollout_id=f"r{i}", group_id="g", rollout_index=i, group_size=2, prompt_idx=1, experts_k=0
+        )
+        stage_rollouts(store, [StagedRollout(receipt, list(segments.values()))], STAGING)
+        groups.add(receipt, i, 0)
+    actor = msgspec.structs.replace(CONFIG.actor, staging_partition=STAGING, router_replay_enabled=True)
+    (outcome,) = finalize_groups(store, [groups.open["g"]], actor, receipts_topic="t", now_ms=0)
+    assert outcome.finalized is None and outcome.dead_letter_kind == "inconsistent_group"
+    assert "routed_experts" in outcome.dead_letter_message and "(0,)" in outcome.dead_letter_message
+    assert store.list(TRAIN) == {}, "no train row put"

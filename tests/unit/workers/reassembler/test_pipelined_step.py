@@ -9,6 +9,7 @@ while the step committed" and "the prefetch never ran" are decided by the test, 
 
 from __future__ import annotations
 
+import logging
 import time
 
 from confluent_kafka import KafkaError, KafkaException
@@ -19,7 +20,7 @@ from streams.tq import STAGING
 from workers.reassembler.faults import Faults
 from workers.rollout.synthetic import make_group
 
-from .steps import GROUP, NAMES, TINY, Clock, RecordingStore, finalized, make_broker, publish, worker
+from .steps import GROUP, NAMES, TINY, Clock, RecordingStore, finalized, make_broker, publish, work, worker
 
 
 class ReadingStore(RecordingStore):
@@ -268,3 +269,50 @@ def test_a_prefetch_reads_what_its_groups_claimed_when_it_started_not_what_they_
     runtime.run_background()
     looked_up = {k for kind, part, keys in store.events if kind == "tags" and part == STAGING for k in keys}
     assert looked_up == set(_keys(g[:1])), "the read looked up the claims of when it started"
+
+
+def _read_past_max_poll_interval(runtime, w, broker):
+    """A staged read of 61 s (the lease's watch ticking through it: work, not a freeze), past the 60 s
+    max.poll.interval: librdkafka has left the group meanwhile and the group has rebalanced."""
+
+    def act():
+        work(runtime, 61, w._lease.tick)
+        broker.kick(GROUP)
+
+    return act
+
+
+def _finalized_once(broker, w, expected: list[str], steps: int = 8) -> None:
+    for _ in range(steps):
+        w.step()
+    records = [FinalizedGroup.from_bytes(m.value()).group_id for m in broker.records(NAMES.finalized)]
+    assert sorted(records) == expected, "each group finalized once, after the rejoin"
+
+
+def test_a_read_past_max_poll_interval_puts_nothing_though_the_overlapped_poll_shows_no_rebalance_yet():
+    """The overlapped poll must not renew a lease the read ran out: its poll can return before the
+    revoke (librdkafka hands out its MAX_POLL_EXCEEDED error first), so every put would be a non-member's."""
+    broker, store, runtime = make_broker(), ReadingStore(), Clock(deferred=True)
+    gs = [publish(broker, store, f"g{i}") for i in range(4)]
+    w = worker(broker, store, clock=runtime, max_poll_records=1000)
+    broker.members_notice = False  # the rebalance is not delivered by the next poll
+    store.when_read(gs[0], _read_past_max_poll_interval(runtime, w, broker))
+    w.step()
+    assert store.puts() == [], "no train row put by a worker that has left its group"
+    assert finalized(broker) == []
+    broker.members_notice = True
+    _finalized_once(broker, w, [f"g{i}" for i in range(4)])
+
+
+def test_a_step_that_ran_out_of_the_poll_interval_in_its_read_finalizes_fewer_groups_next(caplog):
+    """Else the rebuilt step reads as many groups again and runs out of time again, forever."""
+    broker, store, runtime = make_broker(), ReadingStore(), Clock(deferred=True)
+    gs = [publish(broker, store, f"g{i}") for i in range(4)]
+    w = worker(broker, store, clock=runtime, max_poll_records=1000)
+    store.when_read(gs[0], _read_past_max_poll_interval(runtime, w, broker))
+    with caplog.at_level(logging.WARNING, logger="rlstream.reassembler"):
+        w.step()
+    assert store.puts() == [] and finalized(broker) == []
+    assert w._step.groups == 2, "a step of 4 groups that ran out of time: the next ones take half"
+    assert any("a step of 4 group(s) ran past 75% of max_poll_interval_ms" in r.getMessage() for r in caplog.records)
+    _finalized_once(broker, w, [f"g{i}" for i in range(4)])
