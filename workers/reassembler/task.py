@@ -243,7 +243,10 @@ class PartitionTask:
                 finalized.append(o.finalized)
             if o.handed_back:
                 handed.append(self._hand_back(o.group, entry, now_ms))
-        offset = self.groups.safe_offset(self.position) if self._dirty and self.position is not None else None
+        # Also when only closings moved it: a group read by one step (the pipelined step's overlapped poll)
+        # and closed by the next, with no receipt between, must take the offset past it.
+        moved = self._dirty or bool(outcomes)
+        offset = self.groups.safe_offset(self.position) if moved and self.position is not None else None
         # Cleared-closed entries first: a redriven receipt may reopen the same group in this step,
         # and its OPEN entry must be the one compaction keeps. A group opened and closed in the same
         # step needs no OPEN entry: its closing entry supersedes it in the same transaction.

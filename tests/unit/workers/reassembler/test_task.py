@@ -101,6 +101,23 @@ def test_the_commit_offset_stays_at_the_first_receipt_of_an_open_group():
     assert commit.commit_offset == 3 and commit.progress.emitted_through == 5
 
 
+def test_a_group_read_by_one_step_and_finalized_by_the_next_moves_the_commit_offset_past_it():
+    # The pipelined step's overlapped poll takes a group's receipts after the step chose its groups: that
+    # step commits with the group open (offset at its first receipt), and the next finalizes it with no
+    # new receipt. Its commit must move the offset past the group; it re-sent the old offset, so the
+    # partition's committed offset stayed at the group's first receipt for good (a successor re-read
+    # everything since; past closed_retention_s those receipts would reopen their groups).
+    store = InMemoryStore()
+    task = make_task(store)
+    received(task, store, "g")  # offsets 10 and 11: complete, but after this step's ready groups
+    first = task.prepare([], 5_000)
+    assert first.commit_offset == 10
+    task.post_commit(first)
+    second = step(task, store)
+    assert [f.group_id for f in second.finalized] == ["g"]
+    assert second.commit_offset == 12
+
+
 def test_without_clear_staging_the_staged_tensors_stay_and_no_cleared_entry_follows():
     store = InMemoryStore()
     config = msgspec.structs.replace(CONFIG, clear_staging=False)
