@@ -23,11 +23,15 @@ log = logging.getLogger("rlstream.reassembler")
 T = TypeVar("T")
 # Longest wait between retries of a Kafka call the worker cannot go on without.
 MAX_RETRY_DELAY_S = 30.0
+# Longest wait before a rebuild's records are taken in again when no commit landed since the last
+# rebuild (a step refused again and again): a few heartbeat intervals (3 s by default), time for the
+# consumer to learn of a lost membership, and short against max.poll.interval.
+MAX_REBUILD_DELAY_S = 8.0
 
 
-def retry_delay(attempt: int) -> float:
-    """Seconds before retry `attempt` (0-based): 1, 2, 4 ... capped at MAX_RETRY_DELAY_S."""
-    return min(MAX_RETRY_DELAY_S, 2.0 ** min(attempt, 16))
+def retry_delay(attempt: int, cap: float = MAX_RETRY_DELAY_S) -> float:
+    """Seconds before retry `attempt` (0-based): 1, 2, 4 ... capped at `cap`."""
+    return min(cap, 2.0 ** min(attempt, 16))
 
 
 def retrying(what: str, call: Callable[[], T], *, worker_id: str, sensor: ReassemblerSensor, runtime: Runtime) -> T:

@@ -25,7 +25,7 @@ from workers.reassembler.config import ReassemblerConfig
 from workers.reassembler.errors import LeaseRefused, StepAborted
 from workers.reassembler.groups import OpenGroup
 from workers.reassembler.restore import restore_partition
-from workers.reassembler.retry import retrying
+from workers.reassembler.retry import MAX_REBUILD_DELAY_S, retry_delay, retrying
 from workers.reassembler.task import PartitionTask
 from workers.runtime import Runtime
 from workers.telemetry.sensors import ReassemblerSensor
@@ -67,6 +67,10 @@ class TaskManager(Mapping[int, PartitionTask]):
         # Moves with every change of tasks (assignment, revocation, rebuild, reset): what was read for
         # the tasks of an older epoch (a prefetched staging read, `prefetch.py`) is no longer theirs.
         self.epoch = 0
+        # Rebuilds in a row at the same committed offsets (no commit landed between), and those offsets:
+        # each one after the first waits longer before its records are taken in again (`rebuild`).
+        self._idle_rebuilds = 0
+        self._rebuilt_at: list[tuple[int, int]] | None = None
 
     # ----- the tasks, by partition -------------------------------------------------------------
 
@@ -170,6 +174,27 @@ class TaskManager(Mapping[int, PartitionTask]):
         for tp in committed:
             tp.offset = tp.offset if tp.offset >= 0 else 0
             self.consumer.seek(tp)
+        self._back_off(sorted((tp.partition, tp.offset) for tp in committed))
+
+    def _back_off(self, offsets: list[tuple[int, int]]) -> None:
+        """Wait before a rebuild's records come back if the last rebuild was at these very offsets.
+
+        A step refused for a reason only time ends (a confirmation from a generation the coordinator
+        has moved on from, until the consumer learns of its rebalance; a TQ that keeps failing) would
+        otherwise be retried at once on the same records, a hot loop of transactions and rebuilds.
+        1, 2, 4 ... seconds, at most MAX_REBUILD_DELAY_S; a commit that moved an offset starts over.
+        """
+        self._idle_rebuilds = self._idle_rebuilds + 1 if offsets == self._rebuilt_at else 0
+        self._rebuilt_at = offsets
+        if self._idle_rebuilds:
+            delay = retry_delay(self._idle_rebuilds - 1, MAX_REBUILD_DELAY_S)
+            log.warning(
+                "%s: rebuilt %d times in a row with no commit between; waiting %.0fs before the next step",
+                self.config.worker_id,
+                self._idle_rebuilds + 1,
+                delay,
+            )
+            self.runtime.sleep(delay)
 
     def settle_clear(self, *, strict: bool = False) -> None:
         """Wait for the background clear; with `strict`, a failed one aborts the step.
