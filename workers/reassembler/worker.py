@@ -358,7 +358,14 @@ class ReassemblerWorker:
 
     def _sweep(self) -> None:
         """Now and then, clear staged rows that no receipt will use (`sweeper.py`)."""
-        if not self._sweeper.due() or self._lease.refusal() is not None:
+        if not self._sweeper.due():
+            return
+        try:  # a worker frozen with no work left confirms here, or no step ever would and rows stay
+            if self._lease.unconfirmed and (tasks := list(self._tasks.values())):
+                self._confirm_membership(tasks)
+        except (KafkaException, StepAborted) as exc:
+            return self._recover(exc, 0) if isinstance(exc, KafkaException) else self._abort(exc, 0)
+        if self._lease.refusal() is not None:
             return  # a worker that may have lost its partitions judges no row of them
         self._tasks.settle_clear()  # never two clears of one key at once
         try:
