@@ -273,9 +273,9 @@ def test_top_shows_the_live_run_then_its_endpoints_down_and_quits_on_ctrl_c(live
         # The pane's process is top itself (exec'd by tmux's shell): its own exit status, not a shell's.
         # tmux marks the pane dead when its terminal closes, and knows the status once it reaped the process.
         try:
-            status = _wait_for(
+            status = _wait_for(  # generous: on a machine at load 8-28 its last snapshot and close took over 20 s
                 "top to exit on Ctrl-C",
-                20,
+                60,
                 lambda: (
                     (st := term.pane("exit #{pane_dead_status}, signal #{pane_dead_signal}")) != "exit , signal" and st
                 ),

@@ -60,8 +60,11 @@ def _drain_until(consumer, done, num_groups=4, timeout_s=60.0):
             consumer.release(batch)
 
 
-def _settle(consumer, kafka, group, topic, timeout_s=60.0):
-    """Poll until the consumer's committed offsets reach the end of every partition."""
+def _settle(consumer, kafka, group, topic, timeout_s=150.0):
+    """Poll until the consumer's committed offsets reach the end of every partition.
+
+    The deadline allows for the trainer's commit retries, which back off up to 30 s after refusals, on a
+    loaded machine: at 60 s two of these tests ran out under `make test` at load 8-28."""
     deadline = time.monotonic() + timeout_s
     while not committed_at_end(kafka, group, topic):
         assert time.monotonic() < deadline, f"{group}: committed {committed_offsets(kafka, group, topic)}"
