@@ -213,18 +213,25 @@ def run_top(
     """Redraw `source`'s figures on `out` every `interval_s` until Ctrl-C, SIGTERM or `stop`; with `once`,
     print one screen as plain lines and return. Returns 0: quitting is how it ends.
 
-    Ctrl-C sets `stop` rather than raising: a KeyboardInterrupt raised inside a librdkafka callback (its
+    Ctrl-C marks a flag rather than raising: a KeyboardInterrupt raised inside a librdkafka callback (its
     log lines reach Python from within a blocking call) would be swallowed there, and the view with it.
+    The handler takes no lock: setting `stop` from it deadlocked when the signal landed while this thread
+    held the event's own lock inside `stop.wait` (the view froze and never exited, seen under load).
     """
     stop = stop or threading.Event()
+    interrupted: list[int] = []
     handled = {}
     if not once and threading.current_thread() is threading.main_thread():
-        handled = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+        handled = {sig: signal.signal(sig, lambda *_: interrupted.append(1)) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+    def stopping() -> bool:
+        return bool(interrupted) or stop.is_set()
+
     prev = None
     try:
         if not once:
             out.write(HIDE_CURSOR + HOME + CLEAR_BELOW)
-        while not stop.is_set():
+        while not stopping():
             started = time.monotonic()
             snap = source.snapshot()
             lines = render(snap, prev, interval_s=interval_s)
@@ -235,7 +242,9 @@ def run_top(
             out.write(HOME + "".join(line + CLEAR_LINE + "\n" for line in lines) + CLEAR_BELOW)
             out.flush()
             prev = snap
-            stop.wait(max(0.0, interval_s - (time.monotonic() - started)))
+            until = started + interval_s
+            while not stopping() and time.monotonic() < until:
+                time.sleep(min(0.05, max(0.0, until - time.monotonic())))
     except KeyboardInterrupt:
         pass
     finally:
