@@ -15,9 +15,8 @@ from typing import Any
 
 from schemas.gym_receipt import GymReceipt
 from schemas.staged_rows import GymStagedRow, gym_fields, gym_staged_row, gym_tags_problem
-from streams.errors import MissingKeysError, RowsUnsettled
 from streams.tq import KVStore
-from workers.reassembler.errors import StagingUnstable
+from workers.reassembler.staged_fetch import get_present
 
 GymRows = dict[str, GymStagedRow | str]
 
@@ -69,31 +68,18 @@ def _read(
     *,
     whole: bool = True,
 ) -> GymRows:
-    # A key can vanish between the lookup and the read (its owner cleared it after a rebalance):
-    # read again without it; should keys keep vanishing, the step is aborted (as finalize does).
-    for _ in range(3):
-        try:
-            td = store.get(partition, keys, select=list(fields))
-            break
-        except RowsUnsettled as exc:
-            # Not known missing (moving under their keys, or TQ's controller failed while the read
-            # was checked): the step is rebuilt and reads them again, as finalize's own fetch does.
-            raise StagingUnstable(f"staged rows could not be read as theirs now ({exc})") from exc
-        except MissingKeysError as exc:
-            gone = set(exc.missing)
-            keys = [k for k in keys if k not in gone]
-            if not keys:
-                return {}
-        except ValueError as exc:
-            # Rows the store cannot give as their tags describe them: input, not a fault.
-            if not whole:
-                return {keys[0]: f"its fields cannot be read ({exc})"}
-            out: GymRows = {}
-            for key in keys:
-                out.update(_read(store, partition, [key], fields, tags, read, whole=False))
-            return out
-    else:
-        raise StagingUnstable(f"staged rows kept vanishing from {partition!r} during three fetches")
+    try:
+        keys, td = get_present(store, partition, keys, fields)
+    except ValueError as exc:
+        # Rows the store cannot give as their tags describe them: input, not a fault.
+        if not whole:
+            return {keys[0]: f"its fields cannot be read ({exc})"}
+        out: GymRows = {}
+        for key in keys:
+            out.update(_read(store, partition, [key], fields, tags, read, whole=False))
+        return out
+    if not keys:
+        return {}
     if any(td.get(name, None) is None for name in fields):
         return {key: "its fields are not the ones its tags name" for key in keys}
     columns = {name: _rows(td.get(name)) for name in fields}

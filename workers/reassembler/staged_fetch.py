@@ -51,32 +51,16 @@ def _fetch(
 ) -> Segments:
     if not keys:
         return {}
-    # A key can vanish between tries (its owner cleared it after a rebalance): retry without the
-    # absent ones (they become placeholder rows). Should keys keep vanishing, the step is aborted
-    # rather than finalizing every group of it without rows it may yet find.
-    for _ in range(3):
-        try:
-            td = store.get(staging_partition, keys, select=list(select))
-            break
-        except RowsUnsettled as exc:
-            # Not known missing: moving under their keys (cleared and put again), or TQ's controller
-            # failed while the read was checked. The step is rebuilt and fetches them again.
-            raise StagingUnstable(f"staged rows could not be read as theirs now ({exc})") from exc
-        except MissingKeysError as exc:
-            missing = set(exc.missing)
-            keys = [k for k in keys if k not in missing]
-            if not keys:
-                return {}
-        except ValueError:
-            # A row the store cannot give as asked (a selected field it lacks, a layout it cannot
-            # read): input, not a fault. Row by row, the rows that fail become missing staging rows.
-            if not whole:
-                return {}
-            return {
-                k: v for key in keys for k, v in _fetch(store, staging_partition, [key], select, whole=False).items()
-            }
-    else:
-        raise StagingUnstable(f"staged rows kept vanishing from {staging_partition!r} during three fetches")
+    try:
+        keys, td = get_present(store, staging_partition, keys, select)
+    except ValueError:
+        # A row the store cannot give as asked (a selected field it lacks, a layout it cannot
+        # read): input, not a fault. Row by row, the rows that fail become missing staging rows.
+        if not whole:
+            return {}
+        return {k: v for key in keys for k, v in _fetch(store, staging_partition, [key], select, whole=False).items()}
+    if not keys:
+        return {}
     columns = {name: tensor_rows(value) for name in select if (value := td.get(name, None)) is not None}
     missing_fields = [name for name in SEGMENT_FIELDS if name not in columns]
     if missing_fields:
@@ -90,6 +74,28 @@ def _fetch(
             seg[ROUTED_EXPERTS] = _unflatten_experts(columns[ROUTED_EXPERTS][i], seg["token_ids"].numel())
         out[key] = seg
     return out
+
+
+def get_present(store: KVStore, partition: str, keys: list[str], select: Sequence[str]) -> tuple[list[str], Any]:
+    """The keys still present and their rows in one get (None when none is left).
+
+    A key can vanish between tries (its owner cleared it after a rebalance): read again without the
+    absent ones (they become placeholder rows). Should keys keep vanishing, or the rows move under
+    their keys (`RowsUnsettled`: cleared and put again, or TQ's controller failed while the read was
+    checked), the step is aborted (`StagingUnstable`) and rebuilt, rather than finalizing its groups
+    without rows it may yet find. A `ValueError` (rows the store cannot give as asked) is the caller's.
+    """
+    for _ in range(3):
+        try:
+            return keys, store.get(partition, keys, select=list(select))
+        except RowsUnsettled as exc:
+            raise StagingUnstable(f"staged rows could not be read as theirs now ({exc})") from exc
+        except MissingKeysError as exc:
+            missing = set(exc.missing)
+            keys = [k for k in keys if k not in missing]
+            if not keys:
+                return [], None
+    raise StagingUnstable(f"staged rows kept vanishing from {partition!r} during three fetches")
 
 
 def _unflatten_experts(flat: torch.Tensor, tokens: int) -> torch.Tensor:
