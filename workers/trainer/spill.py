@@ -8,8 +8,9 @@ Memory stays bounded by a few chunks (a read from TQ of at most a chunk of rows,
 store's metadata, its packed copy and the chunk being filled), or by the largest row, read alone.
 `spill_read.py` reads it back and puts chosen rows into TQ.
 
-A row cleared or replaced while the spill reads (the pipeline keeps running) is left out: a row not
-spilled is a group handed back after a restart, never a wrong row. The spill costs one read of
+A row cleared or replaced while the spill reads (the pipeline keeps running), or a staged row still
+being put (no tags yet), is left out: a row not spilled is a group handed back after a restart, never a
+wrong row. The spill costs one read of
 every row TQ holds per checkpoint, bounded by what admission control lets run ahead of training;
 `checkpoint_dir.begin_checkpoint` writes it off the trainer's thread.
 """
@@ -154,6 +155,28 @@ def _rows(store: KVStore, partition: str, keys: list[str]) -> Iterator[tuple[lis
             break
 
 
+def _tags_after_read(store: KVStore, partition: str, keys: list[str], listed: dict[str, dict]) -> dict[str, dict]:
+    """The tags of rows just read, by key; a staged row without any is left out.
+
+    The listing came before the reads, and TQ registers a put's keys (listed, no tags), writes their
+    fields (a get finds them) and only then sets their tags: a row listed mid-put was listed with none,
+    and its tags read after the row are the ones it was put with. A staged row still without tags is
+    in the middle of its put, and no receipt can own it (`schemas.staged_rows.owned_by`): spilled so,
+    it came back after a restart a row no group owned, and its group was dead-lettered (seen in the
+    job-restart drill); left out, its group is handed back and generated again.
+    """
+    try:
+        fresh = store.tags(partition, keys)
+    except RowsUnsettled:  # the controller did not answer: the listing's tags, an untagged staged row out
+        fresh = {}
+    tags = {}
+    for key in keys:
+        tag = fresh.get(key) or listed.get(key) or {}
+        if tag or partition != STAGING:
+            tags[key] = dict(tag)
+    return tags
+
+
 def _packed(partition: str, keys: list[str], fields: dict[str, torch.Tensor]) -> tuple[memoryview, list[int]]:
     """The rows packed (`schemas/rowpack.py`): their bytes, and where each row starts and ends in them."""
     rows = jagged_rows(pack_rows(partition, keys, fields))
@@ -190,7 +213,7 @@ def _spill_partition(w: _Writer, store: KVStore, partition: str, per_chunk: int)
     """Every row of `partition` into chunks (and parts); returns how many were listed."""
     listed = store.list(partition)
     keys = sorted(listed)
-    pending: list[tuple[str, memoryview]] = []
+    pending: list[tuple[str, memoryview, dict]] = []
     pending_bytes = 0
     pending_kind: tuple = ()  # a chunk holds rows of one field set, as one get returns them
 
@@ -198,11 +221,10 @@ def _spill_partition(w: _Writer, store: KVStore, partition: str, per_chunk: int)
         nonlocal pending, pending_bytes
         if pending:
             offsets = [0]
-            for _, row in pending:
+            for _, row, _ in pending:
                 offsets.append(offsets[-1] + len(row))
-            data = b"".join(row for _, row in pending)
-            names = [k for k, _ in pending]
-            w.rows(partition, names, [dict(listed[k]) for k in names], data, offsets)
+            data = b"".join(row for _, row, _ in pending)
+            w.rows(partition, [k for k, _, _ in pending], [t for _, _, t in pending], data, offsets)
             w.summary.bytes += len(data)
         pending, pending_bytes = [], 0
 
@@ -213,16 +235,19 @@ def _spill_partition(w: _Writer, store: KVStore, partition: str, per_chunk: int)
                 flush()
                 pending_kind = kind
             values, offsets = _packed(partition, got, fields)
+            tags = _tags_after_read(store, partition, got, listed)
             for r, key in enumerate(got):
+                if key not in tags:
+                    continue  # counted gone: listed, not spilled
                 row = values[offsets[r] : offsets[r + 1]]
                 if len(row) > per_chunk:
                     flush()
-                    w.big_row(partition, key, dict(listed[key]), row, per_chunk)
+                    w.big_row(partition, key, tags[key], row, per_chunk)
                     w.summary.bytes += len(row)
                     continue
                 if pending and (pending_bytes + len(row) > per_chunk or len(pending) >= fmt.CHUNK_MAX_ROWS):
                     flush()
-                pending.append((key, row))
+                pending.append((key, row, tags[key]))
                 pending_bytes += len(row)
     flush()
     return len(keys)
