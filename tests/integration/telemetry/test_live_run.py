@@ -214,6 +214,26 @@ class Tmux:
     def pane(self, fmt: str) -> str:
         return self._tmux("display-message", "-p", "-t", "top", fmt).strip()
 
+    def exit_status(self) -> str | None:
+        """'exit N, signal ' or 'exit , signal S' once the pane's process has ended; None while it runs.
+
+        tmux marks the pane dead when its terminal closes and fills in the status once it reaps the
+        process, which under load it was seen not to do for over 60 s: the process a zombie, its exit
+        long done. Until tmux has it, the zombie's own exit code (/proc/PID/stat, wait(2)'s encoding) says.
+        """
+        status = self.pane("exit #{pane_dead_status}, signal #{pane_dead_signal}")
+        if status != "exit , signal":
+            return status
+        pid = self.pane("#{pane_pid}")
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return None  # reaped between the two questions: tmux has its status on the next one
+        if fields[0] != "Z":
+            return None
+        code = int(fields[49])
+        return f"exit {os.WEXITSTATUS(code)}, signal " if os.WIFEXITED(code) else f"exit , signal {os.WTERMSIG(code)}"
+
     def keys(self, *keys: str) -> None:
         self._tmux("send-keys", "-t", "top", *keys)
 
@@ -271,15 +291,8 @@ def test_top_shows_the_live_run_then_its_endpoints_down_and_quits_on_ctrl_c(live
         _wait_for("a redraw", 10, lambda: re.search(r"· (\d\d:\d\d:\d\d) ·", term.screen()).group(1) != clock)
         term.keys("C-c")
         # The pane's process is top itself (exec'd by tmux's shell): its own exit status, not a shell's.
-        # tmux marks the pane dead when its terminal closes, and knows the status once it reaped the process.
-        try:
-            status = _wait_for(  # a frozen view (the handler deadlock fixed in run_top) never exits
-                "top to exit on Ctrl-C",
-                60,
-                lambda: (
-                    (st := term.pane("exit #{pane_dead_status}, signal #{pane_dead_signal}")) != "exit , signal" and st
-                ),
-            )
+        try:  # a frozen view (the handler deadlock fixed in run_top) never exits
+            status = _wait_for("top to exit on Ctrl-C", 60, term.exit_status)
         except TimeoutError as exc:
             raise AssertionError(f"{exc}; its screen:\n{term.screen()}") from None
         assert status == "exit 0, signal", status + "\n" + term.screen()
