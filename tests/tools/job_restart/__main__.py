@@ -216,16 +216,21 @@ def run_round(
         # abort (with the default 10 s the coordinator had aborted it, and the fault proved nothing).
         argv += ["--transaction-timeout-ms", str(HELD_TRANSACTION_MS)]
     say(f"round {prefix}: {args.prompts} prompts, kill at trainer step {kill_step}, faults {sorted(faults) or 'none'}")
-    first = Job([*argv, "--hold-when", str(hold)], workdir, f"{prefix}-first")
+    pause = workdir / f"{prefix}.pause"
+    first = Job([*argv, "--hold-when", str(hold), "--pause-when", str(pause)], workdir, f"{prefix}-first")
     _wait_for(f"trainer step {kill_step}", lambda: first.steps_done() >= kill_step, first, args.timeout)
     if "duplicate" in faults:  # a checkpoint with trained groups, for a duplicate past its cut
         _wait_for("a checkpoint made the latest", lambda: LATEST_MADE in first.output, first, args.timeout)
+    # The trainer stops at its next step while the drill waits for the hold: under load it had trained
+    # every prompt meanwhile (kill at step 3 of 8, killed after 8), leaving nothing for the restart to do.
+    pause.touch()
     if "held" in faults:
         hold.touch()
         _wait_for("a reassembler holding its transaction", lambda: HOLDING in first.output, first, 120)
     killed = first.kill_everything()
     say(f"  killed {killed} processes of the job after {first.steps_done()} steps (Ray and TQ with them)")
     hold.unlink(missing_ok=True)
+    pause.unlink(missing_ok=True)
     if first.steps_done() * args.batch_groups >= args.prompts:
         raise RuntimeError(f"the job trained every prompt before the kill at step {kill_step}: kill it earlier")
     duplicate = _republish_trained(kafka, prefix, checkpoints) if "duplicate" in faults else None

@@ -6,19 +6,46 @@
 The same run as `rlstream example grpo` (`workers.examples.grpo.run.run_grpo`) and the same output,
 but built by the drill: every K-th prompt's first rollout fails (an environment crash), and with
 `--hold-when FILE` its reassemblers hold their next step's open transaction for good once FILE exists
-(`tests.tools.faults.HoldWhenArmed`). No production setting reaches either: only this module does.
+(`tests.tools.faults.HoldWhenArmed`), and with `--pause-when FILE` its trainer takes no step after FILE
+exists (`PauseWhenArmed`). No production setting reaches any of them: only this module does.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from streams.config import KafkaConfig
 from tests.tools.faults import HoldWhenArmed
 from workers.examples.grpo.run import GrpoConfig, run_grpo
 from workers.reassembler.faults import NO_FAULTS
+
+
+# What the job prints when its trainer pauses for good: the drill waits for it.
+PAUSED = "trainer paused until the job is killed"
+
+
+class PauseWhenArmed:
+    """The run's log, except that once `armed` exists the trainer's next progress line blocks for good.
+
+    The trainer logs each step's line from its own loop before anything else of that step, so it trains
+    no batch past the one it had: a drill that kills the job after a wait (for a checkpoint, for a held
+    transaction) meanwhile finds prompts untrained, instead of a trainer that drained all of them.
+    """
+
+    def __init__(self, armed: str, log: Callable[[str], None]):
+        self.armed, self.log = armed, log
+
+    def __call__(self, line: str) -> None:
+        if line.startswith("step ") and os.path.exists(self.armed):
+            self.log(f"[drill] {PAUSED}")
+            while True:
+                time.sleep(3600)
+        self.log(line)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--resume", action="store_true")
     p.add_argument("--failed-rollout-every", type=int, default=0)
     p.add_argument("--hold-when", default=None)
+    p.add_argument("--pause-when", default=None)
     p.add_argument("--transaction-timeout-ms", type=int, default=None)
     args = p.parse_args(argv)
     cfg = GrpoConfig(
@@ -45,9 +73,13 @@ def main(argv: list[str] | None = None) -> int:
         transaction_timeout_ms=args.transaction_timeout_ms,
     )  # fmt: skip
     faults = HoldWhenArmed(args.hold_when) if args.hold_when else NO_FAULTS
+
+    def log(line: str) -> None:
+        print(line, flush=True)
+
     result = run_grpo(
-        cfg, kafka=KafkaConfig(args.bootstrap_servers), prefix=args.prefix, log=lambda line: print(line, flush=True),
-        reassembler_faults=faults,
+        cfg, kafka=KafkaConfig(args.bootstrap_servers), prefix=args.prefix,
+        log=PauseWhenArmed(args.pause_when, log) if args.pause_when else log, reassembler_faults=faults,
     )  # fmt: skip
     print(result.summary(), flush=True)
     if result.unsettled:
