@@ -215,7 +215,7 @@ class Tmux:
         return self._tmux("display-message", "-p", "-t", "top", fmt).strip()
 
     def exit_status(self) -> str | None:
-        """'exit N, signal ' or 'exit , signal S' once the pane's process has ended; None while it runs.
+        """'exit N, signal' or 'exit , signal S' once the pane's process has ended; None while it runs.
 
         tmux marks the pane dead when its terminal closes and fills in the status once it reaps the
         process, which under load it was seen not to do for over 60 s: the process a zombie, its exit
@@ -232,7 +232,7 @@ class Tmux:
         if fields[0] != "Z":
             return None
         code = int(fields[49])
-        return f"exit {os.WEXITSTATUS(code)}, signal " if os.WIFEXITED(code) else f"exit , signal {os.WTERMSIG(code)}"
+        return f"exit {os.WEXITSTATUS(code)}, signal" if os.WIFEXITED(code) else f"exit , signal {os.WTERMSIG(code)}"
 
     def keys(self, *keys: str) -> None:
         self._tmux("send-keys", "-t", "top", *keys)
