@@ -133,13 +133,17 @@ _op = st.one_of(
     st.tuples(st.just("stale_clear"), _slot),
     st.tuples(st.just("stale_storage"), _slot),
     st.tuples(st.just("held"), _part, _slot),
+    st.tuples(st.just("begin"), _part, _keys, _slot),
+    st.tuples(st.just("write"), _slot),
+    st.tuples(st.just("tag"), _slot),
 )
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(ops=st.lists(_op, min_size=1, max_size=14))
 def test_sequences_of_puts_clears_gets_lists_and_stale_clears(real, ops):
-    """T1-T6 and T8 over generated sequences: the model's client sees what TQ's does after every step."""
+    """T1-T8 over generated sequences, puts among them phase by phase with other calls between the phases:
+    the model's client sees what TQ's does after every step."""
     seen, model = both(real, scenarios.sequence, ops)
     assert seen == model
 
