@@ -225,11 +225,14 @@ def sequence(w, ops: list[tuple]) -> list[Any]:
     ("put", p, keys) | ("clear", p, keys) | ("get", p, keys) | ("list", p) | ("lookup", p, keys, slot)
     keeps a lookup for later | ("stale_clear", slot) clears by a kept lookup (mark, storage, release) |
     ("stale_storage", slot) runs only a kept lookup's storage delete | ("held", p, slot) asks which keys
-    a kept lookup's indexes hold in partition p now.
+    a kept lookup's indexes hold in partition p now | ("begin", p, keys, slot) a put's first phase only
+    (its keys allocated), kept in slot | ("write", slot) that put's fields written | ("tag", slot) its
+    tags set, the put done (each phase as `async_kv_batch_put` makes it; other ops run between them).
     """
     parts = [fresh("P0"), fresh("P1")]
     client = w.tq.get_client()
     kept: dict[int, Any] = {}
+    putting: dict[int, tuple[str, list[str], Any]] = {}
     out: list[Any] = []
     for op in ops:
         kind = op[0]
@@ -254,6 +257,20 @@ def sequence(w, ops: list[tuple]) -> list[Any]:
         elif kind == "stale_storage" and op[1] in kept:
             w.run(client.storage_manager.clear_data(kept.pop(op[1])))
             out.append([get(w, p, [k]) for p in parts for k in KEYS])
+        elif kind == "begin":
+            p, keys = parts[op[1]], list(op[2])
+            m = w.run(client.async_kv_retrieve_meta(keys=keys, partition_id=p, create=True))
+            m.update_custom_meta([{"key": k, "n": len(out)} for k in keys])
+            putting[op[3]] = (p, keys, m)
+            out.append([describe(w, m), listing(w, p)])
+        elif kind == "write" and op[1] in putting:
+            p, keys, m = putting[op[1]]
+            w.run(client.storage_manager.put_data(rows(keys), m))
+            out.append([look(w, p, keys), get(w, p, keys)])
+        elif kind == "tag" and op[1] in putting:
+            p, keys, m = putting.pop(op[1])
+            w.run(client.async_set_custom_meta(m))
+            out.append([look(w, p, keys), listing(w, p)])
     for p in parts:
         clear(w, p, KEYS)
     return out

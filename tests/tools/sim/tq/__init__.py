@@ -16,7 +16,12 @@ Claimed behaviours (each held to the real TQ by tests/integration/sim/test_tq_di
   (FIFO), then from a counter. A key put again keeps its index.
 - T2 A put is four requests: index lookup/allocation (`kv_retrieve_meta(create=True)`), the storage
   write by global index, the controller marking the fields produced (`notify_data_update`), then
-  the tags (`set_custom_meta`). Tags of a key put again are merged into its old ones.
+  the tags (`set_custom_meta`). Tags of a key put again are merged into its old ones. Between them a
+  reader sees each phase as TQ's shows it: after the allocation the keys are listed with no tags and
+  nothing reads (a lookup has no fields, `kv_batch_get` refuses); after the write and notice the rows
+  read, still with no tags (a key put again: its old tags, its new values); then the tags. A put whose
+  keys were cleared between its allocation and its write writes and tags the index given back, and
+  the next key to take it reads that row and those tags as its own until its own put lands.
 - T3 Lookups (`kv_retrieve_meta(create=False)`): the keys found, in the order asked (absent keys
   left out; an unknown partition gives an empty meta); `field_names` the fields every row found
   produced; `production_status` per row; `is_ready`; `custom_meta` per row.

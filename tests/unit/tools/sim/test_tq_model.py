@@ -1,6 +1,6 @@
 """The TQ model's faults as an explorer drives them: calls given up at their deadline whose requests land
 later, storage units that do not answer, a clear frozen between its steps, a whole-job loss. Through
-rlstream's own `TQStore` where it makes the calls."""
+rlstream's own `TQStore` where it makes the calls; a checkpoint's spill of a staged row caught mid-put."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ from streams.errors import MissingKeysError, RowsUnsettled, TQTimeout
 from streams.tq import STAGING, TRAIN, TQStore, with_call_deadline
 from tests.tools.sim.env import ManualEnv
 from tests.tools.sim.tq import JobLost, SimTQ
+from workers.trainer.spill import spill_rows
+from workers.trainer.spill_read import read_spill
 
 
 def _values(td: TensorDict) -> list[list[int]]:
@@ -110,3 +112,67 @@ def test_a_whole_job_loss_empties_tq_and_nothing_of_the_old_job_lands():
     assert isinstance(lost.value.__cause__, JobLost)
     fresh.put(TRAIN, ["n"], _rows(1), [{"group": "n"}])
     assert fresh.tags(TRAIN, ["n"]) == {"n": {"group": "n"}}
+
+
+# The requests a put has left when it stops before its controller notice, or before its tags.
+_REST_OF_PUT = {
+    "notice": ("tq.controller.notify_data_update", "tq.controller.set_custom_meta"),
+    "tags": ("tq.controller.set_custom_meta",),
+}
+
+
+def _staged_mid_put(env: ManualEnv, tq: SimTQ, stopped_before: str) -> None:
+    """Two staged rows, the second's put stopped before `stopped_before` (held, its caller gone at its deadline)."""
+    store = with_call_deadline(TQStore(tq=tq.module("rollout")), 2.0)
+    store.put(STAGING, ["g0-r0/c0"], TensorDict({"ids": torch.arange(4)[None]}, batch_size=[1]), [{"group_id": "g0"}])
+    stop = env.hold(lambda r: r.name in _REST_OF_PUT[stopped_before])
+    with pytest.raises(TQTimeout):
+        store.put(
+            STAGING, ["g1-r0/c0"], TensorDict({"ids": torch.arange(3)[None]}, batch_size=[1]), [{"group_id": "g1"}]
+        )
+    stop()
+
+
+@pytest.mark.parametrize("stopped_before", sorted(_REST_OF_PUT))
+def test_a_spill_of_a_staged_row_mid_put_leaves_it_out_or_keeps_the_tags_that_land_after_the_listing(
+    tmp_path, stopped_before
+):
+    # The job-restart drill's bug (main 569288a) on the model's phased put: a checkpoint's spill lists
+    # staged rows whose put has its keys allocated and not its tags. Still untagged when read: left out
+    # (its group is handed back after a restart). Tagged between the listing and the read: kept with
+    # those tags. Spilled with the listing's empty tags, resume put it back a row no group owns.
+    env = ManualEnv()
+    tq = SimTQ(env)
+    _staged_mid_put(env, tq, stopped_before)
+    trainer = TQStore(tq=tq.module("trainer"))
+    assert trainer.list(STAGING)["g1-r0/c0"] == {}
+    (tmp_path / "untagged").mkdir()
+    (tmp_path / "tagged").mkdir()
+    summary = spill_rows(trainer, tmp_path / "untagged", binding="b", partitions=(STAGING,))
+    assert read_spill(tmp_path / "untagged", binding="b").keys(STAGING) == {"g0-r0/c0"} and summary.gone == 1
+
+    # Its put lands once the spill has listed it, before the spill reads its rows.
+    landed = []
+
+    def land_after_listing(name: str, details: dict) -> None:
+        if details.get("client") == "trainer" and not landed:
+            landed.append(name)
+            env.release()
+
+    off = env.on_point("tq.controller.kv_retrieve_meta.send", land_after_listing)
+    spill_rows(trainer, tmp_path / "tagged", binding="b", partitions=(STAGING,))
+    off()
+    assert landed
+    spill = read_spill(tmp_path / "tagged", binding="b")
+    after = TQStore(tq=SimTQ(ManualEnv()).module("resume"))
+    if stopped_before == "notice":
+        # Its caller gave up before sending the tags: the row reads once the notice lands, and stays
+        # untagged (T7), so it is left out again.
+        assert spill.keys(STAGING) == {"g0-r0/c0"}
+        return
+    assert spill.keys(STAGING) == {"g0-r0/c0", "g1-r0/c0"}
+    spill.restore(after, STAGING, ["g0-r0/c0", "g1-r0/c0"])
+    assert after.tags(STAGING, ["g0-r0/c0", "g1-r0/c0"]) == {
+        "g0-r0/c0": {"group_id": "g0"},
+        "g1-r0/c0": {"group_id": "g1"},
+    }
