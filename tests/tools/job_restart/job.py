@@ -31,20 +31,21 @@ PAUSED = "trainer paused until the job is killed"
 class PauseWhenArmed:
     """The run's log, except that once `armed` exists the trainer's next progress line blocks for good.
 
-    The trainer logs each step's line from its own loop before anything else of that step, so it trains
-    no batch past the one it had: a drill that kills the job after a wait (for a checkpoint, for a held
-    transaction) meanwhile finds prompts untrained, instead of a trainer that drained all of them.
+    The trainer logs each step's line from its own loop right after the step, so it trains no batch
+    past that one: a drill that kills the job after a wait (for a checkpoint, for a held transaction)
+    meanwhile finds prompts untrained, instead of a trainer that drained all of them. The line is
+    printed before it blocks, so the drill counts every step trained.
     """
 
     def __init__(self, armed: str, log: Callable[[str], None]):
         self.armed, self.log = armed, log
 
     def __call__(self, line: str) -> None:
+        self.log(line)
         if line.startswith("step ") and os.path.exists(self.armed):
             self.log(f"[drill] {PAUSED}")
             while True:
                 time.sleep(3600)
-        self.log(line)
 
 
 def main(argv: list[str] | None = None) -> int:
