@@ -50,6 +50,9 @@ class Unstable(Exception):
 class MemberClient(Protocol):
     """The consumer side of a member, which the coordinator tells what happened."""
 
+    client_id: str  # its client.id, as DescribeGroups lists it
+    process: str
+
     def alive(self) -> bool: ...
 
     def rebalance_started(self, generation: int) -> bool:
