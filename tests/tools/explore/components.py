@@ -271,35 +271,23 @@ def rollout(world: World, proc: Proc, rt: SimRuntime) -> None:
             rt.sleep(0.5)
 
 
-NO_RESUME_SEAMS = (
-    "workers.trainer.resume.resume takes no KafkaApi and Runtime, so it cannot run on the models:"
-    " whole-job kills are left out of every plan"
-)
-
-
-def resume_runs_on_models() -> bool:
-    """Whether `resume` takes the seams a run gives it (its Kafka clients' `api`, its clock's `runtime`).
-    Its rewrite for issue 30 (items 4, 6, 7, 9) reads Kafka through clients of its own and the admin API,
-    which the model has not: until they come from the `KafkaApi` too, no plan kills the whole job."""
-    import inspect
-
-    from workers.trainer.resume import resume
-
-    params = inspect.signature(resume).parameters
-    return "api" in params and "runtime" in params
-
-
 def resume_job(world: World, proc: Proc, rt: SimRuntime) -> None:
     from workers.trainer.resume import resume
 
     store = TQStore(tq=world.tq.module(proc.name))
+    # As the GRPO example runs it: the dead job's reassembler ids named (their transactions aborted, not
+    # waited out) and the rollout workers' feed settled; its progress lines go into the run's events.
     report = resume(
         KAFKA,
         store,
         trainer_config(),
         latest(world.root),
         reassembler_consumer_group=REASSEMBLERS,
-        **world.resume_seams(proc, rt),
+        rollout_consumer_group=ROLLOUT_GROUP,
+        reassembler_worker_ids=[f"w{i}" for i in range(world.workload.reassemblers)],
+        say=world.note,
+        api=SimKafka(world.cluster, proc.name),
+        runtime=rt,
     )
     world.facts.resume_reports.append(report)
     world.facts.resolved_originals = list(report.resolved_originals)
