@@ -156,7 +156,8 @@ def settle_feed(
 
 
 def _commit(
-    kafka, consumer_group, offsets, again, *, deadline: Deadline, log, api: KafkaApi, runtime: Runtime
+    kafka, consumer_group, offsets, again, *, deadline: Deadline, log, api: KafkaApi = REAL_KAFKA,
+    runtime: Runtime = REAL_RUNTIME,
 ) -> None:  # fmt: skip
     member = api.Consumer(kafka.consumer(consumer_group))
     producer = TransactionalProducer(kafka, f"rlstream-resume.{consumer_group}", api=api)

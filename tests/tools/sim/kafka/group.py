@@ -137,6 +137,9 @@ class GroupCoordinator:
             if g.state == STABLE:
                 client.synced(member.generation, set(member.owned), set())
             else:
+                # Mid-round: the new client's JoinGroup names no partition owned (it was told of none), so the
+                # round's assignment is what it is given; inheriting the old one's would tell it nothing.
+                member.owned = set()
                 member.rejoined = True
                 self._maybe_complete(g)
             return member
