@@ -61,7 +61,7 @@ TRAINER_ID = "trainer"
 LATEST = "LATEST"
 
 
-def reassembler_config(i: int, static: bool) -> ReassemblerConfig:
+def reassembler_config(i: int, static: bool, transaction_timeout_s: float = 10.0) -> ReassemblerConfig:
     """A reassembler's settings, within their bounds, scaled so a run's virtual minutes stay few."""
     return ReassemblerConfig(
         prefix=PREFIX,
@@ -77,7 +77,7 @@ def reassembler_config(i: int, static: bool) -> ReassemblerConfig:
         staging_sweep_interval_s=10.0,
         session_timeout_ms=6000,
         max_poll_interval_ms=30_000,
-        transaction_timeout_ms=10_000,
+        transaction_timeout_ms=int(transaction_timeout_s * 1000),
         static_membership=static,
     )
 
@@ -96,7 +96,7 @@ def reassembler(i: int):
     def body(world: World, proc: Proc, rt: SimRuntime) -> None:
         api = SimKafka(world.cluster, proc.name)
         store = TQStore(tq=world.tq.module(proc.name))
-        config = reassembler_config(i, world.workload.static_membership)
+        config = reassembler_config(i, world.workload.static_membership, world.workload.transaction_timeout_s)
         worker = ReassemblerWorker(KAFKA, store, config, clients=KafkaClients(KAFKA, api=api, runtime=rt), runtime=rt)
         world.note(f"{proc.name} started")
         worker.run(lambda: False)
