@@ -6,8 +6,8 @@ Every confluent-kafka client rlstream makes is built as `api.Consumer(conf)`, `a
 (tests/tools/sim/kafka's `SimKafka`, one process's view of a model cluster) has the same three
 classes, so rlstream's own wrappers (`streams.producer`, `streams.consumer`, `streams.admin`'s group
 members, the changelog read, the workers' client factories, `resume`) run on it unchanged. Like the
-`Runtime`, it is a constructor or call argument only: no setting,
-flag, file or environment variable reaches it.
+`Runtime`, it is a constructor or call argument only: no setting, flag, file or environment variable
+reaches it.
 """
 
 from __future__ import annotations
