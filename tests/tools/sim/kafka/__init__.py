@@ -75,9 +75,10 @@ codes and flags are compared, messages are librdkafka-like but not claimed):
 - K19 A record to an unknown topic is reported `_MSG_TIMED_OUT` after message.timeout.ms.
 - K20 Admin (`admin.py`): `describe_consumer_groups` lists a group's members (member id, client id,
   group.instance.id) while they are members: a consumer closed (dynamic) is gone at once, one whose
-  process was killed stays listed until its session timeout; a group with neither members nor
-  committed offsets fails `GROUP_ID_NOT_FOUND`. `describe_configs` of a topic gives `retention.ms`
-  (the topic's own, else the broker's default) and the configs it was created with.
+  process was killed stays listed until its session timeout (not compared: the scenario kills no
+  process), a static one closed stays listed; a group the broker does not know is described with no
+  members. `describe_configs` of a topic gives `retention.ms` (the topic's own, else the broker's
+  default) and the configs it was created with.
 
 For an explorer, beyond the claims (its faults, not the broker's behaviour, so not held to the
 broker): every request to the broker (produce, transactional calls, group membership, offset

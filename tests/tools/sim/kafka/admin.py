@@ -3,8 +3,9 @@
 - `describe_consumer_groups(ids)`: each group's members as the coordinator lists them now (member id,
   client id, host, group.instance.id, assignment) and its state; a member stays listed until it leaves
   or the coordinator removes it (its session timed out: a killed or frozen process, a static member
-  closed). A group the broker does not know (no member, no committed offset) fails
-  `GROUP_ID_NOT_FOUND`, as Kafka 4's DescribeGroups answers.
+  closed). A group the broker does not know (no member, no committed offset) is described with no
+  members, as Kafka 4.1 answers librdkafka 2.16 (not `GROUP_ID_NOT_FOUND`, which `streams.admin` also
+  takes for empty).
 - `describe_configs(resources)`: a topic's configs as `ConfigEntry`s by name: the ones it was created
   with, and `retention.ms` (the cluster's default when it set none); an unknown topic fails
   `UNKNOWN_TOPIC_OR_PART`.
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
     from tests.tools.sim.kafka.cluster import KafkaCluster
 
 DEFAULT_REQUEST_TIMEOUT_S = 30.0
+DEAD = "Dead"  # the state a broker describes a group it does not know in
 
 
 @dataclass(frozen=True)
@@ -96,7 +98,7 @@ class AdminClient:
         with self._cluster.lock:
             g = self._cluster.groups.groups.get(gid)
             if g is None or not (g.members or g.offsets or g.pending):
-                return _done(error=errors.error(KafkaError.GROUP_ID_NOT_FOUND, f"Group {gid} not found"))
+                return _done(ConsumerGroupDescription(gid, False, [], "", DEAD))
             members = [
                 MemberDescription(
                     m.member_id,
