@@ -286,6 +286,7 @@ def resume_job(world: World, proc: Proc, rt: SimRuntime) -> None:
         rollout_consumer_group=ROLLOUT_GROUP,
         reassembler_worker_ids=[f"w{i}" for i in range(world.workload.reassemblers)],
         say=world.note,
+        force=world.workload.resume_force,
         api=SimKafka(world.cluster, proc.name),
         runtime=rt,
     )
