@@ -17,6 +17,8 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from streams.config import KafkaConfig
 from streams.errors import TopicError
+from streams.kafka_api import REAL_KAFKA, KafkaApi
+from streams.runtime import REAL_RUNTIME, Runtime
 
 
 @contextmanager
@@ -145,18 +147,25 @@ _COORDINATOR_BUSY = frozenset(
 )
 
 
-def group_members(kafka: KafkaConfig, groups: list[str], *, timeout_s: float = 10.0) -> dict[str, list[GroupMember]]:
+def group_members(
+    kafka: KafkaConfig,
+    groups: list[str],
+    *,
+    timeout_s: float = 10.0,
+    api: KafkaApi = REAL_KAFKA,
+    runtime: Runtime = REAL_RUNTIME,
+) -> dict[str, list[GroupMember]]:
     """The members each consumer group has now (none for a group that does not exist or is empty).
 
     A member stays listed until it leaves or its session times out, so a process killed a moment ago
     is still listed for up to its `session.timeout.ms`. A coordinator moving or loading is asked again
-    until `timeout_s` has passed.
+    until `timeout_s` has passed (on `runtime`'s clock; the admin client comes from `api`).
     """
     if not groups:
         return {}
     out: dict[str, list[GroupMember]] = {}
-    deadline = time.monotonic() + timeout_s
-    with _polled(AdminClient(kafka.admin())) as admin:
+    deadline = runtime.monotonic() + timeout_s
+    with _polled(api.AdminClient(kafka.admin())) as admin:
         todo = list(dict.fromkeys(groups))
         while todo:
             futures = admin.describe_consumer_groups(todo, request_timeout=timeout_s)
@@ -169,7 +178,7 @@ def group_members(kafka: KafkaConfig, groups: list[str], *, timeout_s: float = 1
                     if code == KafkaError.GROUP_ID_NOT_FOUND:
                         out[group] = []
                         continue
-                    if code in _COORDINATOR_BUSY and time.monotonic() < deadline:
+                    if code in _COORDINATOR_BUSY and runtime.monotonic() < deadline:
                         todo.append(group)
                         continue
                     raise
@@ -177,5 +186,5 @@ def group_members(kafka: KafkaConfig, groups: list[str], *, timeout_s: float = 1
                     GroupMember(m.client_id, m.host, m.member_id, m.group_instance_id) for m in described.members
                 ]
             if todo:
-                time.sleep(0.2)
+                runtime.sleep(0.2)
     return out

@@ -19,23 +19,25 @@ whose hand-backs were none of them generated is left as it is.
 
 A feed group with no commit at all on a topic holding hand-backs is refused too (`check_feed_group`):
 a wrong or fresh `--rollout-consumer-group`, or offsets the broker expired, would read every
-hand-back ever made (kept for good) and re-queue them all.
+hand-back ever made (kept for good) and re-queue them all. Clients come from the `KafkaApi` given and
+waits are on the `Runtime` given (the real ones by default).
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import KafkaException, TopicPartition
 
 from schemas.errors import RlstreamError, SchemaError
 from schemas.regenerate import Regenerate
 from streams.admin import group_members
 from streams.config import KafkaConfig
 from streams.consumer import end_offsets, read_topic
+from streams.kafka_api import REAL_KAFKA, KafkaApi
 from streams.producer import Outgoing, TransactionalProducer
+from streams.runtime import REAL_RUNTIME, Runtime
 from workers.deadline import Deadline
 from workers.topics import TopicNames
 
@@ -56,11 +58,16 @@ class FeedSettled:
 
 
 def pending_hand_backs(
-    kafka: KafkaConfig, names: TopicNames, committed: dict[int, int]
+    kafka: KafkaConfig,
+    names: TopicNames,
+    committed: dict[int, int],
+    *,
+    api: KafkaApi = REAL_KAFKA,
+    runtime: Runtime = REAL_RUNTIME,
 ) -> dict[int, list[tuple[int, bytes | None, Regenerate]]]:
     """Per partition, the hand-backs from `committed` (from the start where it has none) to the end."""
     out: dict[int, list[tuple[int, bytes | None, Regenerate]]] = {}
-    for r in read_topic(kafka, names.regenerate, start=committed):
+    for r in read_topic(kafka, names.regenerate, start=committed, api=api, runtime=runtime):
         try:
             back = Regenerate.from_bytes(r.value)
         except SchemaError:
@@ -69,17 +76,26 @@ def pending_hand_backs(
     return out
 
 
-def check_feed_group(kafka: KafkaConfig, names: TopicNames, consumer_group: str, committed: dict[int, int]) -> None:
+def check_feed_group(
+    kafka: KafkaConfig,
+    names: TopicNames,
+    consumer_group: str,
+    committed: dict[int, int],
+    *,
+    api: KafkaApi = REAL_KAFKA,
+    runtime: Runtime = REAL_RUNTIME,
+) -> None:
     """Refuse a feed group with no commit on a regenerate topic that holds records (FeedBusy says why)."""
     if committed:
         return
-    records = read_topic(kafka, names.regenerate)  # one record is enough to know (markers are no hand-backs)
+    # One record is enough to know (markers are no hand-backs).
+    records = read_topic(kafka, names.regenerate, api=api, runtime=runtime)
     try:
         any_record = next(records, None) is not None
     finally:
         records.close()
     if any_record:
-        held = sum(high - low for low, high in end_offsets(kafka, names.regenerate).values())
+        held = sum(high - low for low, high in end_offsets(kafka, names.regenerate, api=api).values())
         raise FeedBusy(
             f"consumer group {consumer_group!r} has no committed offset on {names.regenerate}, which holds"
             f" hand-backs (offsets up to {held}): a wrong or fresh --rollout-consumer-group (or offsets the"
@@ -100,6 +116,8 @@ def settle_feed(
     deadline: Deadline,
     log: Callable[[str], None],
     force: bool = False,
+    api: KafkaApi = REAL_KAFKA,
+    runtime: Runtime = REAL_RUNTIME,
 ) -> FeedSettled:
     """Commit `consumer_group` past hand-backs generated already, putting the others back at the end.
 
@@ -123,13 +141,13 @@ def settle_feed(
     if not offsets:
         return result
     result.requeued = len(again)
-    members = group_members(kafka, [consumer_group]).get(consumer_group, [])
+    members = group_members(kafka, [consumer_group], api=api, runtime=runtime).get(consumer_group, [])
     if members and not force:
         raise FeedBusy(
             f"consumer group {consumer_group!r} has members ({', '.join(str(m) for m in members[:4])}): a running"
             " feed would overwrite the commit that settles it; stop its rollout workers first"
         )
-    _commit(kafka, consumer_group, offsets, again, deadline=deadline, log=log)
+    _commit(kafka, consumer_group, offsets, again, deadline=deadline, log=log, api=api, runtime=runtime)
     log(
         f"resume: hand-backs on {names.regenerate}: {result.generated} generated already, skipped; "
         f"{result.requeued} put again at the end for {consumer_group}"
@@ -137,9 +155,12 @@ def settle_feed(
     return result
 
 
-def _commit(kafka, consumer_group, offsets, again, *, deadline: Deadline, log) -> None:
-    member = Consumer(kafka.consumer(consumer_group))
-    producer = TransactionalProducer(kafka, f"rlstream-resume.{consumer_group}")
+def _commit(
+    kafka, consumer_group, offsets, again, *, deadline: Deadline, log, api: KafkaApi = REAL_KAFKA,
+    runtime: Runtime = REAL_RUNTIME,
+) -> None:  # fmt: skip
+    member = api.Consumer(kafka.consumer(consumer_group))
+    producer = TransactionalProducer(kafka, f"rlstream-resume.{consumer_group}", api=api)
     try:
         while True:
             try:
@@ -156,7 +177,7 @@ def _commit(kafka, consumer_group, offsets, again, *, deadline: Deadline, log) -
                     f"resume: cannot commit for {consumer_group} yet ({exc.args[0].str()}), retrying;"
                     f" {deadline.elapsed():.0f} s of at most {deadline.seconds:.0f} s"
                 )
-                time.sleep(RETRY_EVERY_S)
+                runtime.sleep(RETRY_EVERY_S)
     finally:
         producer.flush(5)
         member.close()

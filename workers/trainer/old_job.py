@@ -15,16 +15,20 @@ The reassemblers listed at the start are also where resume learns the transactio
 workers (their `client.id` is their transactional id, `<consumer group>.<worker id>`), so it aborts
 their open transactions without being told the ids; a worker that left its group before resume
 began is not listed, and a transaction it left open is waited out.
+
+Its admin client and producers come from the `KafkaApi` it is given and its waits are on the `Runtime`
+(the real ones by default), so the explorer runs it on its models under a virtual clock.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from streams.admin import GroupMember, group_members
 from streams.config import KafkaConfig
+from streams.kafka_api import REAL_KAFKA, KafkaApi
+from streams.runtime import REAL_RUNTIME, Runtime
 from workers.deadline import Deadline
 from workers.trainer.errors import OldJobAlive
 from workers.trainer.open_transactions import abort_transactions, describe, open_now, wait_for_stable
@@ -51,12 +55,14 @@ def wait_until_gone(
     force: bool = False,
     poll_s: float = 1.0,
     most_s: float = MEMBERS_WAIT_S,
+    api: KafkaApi = REAL_KAFKA,
+    runtime: Runtime = REAL_RUNTIME,
 ) -> dict[str, list[GroupMember]]:
     """Wait until every group in `groups` has no member; returns the members listed when it began.
 
     Raises OldJobAlive naming the groups and members still there once `most_s` (or `deadline`) passed.
     """
-    first = group_members(kafka, list(groups))
+    first = group_members(kafka, list(groups), api=api, runtime=runtime)
     if force:
         if any(first.values()):
             log(f"resume: not waiting for members to leave (--force): {_listed(first)}")
@@ -69,14 +75,14 @@ def wait_until_gone(
                 f"consumer groups still have members after {bound.elapsed():.0f} s: {_listed(members)}; the job"
                 " is still running (stop it first), or pass --force if these are gone for good"
             )
-        if said is None or time.monotonic() - said >= PROGRESS_EVERY_S:
-            said = time.monotonic()
+        if said is None or runtime.monotonic() - said >= PROGRESS_EVERY_S:
+            said = runtime.monotonic()
             log(
                 f"resume: waiting for the old job's members to leave their groups (a killed one goes at its"
                 f" session timeout), {bound.elapsed():.0f} s of at most {bound.seconds:.0f} s: {_listed(members)}"
             )
-        time.sleep(poll_s)
-        members = group_members(kafka, list(groups))
+        runtime.sleep(poll_s)
+        members = group_members(kafka, list(groups), api=api, runtime=runtime)
     if said is not None:
         log(f"resume: the old job's consumer groups are empty after {bound.elapsed():.0f} s")
     return first
@@ -108,6 +114,8 @@ def make_quiet(
     log: Callable[[str], None],
     *,
     force: bool = False,
+    api: KafkaApi = REAL_KAFKA,
+    runtime: Runtime = REAL_RUNTIME,
 ) -> Quiet:
     """No member left in `groups` and no transaction of the dead job open on `topics`, within `deadline`.
 
@@ -115,14 +123,14 @@ def make_quiet(
     aborts the transactions of the reassemblers named (`worker_ids`) or listed in their group when it
     began; then waits for any other to end (`wait_for_stable`).
     """
-    quiet = Quiet(open_at_start=open_now(kafka, topics))
+    quiet = Quiet(open_at_start=open_now(kafka, topics, api=api))
     if quiet.open_at_start:
         log(f"resume: transactions open now on {describe(quiet.open_at_start)}")
-    seen = wait_until_gone(kafka, groups, deadline, log, force=force)
+    seen = wait_until_gone(kafka, groups, deadline, log, force=force, api=api, runtime=runtime)
     named = [f"{reassembler_group}.{w}" for w in worker_ids]
     quiet.aborted = sorted({*named, *transactional_ids(seen, reassembler_group)})
-    abort_transactions(kafka, quiet.aborted, log)
-    quiet.waited_s = wait_for_stable(kafka, topics, deadline=deadline, log=log)
+    abort_transactions(kafka, quiet.aborted, log, api=api)
+    quiet.waited_s = wait_for_stable(kafka, topics, deadline=deadline, log=log, api=api, runtime=runtime)
     return quiet
 
 

@@ -20,19 +20,22 @@ Two ways past it, in this order:
   progress line at once and every 10 s naming the partitions still held.
 
 `open_now` tells which partitions a transaction holds when resume begins, so its report (and the
-job-restart drill) can show there was one to abort or wait for.
+job-restart drill) can show there was one to abort or wait for. Every client here comes from the
+`KafkaApi` given and every wait is on the `Runtime` given (the real ones by default).
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import KafkaException, TopicPartition
 
 from streams.config import KafkaConfig
 from streams.consumer import partitions_of
+from streams.kafka_api import REAL_KAFKA, KafkaApi
 from streams.producer import TransactionalProducer
+from streams.runtime import REAL_RUNTIME, Runtime
 from workers.deadline import Deadline
 from workers.trainer.errors import OpenTransaction
 
@@ -42,24 +45,26 @@ DEFAULT_WAIT_S = 960.0
 PROGRESS_EVERY_S = 10.0
 
 
-def abort_transactions(kafka: KafkaConfig, transactional_ids: Sequence[str], log: Callable[[str], None]) -> None:
+def abort_transactions(
+    kafka: KafkaConfig, transactional_ids: Sequence[str], log: Callable[[str], None], *, api: KafkaApi = REAL_KAFKA
+) -> None:
     """Start a producer under each id: its open transaction, if any, is aborted and its producer fenced."""
     for tid in transactional_ids:
-        producer = TransactionalProducer(kafka, tid)
+        producer = TransactionalProducer(kafka, tid, api=api)
         producer.flush(5)
         log(f"resume: {tid}: any transaction it left open is aborted (its producer fenced)")
 
 
-def _offsets(c: Consumer, tps: list[tuple[str, int]]) -> dict[tuple[str, int], int]:
+def _offsets(c: Any, tps: list[tuple[str, int]]) -> dict[tuple[str, int], int]:
     return {(t, p): c.get_watermark_offsets(TopicPartition(t, p), timeout=10, cached=False)[1] for t, p in tps}
 
 
 class Stability:
     """Each partition's end as a read_uncommitted reader sees it, and how far a read_committed one gets."""
 
-    def __init__(self, kafka: KafkaConfig, topics: Sequence[str]):
-        self._uncommitted = Consumer(kafka.consumer("rlstream-resume-ends", read_committed=False))
-        self._committed = Consumer(kafka.consumer("rlstream-resume-stable", read_committed=True))
+    def __init__(self, kafka: KafkaConfig, topics: Sequence[str], *, api: KafkaApi = REAL_KAFKA):
+        self._uncommitted = api.Consumer(kafka.consumer("rlstream-resume-ends", read_committed=False))
+        self._committed = api.Consumer(kafka.consumer("rlstream-resume-stable", read_committed=True))
         self.partitions = [(t, p) for t in topics for p in partitions_of(self._uncommitted, t)]
 
     def ends(self) -> dict[tuple[str, int], int]:
@@ -79,9 +84,11 @@ def describe(held: dict[tuple[str, int], tuple[int, int]], most: int = 4) -> str
     return ", ".join(f"{t}[{p}] (stable to {s} of {e})" for (t, p), (s, e) in sorted(held.items())[:most])
 
 
-def open_now(kafka: KafkaConfig, topics: Sequence[str]) -> dict[tuple[str, int], tuple[int, int]]:
+def open_now(
+    kafka: KafkaConfig, topics: Sequence[str], *, api: KafkaApi = REAL_KAFKA
+) -> dict[tuple[str, int], tuple[int, int]]:
     """The partitions of `topics` an open transaction holds now (stable offset below the end), with (stable, end)."""
-    stability = Stability(kafka, topics)
+    stability = Stability(kafka, topics, api=api)
     try:
         return stability.held(stability.ends())
     finally:
@@ -95,19 +102,21 @@ def wait_for_stable(
     deadline: Deadline,
     log: Callable[[str], None],
     poll_s: float = 0.5,
+    api: KafkaApi = REAL_KAFKA,
+    runtime: Runtime = REAL_RUNTIME,
 ) -> float:
     """Wait until each partition of `topics` is stable up to the end it had now; returns the seconds waited.
 
     Raises OpenTransaction naming the partitions still held once `deadline` has passed.
     """
-    stability = Stability(kafka, topics)
+    stability = Stability(kafka, topics, api=api)
     try:
         ends = stability.ends()
-        t0 = time.monotonic()
+        t0 = runtime.monotonic()
         said = t0 - PROGRESS_EVERY_S  # the first line at once, then one every PROGRESS_EVERY_S
         while True:
             held = stability.held(ends)
-            waited = time.monotonic() - t0
+            waited = runtime.monotonic() - t0
             if not held:
                 if said > t0 - PROGRESS_EVERY_S:
                     log(f"resume: the open transactions ended after {waited:.0f} s")
@@ -118,13 +127,13 @@ def wait_for_stable(
                     f"a transaction stayed open past resume's {deadline.seconds:.0f} s on {names}: pass the dead"
                     " job's reassembler worker ids (--reassembler-worker-id) to abort it, or wait and resume again"
                 )
-            if time.monotonic() - said >= PROGRESS_EVERY_S:
-                said = time.monotonic()
+            if runtime.monotonic() - said >= PROGRESS_EVERY_S:
+                said = runtime.monotonic()
                 log(
                     f"resume: waiting for an open transaction to end on {names},"
                     f" {deadline.elapsed():.0f} s of at most {deadline.seconds:.0f} s"
                 )
-            time.sleep(poll_s)
+            runtime.sleep(poll_s)
     finally:
         stability.close()
 
@@ -136,14 +145,17 @@ def stable_committed(
     *,
     deadline: Deadline,
     log: Callable[[str], None],
-    consumer: Callable[[], Consumer] | None = None,
+    consumer: Callable[[], Any] | None = None,
+    api: KafkaApi = REAL_KAFKA,
+    runtime: Runtime = REAL_RUNTIME,
 ) -> dict[int, tuple[int, str | None]]:
     """partition -> (committed offset, metadata) of `consumer_group` on `topic` (partitions without one left
     out), retried while a transaction's offsets are still pending (the broker answers only stable ones).
 
-    `consumer` makes the consumer of the group that asks (one that never joins it); a plain one by default.
+    `consumer` makes the consumer of the group that asks (one that never joins it); a plain one from `api`
+    by default.
     """
-    c = consumer() if consumer is not None else Consumer(kafka.consumer(consumer_group))
+    c = consumer() if consumer is not None else api.Consumer(kafka.consumer(consumer_group))
     try:
         parts = [TopicPartition(topic, p) for p in partitions_of(c, topic)]
         while True:
@@ -154,6 +166,6 @@ def stable_committed(
                 if exc.args[0].fatal() or deadline.passed():
                     raise
                 log(f"resume: {consumer_group}'s offsets on {topic} are not stable yet ({exc.args[0].str()}); retrying")
-                time.sleep(1.0)
+                runtime.sleep(1.0)
     finally:
         c.close()

@@ -26,12 +26,15 @@ only what a record past the cut still needs means nothing trained before the che
 back. The cost follows what is still needed: the finalized topic from the cut, the state topic from
 its restore points, the receipts from the reassemblers' offsets, the spill's index and the rows put
 back (`bench/resume.py`).
+
+Every Kafka client resume makes (its reads, the admin calls, the producers that abort or commit) comes
+from the `KafkaApi` it is given, and every wait and clock it reads is the `Runtime`'s (the real ones by
+default): the explorer (tests/tools/explore) runs it on its models of Kafka and TQ under a virtual clock.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -40,7 +43,9 @@ from confluent_kafka import TopicPartition
 from schemas.state import CLOSED, FINALIZED
 from streams.config import KafkaConfig
 from streams.consumer import end_offsets, partitions_of
+from streams.kafka_api import REAL_KAFKA, KafkaApi
 from streams.partitioner import partition_of
+from streams.runtime import REAL_RUNTIME, Runtime
 from streams.tq import STAGING, KVStore
 from workers.deadline import Deadline
 from workers.reassembler.config import DEFAULT_CONSUMER_GROUP
@@ -61,7 +66,9 @@ from workers.trainer.spill_read import Spill
 log = logging.getLogger("rlstream.trainer")
 
 
-def _trained_marks(kafka, config: ConsumerConfig, state, deadline, report, say) -> dict[int, PartitionMark]:
+def _trained_marks(
+    clients: KafkaTrainerClients, config: ConsumerConfig, state, deadline, report, say
+) -> dict[int, PartitionMark]:
     """Per finalized partition, the first record not trained and the trained ranges past it."""
     topic = config.finalized_topic
     if state is not None:
@@ -69,12 +76,13 @@ def _trained_marks(kafka, config: ConsumerConfig, state, deadline, report, say) 
     # No checkpoint: the trainer's commits (and the resolved ranges they name) are its place once stable, read
     # by the trainer's own clients (`clients.py`): a consumer of its group that never joins it, and the
     # progress topic.
-    clients = KafkaTrainerClients(kafka)
+    kafka, rt = clients.kafka, clients.runtime
     stable = stable_committed(
         kafka, config.consumer_group, topic, deadline=deadline, log=say,
-        consumer=lambda: clients.consumer(config.consumer_group, {}),
+        consumer=lambda: clients.consumer(config.consumer_group, {}), runtime=rt,
     )  # fmt: skip
-    held = sorted(p for p, (low, high) in end_offsets(kafka, topic).items() if high > low and p not in stable)
+    ends = end_offsets(kafka, topic, api=clients.api)
+    held = sorted(p for p, (low, high) in ends.items() if high > low and p not in stable)
     if held:
         # Not refused: a trainer that never committed (a checkpointing one commits only once a checkpoint
         # is durable) looks the same; the broker's offsets.retention.minutes must outlast an outage.
@@ -84,7 +92,9 @@ def _trained_marks(kafka, config: ConsumerConfig, state, deadline, report, say) 
             " there is taken for untrained)"
         )
     committed = [TopicPartition(topic, p, o, metadata=meta) for p, (o, meta) in sorted(stable.items())]
-    carrier = ProgressCarrier(clients, config.topics.trainer_progress, config.consumer_group, topic, "resume")
+    carrier = ProgressCarrier(
+        clients, config.topics.trainer_progress, config.consumer_group, topic, "resume", rt.monotonic, rt.wall_ms
+    )
     named = carrier.read(committed)
     if named.unreadable:
         part, reason = next(iter(sorted(named.unreadable.items())))
@@ -92,14 +102,17 @@ def _trained_marks(kafka, config: ConsumerConfig, state, deadline, report, say) 
     return {tp.partition: PartitionMark(tp.offset, named.ranges[tp.partition]) for tp in committed}
 
 
-def _receipts_from(kafka, group: str, topic: str, states: StateRead, deadline, report, say) -> dict[int, int]:
+def _receipts_from(clients, group: str, topic: str, states: StateRead, deadline, report, say) -> dict[int, int]:
     """Where the receipts still needed begin: the reassemblers' commits, or where their state says they were.
 
     A partition without a commit whose state has a progress entry had its commit expire (the broker's
     `offsets.retention.minutes` ran out during an outage): it is read from the first receipt of a group
     the state has open there, or past what it emitted, never from the start into memory.
     """
-    committed = {p: o for p, (o, _) in stable_committed(kafka, group, topic, deadline=deadline, log=say).items()}
+    stable = stable_committed(
+        clients.kafka, group, topic, deadline=deadline, log=say, api=clients.api, runtime=clients.runtime
+    )
+    committed = {p: o for p, (o, _) in stable.items()}
     for part in states.progress:
         if part not in committed and (start := states.receipts_start(part)) is not None:
             committed[part] = start
@@ -134,6 +147,8 @@ def resume(
     force: bool = False,
     feed_from_start: bool = False,
     say: Callable[[str], None] | None = None,
+    api: KafkaApi = REAL_KAFKA,
+    runtime: Runtime = REAL_RUNTIME,
 ) -> ResumeReport:
     """Put back the rows the checkpoint's spill kept that groups past it still need; account for every group.
 
@@ -147,14 +162,16 @@ def resume(
     (the caller knows it is the job's own, which never committed). `force`: do not wait for members,
     and `feed_from_start`. Raises SpillError for a checkpoint whose state or spill is unusable,
     OldJobAlive for a group whose members stay, OpenTransaction for a transaction that outlived the
-    wait, FeedBusy for a feed that cannot be settled. `say` gets progress lines.
+    wait, FeedBusy for a feed that cannot be settled. `say` gets progress lines. `api` makes its Kafka
+    clients and `runtime` is its clock and sleeps (a simulator's; the real ones by default).
     """
     say = say or log.info
-    deadline = Deadline(transaction_wait_s)
+    deadline = Deadline(transaction_wait_s, clock=runtime.monotonic)
+    clients = KafkaTrainerClients(kafka, api=api, runtime=runtime)
     state, spill = load_from_checkpoint(checkpoint, resolved=False) if checkpoint is not None else (None, None)
     try:
         return _resume(
-            kafka, store, config, checkpoint, state, spill, reassembler_consumer_group, rollout_consumer_group,
+            clients, store, config, checkpoint, state, spill, reassembler_consumer_group, rollout_consumer_group,
             reassembler_worker_ids, deadline, force, force or feed_from_start, say,
         )  # fmt: skip
     finally:
@@ -163,40 +180,41 @@ def resume(
 
 
 def _resume(
-    kafka, store, config, checkpoint, state, spill: Spill | None, reassemblers, rollouts, worker_ids, deadline,
-    force, from_start, say,
+    clients: KafkaTrainerClients, store, config, checkpoint, state, spill: Spill | None, reassemblers, rollouts,
+    worker_ids, deadline, force, from_start, say,
 ) -> ResumeReport:  # fmt: skip
+    kafka, seams = clients.kafka, {"api": clients.api, "runtime": clients.runtime}
     report = ResumeReport(checkpoint=str(checkpoint) if checkpoint is not None else "none")
     names = config.topics
     groups = [reassemblers, config.consumer_group, *([rollouts] if rollouts is not None else [])]
     topics = [names.finalized, names.state, names.receipts, names.regenerate]
-    quiet = make_quiet(kafka, topics, groups, reassemblers, worker_ids, deadline, say, force=force)
+    quiet = make_quiet(kafka, topics, groups, reassemblers, worker_ids, deadline, say, force=force, **seams)
     report.open_at_start, report.aborted, report.waited_s = quiet.open_at_start, quiet.aborted, quiet.waited_s
-    retention_warnings(kafka, [names.receipts, names.finalized, names.regenerate], say)
-    marks = _trained_marks(kafka, config, state, deadline, report, say)
+    retention_warnings(kafka, [names.receipts, names.finalized, names.regenerate], say, api=clients.api)
+    marks = _trained_marks(clients, config, state, deadline, report, say)
     # A checkpoint written before its resolved groups were kept: read from the start to find them.
     report.read_whole = state is not None and not has_resolved(checkpoint)
     start = {} if report.read_whole else {p: m.offset for p, m in marks.items()}
-    took = _Took(report)
+    took = _Took(report, clients.runtime)
     finalized = read_finalized(
-        kafka, config.finalized_topic, start, report.expired, lambda p, o: _is_trained(marks, p, o)
+        kafka, config.finalized_topic, start, report.expired, lambda p, o: _is_trained(marks, p, o), **seams
     )
     took("finalized")
     report.finalized_read = finalized.records
-    states_read = latest_states(kafka, names.state, _partitions(kafka, names.state))
+    states_read = latest_states(kafka, names.state, _partitions(clients, names.state), **seams)
     states, report.state_read = states_read.groups, states_read.records
     took("state")
-    receipts_from = _receipts_from(kafka, reassemblers, names.receipts, states_read, deadline, report, say)
-    receipts = open_receipts(kafka, names.receipts, receipts_from, report.expired)
+    receipts_from = _receipts_from(clients, reassemblers, names.receipts, states_read, deadline, report, say)
+    receipts = open_receipts(kafka, names.receipts, receipts_from, report.expired, **seams)
     report.receipts_read = sum(len(rs) for rs in receipts.values())
     took("receipts")
     feed_from, pending = {}, {}
     if rollouts is not None:
-        stable = stable_committed(kafka, rollouts, names.regenerate, deadline=deadline, log=say)
+        stable = stable_committed(kafka, rollouts, names.regenerate, deadline=deadline, log=say, **seams)
         feed_from = {p: o for p, (o, _) in stable.items()}
         if not from_start:
-            check_feed_group(kafka, names, rollouts, feed_from)
-        pending = pending_hand_backs(kafka, names, feed_from)
+            check_feed_group(kafka, names, rollouts, feed_from, **seams)
+        pending = pending_hand_backs(kafka, names, feed_from, **seams)
         took("hand-backs")
 
     # Which of the groups seen the checkpoint remembers resolved: one pass over its resolved groups.
@@ -209,7 +227,7 @@ def _resume(
 
     first = finalized.first
     _sort_finalized(report, finalized, remembered, store, spill, config.train_partition)
-    _account_states(report, states, first, remembered, finalized, _partitions(kafka, config.finalized_topic))
+    _account_states(report, states, first, remembered, finalized, _partitions(clients, config.finalized_topic))
     _restore_open(report, store, receipts, states, spill)
     took("restore")
     report.known_groups = (
@@ -220,7 +238,7 @@ def _resume(
         generated = set(states) | set(receipts) | set(first) | remembered
         report.feed = settle_feed(
             kafka, names, rollouts, feed_from, pending, generated.__contains__, ends, deadline=deadline, log=say,
-            force=force,
+            force=force, **seams,
         )  # fmt: skip
         took("feed")
     if report.read_whole:
@@ -240,10 +258,8 @@ def _resolved_before(read, originals: list[tuple[str, int, int]], most: int) -> 
     return resolved[max(0, len(resolved) - max(0, most - len(originals))) :] + list(originals)
 
 
-def _partitions(kafka: KafkaConfig, topic: str) -> list[int]:
-    from confluent_kafka import Consumer
-
-    c = Consumer(kafka.consumer("rlstream-resume-metadata"))
+def _partitions(clients: KafkaTrainerClients, topic: str) -> list[int]:
+    c = clients.consumer("rlstream-resume-metadata", {})
     try:
         return partitions_of(c, topic)
     finally:
@@ -272,11 +288,12 @@ def _sort_finalized(report, read, remembered: set[str], store, spill: Spill | No
 class _Took:
     """Seconds each part of a resume took, for its report."""
 
-    def __init__(self, report: ResumeReport):
-        self._report, self._t = report, time.monotonic()
+    def __init__(self, report: ResumeReport, runtime: Runtime):
+        self._report, self._runtime = report, runtime
+        self._t = runtime.monotonic()
 
     def __call__(self, what: str) -> None:
-        now = time.monotonic()
+        now = self._runtime.monotonic()
         self._report.took[what] = now - self._t
         self._t = now
 

@@ -9,6 +9,8 @@
 Records a topic's retention deleted before anyone read them (the job was down longer than
 `retention.ms`) are counted apart (`Expired`), never waited for: their groups are lost, and resume
 goes on. `retention_warnings` names the topics resume needs that keep records for a limited time.
+Each read's clients come from the `KafkaApi` given and its waits are on the `Runtime` given (the real
+ones by default).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from confluent_kafka.admin import AdminClient, ConfigResource
+from confluent_kafka.admin import ConfigResource
 
 from schemas.errors import SchemaError
 from schemas.finalized import FinalizedGroup
@@ -24,6 +26,8 @@ from schemas.receipt import Receipt
 from schemas.state import OPEN, GroupState, PartitionProgress
 from streams.config import KafkaConfig
 from streams.consumer import end_offsets, read_topic
+from streams.kafka_api import REAL_KAFKA, KafkaApi
+from streams.runtime import REAL_RUNTIME, Runtime
 from workers.reassembler.changelog import read_changelog
 
 
@@ -82,13 +86,20 @@ class FinalizedRead:
 
 
 def read_finalized(
-    kafka: KafkaConfig, topic: str, start: dict[int, int], expired: Expired, is_trained: Callable[[int, int], bool]
+    kafka: KafkaConfig,
+    topic: str,
+    start: dict[int, int],
+    expired: Expired,
+    is_trained: Callable[[int, int], bool],
+    *,
+    api: KafkaApi = REAL_KAFKA,
+    runtime: Runtime = REAL_RUNTIME,
 ) -> FinalizedRead:
     """Read `topic` from `start` (from its log start where retention deleted more), sorting records by
     `is_trained(partition, offset)`: the cut's marks."""
-    lows = {p: low for p, (low, _) in end_offsets(kafka, topic).items()}
+    lows = {p: low for p, (low, _) in end_offsets(kafka, topic, api=api).items()}
     out = FinalizedRead(begin=expired.add(topic, start, lows))
-    for r in read_topic(kafka, topic, start=out.begin):
+    for r in read_topic(kafka, topic, start=out.begin, api=api, runtime=runtime):
         try:
             group = FinalizedGroup.from_bytes(r.value)
         except SchemaError:
@@ -117,11 +128,18 @@ class StateRead:
         return min([progress.emitted_through + 1, *opened])
 
 
-def latest_states(kafka: KafkaConfig, topic: str, partitions: list[int]) -> StateRead:
+def latest_states(
+    kafka: KafkaConfig,
+    topic: str,
+    partitions: list[int],
+    *,
+    api: KafkaApi = REAL_KAFKA,
+    runtime: Runtime = REAL_RUNTIME,
+) -> StateRead:
     """Each state partition read from its restore point."""
     out = StateRead()
     for part in partitions:
-        changelog = read_changelog(kafka, topic, part)
+        changelog = read_changelog(kafka, topic, part, api=api, runtime=runtime)
         out.records += len(changelog.entries)
         for e in changelog.entries:
             if e.entry is None:
@@ -133,12 +151,20 @@ def latest_states(kafka: KafkaConfig, topic: str, partitions: list[int]) -> Stat
     return out
 
 
-def open_receipts(kafka: KafkaConfig, topic: str, start: dict[int, int], expired: Expired) -> dict[str, list[Receipt]]:
+def open_receipts(
+    kafka: KafkaConfig,
+    topic: str,
+    start: dict[int, int],
+    expired: Expired,
+    *,
+    api: KafkaApi = REAL_KAFKA,
+    runtime: Runtime = REAL_RUNTIME,
+) -> dict[str, list[Receipt]]:
     """Receipts from the reassemblers' committed offsets on, by group (offsets never pass an open group)."""
-    lows = {p: low for p, (low, _) in end_offsets(kafka, topic).items()}
+    lows = {p: low for p, (low, _) in end_offsets(kafka, topic, api=api).items()}
     begin = expired.add(topic, start, lows)
     groups: dict[str, list[Receipt]] = {}
-    for r in read_topic(kafka, topic, start=begin):
+    for r in read_topic(kafka, topic, start=begin, api=api, runtime=runtime):
         try:
             receipt = Receipt.from_bytes(r.value)
         except SchemaError:
@@ -147,10 +173,12 @@ def open_receipts(kafka: KafkaConfig, topic: str, start: dict[int, int], expired
     return groups
 
 
-def retention_warnings(kafka: KafkaConfig, topics: list[str], log: Callable[[str], None]) -> None:
+def retention_warnings(
+    kafka: KafkaConfig, topics: list[str], log: Callable[[str], None], *, api: KafkaApi = REAL_KAFKA
+) -> None:
     """A line for each topic resume needs whose records expire (`retention.ms` not -1): a job down longer
     than that loses the records it had not read. Topics created before rlstream set -1 keep the default."""
-    admin = AdminClient(kafka.admin())
+    admin = api.AdminClient(kafka.admin())
     try:
         futures = admin.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, t) for t in topics])
         for resource, fut in futures.items():

@@ -73,10 +73,6 @@ def _explore(a: argparse.Namespace) -> int:
     ran = failed = 0
     virtual = 0.0
     _say(f"explore: seeds {a.first}..{a.first + a.seeds - 1}, mixes {', '.join(mixes)}; failures go to {a.out}/")
-    from tests.tools.explore.components import NO_RESUME_SEAMS, resume_runs_on_models
-
-    if not resume_runs_on_models():
-        _say(f"explore: WARNING: {NO_RESUME_SEAMS}")
     for i in range(a.seeds):
         if a.minutes is not None and time.monotonic() - t0 > a.minutes * 60:
             _say(f"explore: {a.minutes:g} minute(s) up")

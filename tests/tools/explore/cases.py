@@ -41,6 +41,12 @@ class Case:
         extra = random.Random(f"case/{seed}/{mix}/finalized")
         if workload.reassemblers > 1 and workload.partitions > 1 and extra.random() < 0.3:
             case = replace(case, workload=replace(workload, finalized_partitions=1))
+        # A transaction that outlives resume's wait for the old job's members (txnjob only, drawn apart too).
+        if mix == "txnjob" and random.Random(f"case/{seed}/{mix}/txn-timeout").random() < 0.5:
+            case = replace(case, workload=replace(case.workload, transaction_timeout_s=120.0))
+        # Or resume run with --force, reading at once (txnjob only, drawn apart too).
+        if mix == "txnjob" and random.Random(f"case/{seed}/{mix}/force").random() < 0.5:
+            case = replace(case, workload=replace(case.workload, resume_force=True))
         return case
 
     def with_plan(self, plan) -> Case:
@@ -76,7 +82,9 @@ class Case:
         return (
             f"seed {self.seed} ({self.mix}): {w.prompts} prompts {list(w.kinds)}, groups of {w.group_size}, "
             f"{w.partitions} partitions{finalized}, {w.reassemblers} reassemblers"
-            f"{' (static)' if w.static_membership else ''}, "
+            f"{' (static)' if w.static_membership else ''}"
+            f"{f', transactions time out at {w.transaction_timeout_s:g}s' if w.transaction_timeout_s != 10.0 else ''}"
+            f"{', resume --force' if w.resume_force else ''}, "
             f"switch {self.switch}; faults: " + ("; ".join(str(f) for f in self.plan) or "none")
         )
 

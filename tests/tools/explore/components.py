@@ -61,7 +61,7 @@ TRAINER_ID = "trainer"
 LATEST = "LATEST"
 
 
-def reassembler_config(i: int, static: bool) -> ReassemblerConfig:
+def reassembler_config(i: int, static: bool, transaction_timeout_s: float = 10.0) -> ReassemblerConfig:
     """A reassembler's settings, within their bounds, scaled so a run's virtual minutes stay few."""
     return ReassemblerConfig(
         prefix=PREFIX,
@@ -77,7 +77,7 @@ def reassembler_config(i: int, static: bool) -> ReassemblerConfig:
         staging_sweep_interval_s=10.0,
         session_timeout_ms=6000,
         max_poll_interval_ms=30_000,
-        transaction_timeout_ms=10_000,
+        transaction_timeout_ms=int(transaction_timeout_s * 1000),
         static_membership=static,
     )
 
@@ -96,7 +96,7 @@ def reassembler(i: int):
     def body(world: World, proc: Proc, rt: SimRuntime) -> None:
         api = SimKafka(world.cluster, proc.name)
         store = TQStore(tq=world.tq.module(proc.name))
-        config = reassembler_config(i, world.workload.static_membership)
+        config = reassembler_config(i, world.workload.static_membership, world.workload.transaction_timeout_s)
         worker = ReassemblerWorker(KAFKA, store, config, clients=KafkaClients(KAFKA, api=api, runtime=rt), runtime=rt)
         world.note(f"{proc.name} started")
         worker.run(lambda: False)
@@ -271,35 +271,24 @@ def rollout(world: World, proc: Proc, rt: SimRuntime) -> None:
             rt.sleep(0.5)
 
 
-NO_RESUME_SEAMS = (
-    "workers.trainer.resume.resume takes no KafkaApi and Runtime, so it cannot run on the models:"
-    " whole-job kills are left out of every plan"
-)
-
-
-def resume_runs_on_models() -> bool:
-    """Whether `resume` takes the seams a run gives it (its Kafka clients' `api`, its clock's `runtime`).
-    Its rewrite for issue 30 (items 4, 6, 7, 9) reads Kafka through clients of its own and the admin API,
-    which the model has not: until they come from the `KafkaApi` too, no plan kills the whole job."""
-    import inspect
-
-    from workers.trainer.resume import resume
-
-    params = inspect.signature(resume).parameters
-    return "api" in params and "runtime" in params
-
-
 def resume_job(world: World, proc: Proc, rt: SimRuntime) -> None:
     from workers.trainer.resume import resume
 
     store = TQStore(tq=world.tq.module(proc.name))
+    # As the GRPO example runs it: the dead job's reassembler ids named (their transactions aborted, not
+    # waited out) and the rollout workers' feed settled; its progress lines go into the run's events.
     report = resume(
         KAFKA,
         store,
         trainer_config(),
         latest(world.root),
         reassembler_consumer_group=REASSEMBLERS,
-        **world.resume_seams(proc, rt),
+        rollout_consumer_group=ROLLOUT_GROUP,
+        reassembler_worker_ids=[f"w{i}" for i in range(world.workload.reassemblers)],
+        say=world.note,
+        force=world.workload.resume_force,
+        api=SimKafka(world.cluster, proc.name),
+        runtime=rt,
     )
     world.facts.resume_reports.append(report)
     world.facts.resolved_originals = list(report.resolved_originals)

@@ -52,6 +52,13 @@ class Workload:
     # The finalized topic's partitions when not the receipts' (None: as many, as `rlstream topics create`
     # makes them). Fewer, a finalized partition takes records of groups other workers own.
     finalized_partitions: int | None = None
+    # The reassemblers' transaction.timeout.ms, in seconds. Past resume's wait for the killed job's members
+    # to leave (the rollout feed's 45 s session), a transaction the job left open is still open when resume
+    # reads: only its abort (or wait) stands between it and the last stable offset (issue 30 item 6).
+    transaction_timeout_s: float = 10.0
+    # `rlstream resume --force`: an operator who knows the job is dead does not wait for its members to leave,
+    # so resume reads at once, while a transaction the job left open may still hold the topics.
+    resume_force: bool = False
 
     def kind(self, prompt: int) -> str:
         return self.kinds[prompt] if prompt < len(self.kinds) else "ok"
@@ -87,6 +94,8 @@ class Workload:
             "checkpointed": self.checkpointed,
             "train_s": self.train_s,
             "finalized_partitions": self.finalized_partitions,
+            "transaction_timeout_s": self.transaction_timeout_s,
+            "resume_force": self.resume_force,
         }
 
     @staticmethod

@@ -29,7 +29,7 @@ from confluent_kafka import KafkaException
 from tests.tools.explore import components
 from tests.tools.explore.audit import outstanding, violations
 from tests.tools.explore.commits import named_consumed, scaled_limits
-from tests.tools.explore.components import NAMES, NO_RESUME_SEAMS, Model, resume_runs_on_models
+from tests.tools.explore.components import NAMES, Model
 from tests.tools.explore.faults import POINT_KINDS, Fault
 from tests.tools.explore.runtime import SimRuntime
 from tests.tools.explore.sched import START, Actor, Proc, Scheduler, Stuck
@@ -141,9 +141,6 @@ class World:
         self.sched.hooks.append(self._at_point)
         self.sched.deliver_hooks.append(self._at_request)
         for f in plan:
-            if f.kind == "job" and not resume_runs_on_models():
-                self.note(f"fault: {f} not run: {NO_RESUME_SEAMS}")
-                continue
             if f.kind == "down":
                 self.sched.call_at(START + f.at, lambda f=f: self._down(f))
             elif f.kind == "job":
@@ -160,24 +157,6 @@ class World:
 
     def named_consumed(self) -> set[tuple[int, int]]:
         return named_consumed(self)
-
-    def resume_seams(self, proc: Proc, rt: SimRuntime) -> dict[str, Any]:
-        import inspect
-
-        from tests.tools.sim.kafka import SimKafka
-        from workers.trainer.resume import resume
-
-        params = inspect.signature(resume).parameters
-        seams: dict[str, Any] = {}
-        if "api" in params:
-            seams["api"] = SimKafka(self.cluster, proc.name)
-        if "runtime" in params:
-            seams["runtime"] = rt
-        if "reassembler_worker_ids" in params:
-            seams["reassembler_worker_ids"] = [f"w{i}" for i in range(self.workload.reassemblers)]
-        if "rollout_consumer_group" in params:
-            seams["rollout_consumer_group"] = components.ROLLOUT_GROUP
-        return seams
 
     # ----- the run ------------------------------------------------------------------------------------
 

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 import confluent_kafka
+import confluent_kafka.admin
 
 from streams.admin import TopicSpec, create_topics
 from streams.config import KafkaConfig
@@ -49,6 +50,9 @@ class KafkaWorld:
         }
         conf.update(overrides)
         return self.ck.Consumer(self._conf(conf))
+
+    def admin(self) -> Any:
+        return self.ck.AdminClient(self._conf({}))
 
     def name(self, prefix: str) -> str:
         return f"{prefix}-{uuid.uuid4().hex[:8]}"
@@ -89,6 +93,9 @@ class RealKafka(KafkaWorld):
         self.kafka = kafka
         self.ck = confluent_kafka
         self._stop, self._start = stop, start
+
+    def admin(self) -> Any:
+        return confluent_kafka.admin.AdminClient(self._conf({}))
 
     def down(self) -> None:
         if self._stop is None:

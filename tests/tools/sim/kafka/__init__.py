@@ -1,7 +1,7 @@
 """A model of Kafka (one broker, Kafka 4.1) as confluent-kafka 2.16 / librdkafka 2.16 show it to rlstream.
 
 `KafkaCluster(env)` is the broker; `SimKafka(cluster, process="w1")` is confluent-kafka's module as
-one process sees it: `Consumer(conf)`, `Producer(conf)`, and the real `KafkaError`,
+one process sees it: `Consumer(conf)`, `Producer(conf)`, `AdminClient(conf)`, and the real `KafkaError`,
 `KafkaException`, `TopicPartition` and `OFFSET_*`: a `streams.kafka_api.KafkaApi`, so rlstream's
 own wrappers (`TransactionalProducer`, `AckedProducer`, `read_topic`, the changelog read, the
 reassembler's `KafkaClients` and the trainer's `KafkaTrainerClients`, the publisher, the feed, the
@@ -73,6 +73,12 @@ codes and flags are compared, messages are librdkafka-like but not claimed):
   `_WAIT_COORD`. (How long the real client takes to recover after the broker is back varies; not
   claimed.)
 - K19 A record to an unknown topic is reported `_MSG_TIMED_OUT` after message.timeout.ms.
+- K20 Admin (`admin.py`): `describe_consumer_groups` lists a group's members (member id, client id,
+  group.instance.id) while they are members: a consumer closed (dynamic) is gone at once, one whose
+  process was killed stays listed until its session timeout (not compared: the scenario kills no
+  process), a static one closed stays listed; a group the broker does not know is described with no
+  members. `describe_configs` of a topic gives `retention.ms` (the topic's own, else the broker's
+  default) and the configs it was created with.
 
 For an explorer, beyond the claims (its faults, not the broker's behaviour, so not held to the
 broker): every request to the broker (produce, transactional calls, group membership, offset
@@ -97,12 +103,22 @@ from confluent_kafka import (
     TopicPartition,
 )
 
+from tests.tools.sim.kafka.admin import AdminClient
 from tests.tools.sim.kafka.cluster import ClusterConfig, KafkaCluster
 from tests.tools.sim.kafka.consumer import Consumer
 from tests.tools.sim.kafka.messages import GroupMetadata, Message
 from tests.tools.sim.kafka.producer import Producer
 
-__all__ = ["ClusterConfig", "Consumer", "GroupMetadata", "KafkaCluster", "Message", "Producer", "SimKafka"]
+__all__ = [
+    "AdminClient",
+    "ClusterConfig",
+    "Consumer",
+    "GroupMetadata",
+    "KafkaCluster",
+    "Message",
+    "Producer",
+    "SimKafka",
+]
 
 
 class SimKafka:
@@ -125,3 +141,6 @@ class SimKafka:
 
     def Producer(self, conf: dict) -> Producer:  # noqa: N802 - confluent-kafka's name
         return Producer(conf, cluster=self.cluster, process=self.process)
+
+    def AdminClient(self, conf: dict) -> AdminClient:  # noqa: N802 - confluent-kafka's name
+        return AdminClient(conf, cluster=self.cluster, process=self.process)

@@ -50,6 +50,9 @@ class Unstable(Exception):
 class MemberClient(Protocol):
     """The consumer side of a member, which the coordinator tells what happened."""
 
+    client_id: str  # its client.id, as DescribeGroups lists it
+    process: str
+
     def alive(self) -> bool: ...
 
     def rebalance_started(self, generation: int) -> bool:
@@ -134,6 +137,9 @@ class GroupCoordinator:
             if g.state == STABLE:
                 client.synced(member.generation, set(member.owned), set())
             else:
+                # Mid-round: the new client's JoinGroup names no partition owned (it was told of none), so the
+                # round's assignment is what it is given; inheriting the old one's would tell it nothing.
+                member.owned = set()
                 member.rejoined = True
                 self._maybe_complete(g)
             return member

@@ -57,6 +57,15 @@ class Membership:
         self._removed = False
 
     @property
+    def client_id(self) -> str:
+        """The consumer's client.id, as DescribeGroups lists the member."""
+        return self.c.name
+
+    @property
+    def process(self) -> str:
+        return self.c._process
+
+    @property
     def cooperative(self) -> bool:
         return self.strategies[:1] == (COOPERATIVE,)
 

@@ -7,7 +7,7 @@ and let the model's unit tests check it without a broker.
 
 from __future__ import annotations
 
-from tests.tools.sim.scenarios import kafka_broker, kafka_groups, kafka_txn, tq
+from tests.tools.sim.scenarios import kafka_admin, kafka_broker, kafka_groups, kafka_txn, tq
 
 FENCED = ("_FENCED", True, False, False)
 
@@ -169,9 +169,17 @@ def retrieve_keys(seen) -> None:
     assert seen["select"]["size"] == 1 and seen["select"]["tags"] == [{"key": "a1"}]
 
 
+def admin_groups(seen) -> None:
+    assert seen["unknown_group"] == []
+    assert seen["both"] == [("member-a", None), ("member-b", "ib")]
+    assert seen["dynamic_closed"] == [("member-b", "ib")] and seen["static_closed"] == [("member-b", "ib")]
+    assert seen["retention"] == ("604800000", "-1")
+
+
 KAFKA = {
     fn: globals()[fn.__name__]
     for fn in (
+        kafka_admin.admin_groups,
         kafka_txn.offsets_and_visibility,
         kafka_txn.fencing,
         kafka_txn.state_errors,
