@@ -181,6 +181,19 @@ def _wait_for(what: str, done: Callable[[], bool], job: Job, timeout_s: float) -
         time.sleep(0.2)
 
 
+def _held_or_brake(job: Job, pause: Path, args) -> bool:
+    """Whether the reassembler holds its transaction; meanwhile the trainer is stopped two steps short
+    of the last prompt, never sooner. The hold needs a step of the reassembler's after it is armed: with
+    the trainer stopped at once, every group had been finalized already on a quiet machine and no step
+    came; left running, under load it trained every prompt before the hold (kill at step 3 of 8, killed
+    after 8), leaving the restart nothing to do."""
+    if HOLDING in job.output:
+        return True
+    if (job.steps_done() + 2) * args.batch_groups >= args.prompts:
+        pause.touch()
+    return False
+
+
 def _republish_trained(kafka: KafkaConfig, prefix: str, checkpoints: Path) -> str:
     """Publish again the finalized record of the first group the last checkpoint's journal trained; its id."""
     name = (checkpoints / "LATEST").read_text().strip()
@@ -221,12 +234,9 @@ def run_round(
     _wait_for(f"trainer step {kill_step}", lambda: first.steps_done() >= kill_step, first, args.timeout)
     if "duplicate" in faults:  # a checkpoint with trained groups, for a duplicate past its cut
         _wait_for("a checkpoint made the latest", lambda: LATEST_MADE in first.output, first, args.timeout)
-    # The trainer stops at its next step while the drill waits for the hold: under load it had trained
-    # every prompt meanwhile (kill at step 3 of 8, killed after 8), leaving nothing for the restart to do.
-    pause.touch()
     if "held" in faults:
         hold.touch()
-        _wait_for("a reassembler holding its transaction", lambda: HOLDING in first.output, first, 120)
+        _wait_for("a reassembler holding its transaction", lambda: _held_or_brake(first, pause, args), first, 120)
     killed = first.kill_everything()
     say(f"  killed {killed} processes of the job after {first.steps_done()} steps (Ray and TQ with them)")
     hold.unlink(missing_ok=True)
