@@ -142,6 +142,23 @@ def _lag_lines(snap: Snapshot) -> list[str]:
     return lines
 
 
+# Other jobs' TQ partitions listed by name up to this many; past it, one count (a TQ shared by many
+# jobs listed hundreds, a line that wrapped over a third of the screen and pushed the rest off it).
+_OTHER_PARTITIONS_LISTED = 4
+
+
+def _tq_held(rows: Mapping[str, float]) -> str:
+    """rlstream's own partitions first, then the others by name, or counted when there are many."""
+    own = [(k, v) for k, v in sorted(rows.items()) if k.startswith("rlstream.")]
+    others = [(k, v) for k, v in sorted(rows.items()) if not k.startswith("rlstream.")]
+    parts = [", ".join(f"{k} {v:.0f}" for k, v in own)] if own else []
+    if len(others) > _OTHER_PARTITIONS_LISTED:
+        parts.append(f"{len(others)} other partitions: {sum(v for _, v in others):.0f} rows")
+    elif others:
+        parts.append(", ".join(f"{k} {v:.0f}" for k, v in others))
+    return " · ".join(parts) or "no partition"
+
+
 def render(snap: Snapshot, prev: Snapshot | None = None, *, interval_s: float = 1.0) -> list[str]:
     """The screen for `snap`; rates need `prev`, the snapshot shown before."""
     m = snap.metrics
@@ -195,8 +212,7 @@ def render(snap: Snapshot, prev: Snapshot | None = None, *, interval_s: float = 
     if m.tq_rows is None:
         lines.append(f"TQ rows held {NA}: {why} (TQ's exporter: rlstream demo --metrics-port, start_tq_metrics)")
     else:
-        held = ", ".join(f"{k} {v:.0f}" for k, v in sorted(m.tq_rows.items()))
-        lines.append(f"TQ rows held {held or 'no partition'}")
+        lines.append(f"TQ rows held {_tq_held(m.tq_rows)}")
     lines.append(
         f"reassemblers open groups {_num(m.open_groups)}, paused {_num(m.paused)}, aborts {_num(m.aborts)}, "
         f"fences {_num(m.fences)}; pool restarts {_num(m.pool_restarts)}, fenced exits {_num(m.pool_fenced_exits)}"

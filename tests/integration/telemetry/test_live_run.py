@@ -274,7 +274,10 @@ def test_top_shows_the_live_run_then_its_endpoints_down_and_quits_on_ctrl_c(live
             screen = term.screen()
             return screen if _shows_the_run(screen, live_run) else None
 
-        screen = _wait_for("the live run on rlstream top's screen", 120, shown)
+        try:
+            screen = _wait_for("the live run on rlstream top's screen", 120, shown)
+        except TimeoutError as exc:
+            raise AssertionError(f"{exc}; its screen:\n{term.screen()}") from None
         assert live_run.demo.poll() is None, "the demo was still running: a live view, not a leftover"
         (tmp_path / "screen.txt").write_text(screen)
         # The demo ends by itself: its trainer's and its actor's endpoints go, top shows them down and goes on.

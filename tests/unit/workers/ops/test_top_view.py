@@ -1,6 +1,7 @@
 """`rlstream top`'s screen rendered from given figures: rates between two snapshots, lag rows, the staleness
 histogram, losses, TQ, endpoints; and figures that could not be read shown as such."""
 
+import dataclasses
 import math
 
 from workers.ops.scrape import Figures, Scrape
@@ -136,3 +137,20 @@ def test_the_screen_figures_come_from_the_exported_metric_names():
     assert m.staleness == {0.0: 3, math.inf: 5}
     assert m.trainer_version == 4 and m.pool_fenced_exits == 1 and m.tq_rows == {"rlstream.train": 8}
     assert m.evicted is None and m.receipts_consumed is None
+
+
+def test_tq_rows_of_many_other_partitions_are_one_summary_not_a_line_that_fills_the_screen():
+    # A TQ shared by other jobs (here: the test suite's) had hundreds of partitions: the line wrapped
+    # over 20 lines of a 60-line terminal and pushed the endpoints off the screen.
+    others = {f"sim.{i:04d}.P0": float(i % 3) for i in range(300)}
+    snap = _snapshot(NOW, receipts_end=1200, consumed=1100, finalized=125, trained=110)
+    snap = dataclasses.replace(
+        snap, metrics=dataclasses.replace(snap.metrics, tq_rows={"rlstream.train": 96, "rlstream.staging": 4, **others})
+    )
+    held = _line(render(snap), "TQ rows held")
+    total = sum(others.values())
+    assert held == f"TQ rows held rlstream.staging 4, rlstream.train 96 · 300 other partitions: {total:.0f} rows"
+    few = dataclasses.replace(
+        snap, metrics=dataclasses.replace(snap.metrics, tq_rows={"rlstream.train": 1, "verl.ab12": 5, "verl.cd34": 0})
+    )
+    assert _line(render(few), "TQ rows held") == "TQ rows held rlstream.train 1 · verl.ab12 5, verl.cd34 0"
