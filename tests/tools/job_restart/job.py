@@ -24,7 +24,7 @@ from tests.tools.faults import HoldWhenArmed
 from workers.examples.grpo.run import GrpoConfig, run_grpo
 from workers.reassembler.faults import NO_FAULTS
 
-# What the job prints when its trainer pauses for good: the drill waits for it.
+# What the job prints when its trainer pauses for good: in its log, for whoever reads a round afterwards.
 PAUSED = "trainer paused until the job is killed"
 
 
