@@ -121,6 +121,7 @@ class Mix:
     roles: tuple[str, ...] | None = None
     points: tuple[str, ...] | None = None
     job_after: bool = False  # and the whole job killed soon after the first fault (while it still holds)
+    job_after_s: tuple[float, float] = (0.2, 3.0)  # how long after it, drawn uniformly
 
 
 # Where a clear has looked its keys up and not yet deleted: a process frozen there past its session
@@ -135,6 +136,10 @@ _IN_TXN = (
     "kafka.producer.commit_transaction.begin",
 )
 
+# Where a rollout's put has written its rows and not yet tagged them (TQ registers a put's keys, writes
+# their fields, then sets their tags): a checkpoint that spills staging then lists rows no receipt owns yet.
+_MID_PUT = ("tq.controller.set_custom_meta.send",)
+
 MIXES: dict[str, Mix] = {
     "crash": Mix(("crash",)),
     "freeze": Mix(("freeze", "slow")),
@@ -143,6 +148,15 @@ MIXES: dict[str, Mix] = {
     "trainer": Mix(("crash", "error", "freeze", "hold"), roles=("trainer",)),
     "zombie": Mix(("freeze",), roles=("reassembler",), points=_CLEARING),
     "txnjob": Mix(("freeze", "slow"), roles=("reassembler",), points=_IN_TXN, job_after=True),
+    # A rollout stopped mid-put while the trainer checkpoints, its group then held in a reassembler's open
+    # step, and the job killed: resume puts back what that checkpoint spilled of the group's staging.
+    "stagejob": Mix(
+        ("freeze",),
+        roles=("rollout", "reassembler"),
+        points=_MID_PUT + _IN_TXN,
+        job_after=True,
+        job_after_s=(2.0, 45.0),
+    ),
     "all": Mix(KINDS),
 }
 
@@ -212,7 +226,10 @@ def draw_plan(rng: random.Random, roles: list[str], mix: str, *, horizon_s: floa
             seconds = rng.choice((0.0, 0.0, round(rng.uniform(1, 20), 1)))
             plan.append(Fault("error", role, at, rng.choice(choices), seconds))
             continue
-        point = rng.choice([p for p in points_of(role) if m.points is None or p in m.points])
+        # A mix naming its points may name one past a role's usual ones (a rollout's put mid-way): drawn
+        # only there, so the other mixes' seeds draw the plans they always did.
+        usual = points_of(role)
+        point = rng.choice(usual if m.points is None else [p for p in (*usual, *_MID_PUT) if p in m.points])
         seconds = 0.0
         if kind == "freeze":
             # Short, or past the session timeout (6 s); in a mix of chosen points (a zombie's) always past it.
@@ -222,5 +239,5 @@ def draw_plan(rng: random.Random, roles: list[str], mix: str, *, horizon_s: floa
             seconds = round(rng.uniform(0.5, 15), 1)
         plan.append(Fault(kind, role, at, point, seconds))
     if m.job_after and plan:
-        plan.append(Fault("job", at=round(plan[0].at + rng.uniform(0.2, 3.0), 1)))
+        plan.append(Fault("job", at=round(plan[0].at + rng.uniform(*m.job_after_s), 1)))
     return sorted(plan, key=lambda f: f.at)
