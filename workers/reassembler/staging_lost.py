@@ -1,8 +1,10 @@
-"""Whether a group with no valid row lost its staging with TQ (handed back) or was refused (dead-lettered).
+"""Whether a group with no valid row was lost on the way (handed back) or was refused (dead-lettered).
 
 After a whole-job restart TQ comes back empty while Kafka keeps the receipts: a group whose rows went
-with TQ can only be trained by generating its prompt again. A group whose keys exist under another
-group is hostile input, and a group of failed rollouts alone is no loss: both are dead-lettered.
+with TQ can only be trained by generating its prompt again. So can a group that timed out before the
+receipts of its usable rollouts came (a rollout worker stalled mid-group). A group whose keys exist
+under another group is hostile input, and a group of failed rollouts alone is no loss: both are
+dead-lettered.
 """
 
 from __future__ import annotations
@@ -13,9 +15,11 @@ from schemas.group_build import GroupBuild
 from workers.reassembler.groups import OpenGroup
 
 MISSING_STAGING_ROW = "missing_staging_row"  # schemas.linearize's rejection of a receipt whose row is gone
+MISSING_RECEIPT = "missing_receipt"  # a rollout the group closed without (at its timeout)
+ROLLOUT_FAILED = "rollout_failed"
 
 # A group with no valid row whose rows were lost with TQ (every other reason is the group's own): handed back.
-_LOST_WITH_TQ = {MISSING_STAGING_ROW, "rollout_failed", "missing_receipt"}
+_LOST_WITH_TQ = {MISSING_STAGING_ROW, ROLLOUT_FAILED, MISSING_RECEIPT}
 
 
 def staging_lost(group: OpenGroup, build: GroupBuild, present: Collection[str], mine: Collection[str]) -> bool:
@@ -40,3 +44,14 @@ def staging_lost(group: OpenGroup, build: GroupBuild, present: Collection[str], 
         if any(k in present and k not in mine for k in keys) or (keys and all(k in present for k in keys)):
             return False
     return True
+
+
+def receipts_missing(build: GroupBuild) -> bool:
+    """Whether the group closed at its timeout with no valid row only because receipts never came: every
+    rollout it did read failed, and at least one never reported. The missing ones may still be on their
+    way (a stalled rollout worker, found by the explorer); they will be late receipts, dead-lettered as
+    such. Nothing the group's input did earns a dead letter, and only a new generation can train it.
+    A decode error is counted here too: garbage bytes name no rollout, so the group sees it as missing.
+    """
+    reasons = set(build.rejection_reasons)
+    return MISSING_RECEIPT in reasons and reasons <= {MISSING_RECEIPT, ROLLOUT_FAILED}
