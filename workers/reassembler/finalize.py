@@ -182,9 +182,10 @@ def _build_or_letter(
     """The group's rows, or its dead-letter outcome when it has no valid row or its build fails.
 
     `present`: the staging keys that exist in TQ (under any owner). A group none of whose valid rows is
-    left because its staging was lost (a whole-job restart emptied TQ; `staging_lost.py`) is handed back,
-    failed siblings or not. A group whose keys exist but belong to another group is hostile input and
-    is dead-lettered like any other group without a valid row.
+    left because its staging was lost (a whole-job restart emptied TQ, or another worker's stale clear
+    destroyed its rows under their keys; `staging_lost.py`) is handed back, failed siblings or not. A
+    group whose keys exist but belong to another group is hostile input and is dead-lettered like any
+    other group without a valid row.
     """
     t1 = time.perf_counter()
     # Only the group's own rows are cleared after the commit: a foreign key stays with its owner.
@@ -202,9 +203,9 @@ def _build_or_letter(
         reasons = sorted({r for r in build.rejection_reasons if r})
         # Generating the prompt again is the only way to train a group lost on the way.
         if regeneration_of(group.group_id)[1] < MAX_REGENERATIONS:
-            if staging_lost(group, build, present, mine.keys):
+            if staging_lost(group, build, present, mine.keys, fetched.unread):
                 message = (
-                    f"group {group.group_id}: none of its staged rows are in TQ ({', '.join(reasons)});"
+                    f"group {group.group_id}: none of its staged rows can be read from TQ ({', '.join(reasons)});"
                     " handed back for regeneration"
                 )
                 return GroupOutcome(group, None, None, message, staging, handed_back=True)

@@ -34,8 +34,10 @@ def fetch_gym_rows(
     *,
     extras: bool = False,
     attachments: bool = True,
+    unread: set[str] | None = None,
 ) -> GymRows:
     """The staged calls under `keys` whose `tags` (as looked up) were found; one get per field set.
+    Keys the store then reported missing are left out and added to `unread` (when given).
 
     Only what is asked for is read: the token columns always, the attachments (the media a row is
     built with) unless `attachments` is False, the extras (which no row field comes from) only with
@@ -54,7 +56,7 @@ def fetch_gym_rows(
             continue
         by_fields.setdefault(gym_fields(tag, **read), []).append(key)
     for fields, same in by_fields.items():
-        out.update(_read(store, staging_partition, same, fields, tags, read))
+        out.update(_read(store, staging_partition, same, fields, tags, read, unread))
     return out
 
 
@@ -65,18 +67,19 @@ def _read(
     fields: tuple[str, ...],
     tags: Mapping[str, Mapping[str, Any] | None],
     read: Mapping[str, bool],
+    unread: set[str] | None,
     *,
     whole: bool = True,
 ) -> GymRows:
     try:
-        keys, td = get_present(store, partition, keys, fields)
+        keys, td = get_present(store, partition, keys, fields, unread)
     except ValueError as exc:
         # Rows the store cannot give as their tags describe them: input, not a fault.
         if not whole:
             return {keys[0]: f"its fields cannot be read ({exc})"}
         out: GymRows = {}
         for key in keys:
-            out.update(_read(store, partition, [key], fields, tags, read, whole=False))
+            out.update(_read(store, partition, [key], fields, tags, read, unread, whole=False))
         return out
     if not keys:
         return {}

@@ -27,8 +27,11 @@ def fetch_segments(
     *,
     routed_experts: bool = False,
     tags: Mapping[str, Mapping[str, Any]] | None = None,
+    unread: set[str] | None = None,
 ) -> Segments:
-    """Batched gets of the staged call deltas; absent keys are simply missing from the result.
+    """Batched gets of the staged call deltas; absent keys are simply missing from the result, and
+    added to `unread` (when given) if the store reported them missing, as opposed to rows it gave
+    that are not rlstream's (left out too, but the group's input, not a loss: `staging_lost.py`).
 
     With `routed_experts`, rows whose staging tags say they carry them (`routed_experts_k`) are
     fetched with the field and the others without it, in one get per kind: TQ drops a field that
@@ -37,28 +40,38 @@ def fetch_segments(
     """
     keys = list(dict.fromkeys(keys))
     if not routed_experts:
-        return _fetch(store, staging_partition, keys, SEGMENT_FIELDS)
+        return _fetch(store, staging_partition, keys, SEGMENT_FIELDS, unread)
     tags = tags or {}
     with_experts = [k for k in keys if ROUTED_EXPERTS_K_TAG in tags.get(k, {})]
     plain = [k for k in keys if ROUTED_EXPERTS_K_TAG not in tags.get(k, {})]
-    out = _fetch(store, staging_partition, with_experts, (*SEGMENT_FIELDS, ROUTED_EXPERTS))
-    out.update(_fetch(store, staging_partition, plain, SEGMENT_FIELDS))
+    out = _fetch(store, staging_partition, with_experts, (*SEGMENT_FIELDS, ROUTED_EXPERTS), unread)
+    out.update(_fetch(store, staging_partition, plain, SEGMENT_FIELDS, unread))
     return out
 
 
 def _fetch(
-    store: KVStore, staging_partition: str, keys: list[str], select: Sequence[str], *, whole: bool = True
+    store: KVStore,
+    staging_partition: str,
+    keys: list[str],
+    select: Sequence[str],
+    unread: set[str] | None,
+    *,
+    whole: bool = True,
 ) -> Segments:
     if not keys:
         return {}
     try:
-        keys, td = get_present(store, staging_partition, keys, select)
+        keys, td = get_present(store, staging_partition, keys, select, unread)
     except ValueError:
         # A row the store cannot give as asked (a selected field it lacks, a layout it cannot
         # read): input, not a fault. Row by row, the rows that fail become missing staging rows.
         if not whole:
             return {}
-        return {k: v for key in keys for k, v in _fetch(store, staging_partition, [key], select, whole=False).items()}
+        return {
+            k: v
+            for key in keys
+            for k, v in _fetch(store, staging_partition, [key], select, unread, whole=False).items()
+        }
     if not keys:
         return {}
     columns = {name: tensor_rows(value) for name in select if (value := td.get(name, None)) is not None}
@@ -76,8 +89,11 @@ def _fetch(
     return out
 
 
-def get_present(store: KVStore, partition: str, keys: list[str], select: Sequence[str]) -> tuple[list[str], Any]:
-    """The keys still present and their rows in one get (None when none is left).
+def get_present(
+    store: KVStore, partition: str, keys: list[str], select: Sequence[str], unread: set[str] | None = None
+) -> tuple[list[str], Any]:
+    """The keys still present and their rows in one get (None when none is left); the keys the store
+    reported missing are added to `unread` (when given).
 
     A key can vanish between tries (its owner cleared it after a rebalance): read again without the
     absent ones (they become placeholder rows). Should keys keep vanishing, or the rows move under
@@ -92,6 +108,8 @@ def get_present(store: KVStore, partition: str, keys: list[str], select: Sequenc
             raise StagingUnstable(f"staged rows could not be read as theirs now ({exc})") from exc
         except MissingKeysError as exc:
             missing = set(exc.missing)
+            if unread is not None:
+                unread |= missing & set(keys)
             keys = [k for k in keys if k not in missing]
             if not keys:
                 return [], None

@@ -90,6 +90,9 @@ class Fetched:
 
     segments: Segments
     gym_rows: Segments
+    # Keys found by the lookup whose rows the store then reported missing: gone or foreign under their
+    # own key (someone else's clear by an index that changed hands: DESIGN "Zombies"), or cleared since.
+    unread: frozenset[str] = frozenset()
 
     def of(self, owned: Owned) -> tuple[Segments, Segments]:
         """What one group may build from: the rows of its own keys, each as its claim's kind."""
@@ -129,6 +132,7 @@ def read_claims(
     lookup = list(dict.fromkeys(c.staging_key for c in claims))
     rl_keys = set().union(*(o.rlstream for o in owned.values()))
     gym_keys = set().union(*(o.gym for o in owned.values()))
+    unread: set[str] = set()
     fetched = Fetched(
         fetch_segments(
             store,
@@ -136,7 +140,9 @@ def read_claims(
             [k for k in lookup if k in rl_keys],
             routed_experts=config.router_replay_enabled,
             tags=tags,
+            unread=unread,
         ),
-        fetch_gym_rows(store, config.staging_partition, [k for k in lookup if k in gym_keys], tags),
+        fetch_gym_rows(store, config.staging_partition, [k for k in lookup if k in gym_keys], tags, unread=unread),
+        frozenset(unread),
     )
     return Staged(owned, tags, fetched, (time.perf_counter() - t0) * 1000.0)
