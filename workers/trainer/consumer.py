@@ -342,10 +342,11 @@ class ExperienceConsumer(FinalizedIntake):
             self._durable_cut = st.cut
         marks, naming = [], []
         for part, mark in st.partitions.items():
-            if part in self._starts:
-                # Still waiting for its commit: it starts at the lower of the mark and the commit, so rows
-                # a predecessor left of records before the mark are cleared when they are read again.
-                # Committed now, the mark would be that start and those records never read again.
+            if part in self._starts or part in self._restored:
+                # Still waiting for its commit, or a restored partition not assigned yet: it starts at the
+                # lower of the mark and the commit, so rows a predecessor left of records before the mark
+                # are cleared when they are read again. Committed now, the mark would be that start and
+                # those records never read again (seed 1169: the broker went down as the trainer joined).
                 continue
             marks.append((part, mark.offset, list(mark.trained)))
             committed = self._pending.committed_offset(part)

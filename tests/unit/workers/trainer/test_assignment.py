@@ -195,7 +195,7 @@ def test_partitions_waiting_for_their_commits_and_each_failed_read_reach_the_sen
 
 
 def test_a_durable_checkpoint_while_a_restored_partition_waits_for_its_commit_leaves_its_rows_to_be_cleared():
-    """Found by the explorer (tests/tools/explore/found/, seeds 832 and 1169): a restored trainer whose commit
+    """Found by the explorer (seed 832, tests/explore_seeds/): a restored trainer whose commit
     fetch fails declares an idle checkpoint durable meanwhile. It committed the waiting partition's restored
     mark, so its start became the mark, the records trained before it were never read again and their rows,
     left by a predecessor killed before its own `checkpoint_durable`, stayed in TQ for good."""
@@ -207,6 +207,22 @@ def test_a_durable_checkpoint_while_a_restored_partition_waits_for_its_commit_le
     assert _drain(pipe, second, rounds=3) == []  # assigned, waiting for its commit
     second.checkpoint_durable(second.state_dict())  # an idle checkpoint, declared durable meanwhile
     pipe.broker.faults.committed = 0  # the coordinator is back
+    assert _drain(pipe, second) == ["g3"] and _handed_back(pipe) == []
+    second.checkpoint_durable(second.state_dict())
+    assert not pipe.present([group(f"g{i}") for i in range(4)])
+    assert second.counts.reread == 3
+
+
+def test_a_durable_checkpoint_before_a_restored_partition_is_assigned_leaves_its_rows_to_be_cleared():
+    """Found by the explorer (seed 1169): the restored trainer had not been assigned its partition yet (the
+    broker went down as it joined) when an idle checkpoint was declared durable. The restored mark was
+    committed, the partition then started at it, and the rows of the records trained before it, left by a
+    predecessor killed in its commit, stayed in TQ for good."""
+    pipe = Pipeline()
+    s1 = _trained_three_of_four_then_killed(pipe)
+    second = pipe.consumer(checkpointed=True)
+    second.load_state_dict(s1)
+    second.checkpoint_durable(second.state_dict())  # before the first poll: nothing assigned yet
     assert _drain(pipe, second) == ["g3"] and _handed_back(pipe) == []
     second.checkpoint_durable(second.state_dict())
     assert not pipe.present([group(f"g{i}") for i in range(4)])
