@@ -16,9 +16,7 @@ from schemas.validate import at_least, non_empty
 # Why a group was handed back.
 STAGING_LOST = "staging_lost"  # the reassembler found none of its staging rows in TQ
 TRAIN_ROWS_LOST = "train_rows_lost"  # the trainer found a finalized record whose train rows are gone
-# The group timed out with no valid row because receipts never came: its rollouts that did report failed.
-GROUP_INCOMPLETE = "group_incomplete"
-REGENERATE_REASONS = frozenset({STAGING_LOST, TRAIN_ROWS_LOST, GROUP_INCOMPLETE})
+REGENERATE_REASONS = frozenset({STAGING_LOST, TRAIN_ROWS_LOST})
 
 # A group regenerated this many times whose staging is gone again is dead-lettered, not handed back:
 # a publisher whose receipts name rows it never staged must not loop through regeneration forever.

@@ -15,14 +15,14 @@ from schemas.deadletter import ALL_ROLLOUTS_FAILED, INCONSISTENT_GROUP
 from schemas.finalized import FinalizedGroup, SourceRange
 from schemas.group_build import GroupBuild, build_group
 from schemas.jagged import concat_batches
-from schemas.regenerate import GROUP_INCOMPLETE, MAX_REGENERATIONS, STAGING_LOST, regeneration_of
+from schemas.regenerate import MAX_REGENERATIONS, regeneration_of
 from schemas.request import RolloutReassemblerActorConfig
 from streams.tq import KVStore
 from workers.reassembler.abandoned import ATTEMPT_TAG, attempt_of, clear_abandoned_rows
 from workers.reassembler.errors import LeaseRefused
 from workers.reassembler.groups import OpenGroup
 from workers.reassembler.staged_fetch import Segments
-from workers.reassembler.staging_lost import receipts_missing, staging_lost
+from workers.reassembler.staging_lost import staging_lost
 from workers.reassembler.staging_read import Fetched, Owned, Staged, read_staged
 from workers.runtime import REAL_RUNTIME, Runtime
 
@@ -36,11 +36,9 @@ class GroupOutcome:
     dead_letter_kind: str | None
     dead_letter_message: str | None
     staging_keys: tuple[str, ...]
-    # Set when the group was lost on the way (`staging_lost.py`): none of its staged rows exist any more
-    # (TQ lost with the job), or it timed out before its usable rollouts reported. It is handed back for
-    # regeneration instead of dead-lettered; the caller makes the `Regenerate`, for `hand_back_reason`.
+    # Set when none of the group's staged rows exist any more (TQ lost with the job): the group is
+    # handed back for regeneration instead of dead-lettered; the caller makes the `Regenerate`.
     handed_back: bool = False
-    hand_back_reason: str = STAGING_LOST
 
 
 def _source(group: OpenGroup, topic: str) -> SourceRange | None:
@@ -201,22 +199,14 @@ def _build_or_letter(
         return GroupOutcome(group, None, INCONSISTENT_GROUP, message, staging)
     if build.valid_row_count == 0:
         reasons = sorted({r for r in build.rejection_reasons if r})
-        # Generating the prompt again is the only way to train a group lost on the way.
-        if regeneration_of(group.group_id)[1] < MAX_REGENERATIONS:
-            if staging_lost(group, build, present, mine.keys, fetched.unread):
-                message = (
-                    f"group {group.group_id}: none of its staged rows can be read from TQ ({', '.join(reasons)});"
-                    " handed back for regeneration"
-                )
-                return GroupOutcome(group, None, None, message, staging, handed_back=True)
-            if receipts_missing(build):
-                message = (
-                    f"group {group.group_id}: timed out before its usable rollouts reported ({', '.join(reasons)});"
-                    " handed back for regeneration"
-                )
-                return GroupOutcome(
-                    group, None, None, message, staging, handed_back=True, hand_back_reason=GROUP_INCOMPLETE
-                )
+        lost = staging_lost(group, build, present, mine.keys, fetched.unread)
+        if lost and regeneration_of(group.group_id)[1] < MAX_REGENERATIONS:
+            # Generating the prompt again is the only way to train it.
+            message = (
+                f"group {group.group_id}: none of its staged rows can be read from TQ ({', '.join(reasons)});"
+                " handed back for regeneration"
+            )
+            return GroupOutcome(group, None, None, message, staging, handed_back=True)
         kind = ALL_ROLLOUTS_FAILED if reasons == ["rollout_failed"] else INCONSISTENT_GROUP
         return GroupOutcome(group, None, kind, f"group {group.group_id}: no valid row ({', '.join(reasons)})", staging)
     return group, build, staging, (time.perf_counter() - t1) * 1000.0

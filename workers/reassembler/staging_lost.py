@@ -6,8 +6,7 @@ its own key: TQ still maps the key, with the group's own tags, but the row reads
 another worker's clear by index (frozen past its checks, DESIGN "Zombies") or a late put landed on the
 index the row took meanwhile. A group whose keys exist under another group is hostile input, a group
 whose own rows were read but are not rows it can use is its publisher's fault, and a group of failed
-rollouts alone is no loss: all three are dead-lettered. A group that timed out before the receipts of
-its usable rollouts came (a rollout worker stalled mid-group) is handed back too: `receipts_missing`.
+rollouts alone is no loss: all three are dead-lettered.
 """
 
 from __future__ import annotations
@@ -60,14 +59,3 @@ def staging_lost(
         if keys and all(k in present and k not in unread for k in keys):
             return False
     return True
-
-
-def receipts_missing(build: GroupBuild) -> bool:
-    """Whether the group closed at its timeout with no valid row only because receipts never came: every
-    rollout it did read failed, and at least one never reported. The missing ones may still be on their
-    way (a stalled rollout worker, found by the explorer); they will be late receipts, dead-lettered as
-    such. Nothing the group's input did earns a dead letter, and only a new generation can train it.
-    A decode error is counted here too: garbage bytes name no rollout, so the group sees it as missing.
-    """
-    reasons = set(build.rejection_reasons)
-    return MISSING_RECEIPT in reasons and reasons <= {MISSING_RECEIPT, ROLLOUT_FAILED}

@@ -17,7 +17,7 @@ import msgspec
 from schemas import deadletter as dl
 from schemas.deadletter import DeadLetter, bounded_key, bounded_message, bounded_original
 from schemas.receipt import Receipt
-from schemas.regenerate import Regenerate, regenerated_group_id
+from schemas.regenerate import STAGING_LOST, Regenerate, regenerated_group_id
 from schemas.staged_rows import owned_by
 from schemas.state import CLOSED, DEAD_LETTERED, FINALIZED, HANDED_BACK, OPEN, GroupState, PartitionProgress
 from streams.consumer import Record
@@ -242,7 +242,7 @@ class PartitionTask:
             if o.finalized is not None:
                 finalized.append(o.finalized)
             if o.handed_back:
-                handed.append(self._hand_back(o.group, entry, now_ms, o.hand_back_reason))
+                handed.append(self._hand_back(o.group, entry, now_ms))
         # Also when only closings moved it: a group read by one step (the pipelined step's overlapped poll)
         # and closed by the next, with no receipt between, must take the offset past it.
         moved = self._dirty or bool(outcomes)
@@ -283,7 +283,7 @@ class PartitionTask:
             refused_staging=refused_staging,
         )
 
-    def _hand_back(self, g: OpenGroup, entry: GroupState, now_ms: int, reason: str) -> Regenerate:
+    def _hand_back(self, g: OpenGroup, entry: GroupState, now_ms: int) -> Regenerate:
         versions = [c.weight_version for r in g.receipts.values() for c in r.manifest]
         return Regenerate(
             prompt_idx=g.prompt_idx,
@@ -291,7 +291,7 @@ class PartitionTask:
             new_group_id=regenerated_group_id(g.group_id),
             group_size=g.group_size,
             weight_version=max(versions, default=0),
-            reason=reason,
+            reason=STAGING_LOST,
             source=f"{self.config.receipts_topic}[{entry.partition}]@{entry.first_offset}-{entry.last_offset}",
             worker_id=self.config.worker_id,
             time_ms=now_ms,

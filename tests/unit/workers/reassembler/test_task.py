@@ -6,7 +6,7 @@ import msgspec
 import pytest
 
 from schemas import deadletter as dl
-from schemas.regenerate import GROUP_INCOMPLETE, MAX_REGENERATIONS, STAGING_LOST
+from schemas.regenerate import MAX_REGENERATIONS, STAGING_LOST
 from schemas.state import CLOSED, DEAD_LETTERED, FINALIZED, HANDED_BACK, OPEN, GroupState, PartitionProgress
 from streams.tq import STAGING, TRAIN
 from tests.unit.memory_store import InMemoryStore
@@ -548,37 +548,6 @@ def test_a_timed_out_group_whose_received_rollouts_lost_their_rows_is_handed_bac
     task.intake(record(10, first.to_bytes()), 5_000)
     commit = step(task, store, now_ms=5_000 + TIMEOUT_MS + 1)
     assert [r.group_id for r in commit.regenerate] == ["g"] and commit.dead_letters == ()
-
-
-def test_a_timed_out_group_whose_only_usable_rollout_never_sent_its_receipt_is_handed_back():
-    # Found by the explorer (seed 91, stagejob): a rollout worker stalled past the group timeout between
-    # a group's two receipts. The failed rollout's receipt came, the good one's did not: no valid row, and
-    # nothing the input did earns a dead letter. Generated again, the prompt can still be trained.
-    store = InMemoryStore()
-    task = make_task(store)
-    ok, failed = _with_failed_sibling(store, "g")
-    task.intake(record(10, failed.to_bytes()), 5_000)
-    commit = step(task, store, now_ms=5_000 + TIMEOUT_MS + 1)
-    assert commit.dead_letters == () and commit.finalized == ()
-    (regen,) = commit.regenerate
-    assert (regen.group_id, regen.new_group_id, regen.reason) == ("g", "g~r1", GROUP_INCOMPLETE)
-    assert commit.state[-1].outcome == HANDED_BACK
-    # Its receipt, when it comes, is late: dead-lettered as such, and its staged rows cleared.
-    task.intake(record(11, ok.to_bytes()), 5_000 + TIMEOUT_MS + 2)
-    late = step(task, store, now_ms=5_000 + TIMEOUT_MS + 3)
-    assert [d.error_kind for d in late.dead_letters] == [dl.LATE_RECEIPT] and late.regenerate == ()
-
-
-def test_a_timed_out_group_of_failed_rollouts_and_missing_receipts_is_dead_lettered_past_its_regenerations():
-    # The hand-back is bounded like a lost staging's: a prompt whose regenerations keep timing out stops.
-    store = InMemoryStore()
-    task = make_task(store)
-    gid = f"g~r{MAX_REGENERATIONS}"
-    _, failed = _with_failed_sibling(store, gid)
-    task.intake(record(10, failed.to_bytes()), 5_000)
-    commit = step(task, store, now_ms=5_000 + TIMEOUT_MS + 1)
-    assert commit.regenerate == ()
-    assert [d.error_kind for d in commit.dead_letters] == [dl.INCONSISTENT_GROUP]
 
 
 def test_a_group_every_rollout_of_which_failed_is_still_dead_lettered_not_handed_back():
