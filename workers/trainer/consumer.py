@@ -317,6 +317,8 @@ class ExperienceConsumer(FinalizedIntake):
         # Partitions of a restored state not assigned yet, or assigned and waiting for their commits
         # (`starts.py`), keep their marks: cut without them, a restore would read from the lagging commit.
         marks = {**self._restored, **self._starts.marks()}
+        for part in marks:
+            self._restored_cut[part] = self._clears.cut
         for part, (offset, ranges) in self._pending.snapshot(self._outbox.offsets).items():
             marks[part] = PartitionMark(offset, [tuple(r) for r in ranges])
         state = ConsumerState(
@@ -348,12 +350,19 @@ class ExperienceConsumer(FinalizedIntake):
                 # are cleared when they are read again. Committed now, the mark would be that start and
                 # those records never read again (seed 1169: the broker went down as the trainer joined).
                 continue
-            marks.append((part, mark.offset, list(mark.trained)))
             committed = self._pending.committed_offset(part)
             if release is not None and committed is not None and committed < mark.offset:
                 # Named first, from where the commit stands: a trainer started without this checkpoint
                 # after a crash between the clear and the marks' commit reads them again as trained.
                 naming.append((part, committed, [(committed, mark.offset - 1), *mark.trained]))
+            if release is None or st.cut <= self._restored_cut.get(part, -1):
+                # A mark this consumer did not reach itself: a predecessor's state's, or the restored one in a
+                # state cut before the partition started and declared durable since (a checkpoint saved in
+                # the background). It says the records before it were trained, not that their rows are gone:
+                # those are cleared by re-reads acked past this cut, so committed now, a successor would
+                # start at the mark and never read those records again. A later state's mark moves the commit.
+                continue
+            marks.append((part, mark.offset, list(mark.trained)))
         due = release is not None and self._clears.due_through(release)
         self._commits.durable(marks, naming, release if due else None)
 

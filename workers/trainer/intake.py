@@ -110,6 +110,9 @@ class FinalizedIntake:
         self._run = uuid.uuid4().hex  # tells this consumer's states from a predecessor's
         # A restored checkpoint's marks, per partition, until that partition is first assigned.
         self._restored: dict[int, PartitionMark] = {}
+        # Per partition, the last cut of a state that took its restored mark (`state_dict`): such a state
+        # may be declared durable once the partition started, and its mark must not be committed then.
+        self._restored_cut: dict[int, int] = {}
         self._durable_cut = -1  # the last durable cut of this run: an older one never moves commits back
         self._paused: set[int] = set()
         self._errors = PollErrors(config.finalized_topic, config.consumer_group, config.max_poll_interval_ms)

@@ -227,3 +227,34 @@ def test_a_durable_checkpoint_before_a_restored_partition_is_assigned_leaves_its
     second.checkpoint_durable(second.state_dict())
     assert not pipe.present([group(f"g{i}") for i in range(4)])
     assert second.counts.reread == 3
+
+
+@pytest.mark.parametrize("waiting", [False, True], ids=["not-assigned", "waiting-for-its-commit"])
+def test_a_state_cut_before_a_restored_partition_started_and_declared_durable_after_leaves_its_rows_to_be_cleared(
+    waiting: bool,
+):
+    """A checkpoint saved in the background (`begin_checkpoint`, verl's `async_save`) is declared durable after
+    the trainer polled on. Cut before the restored partition started (not assigned yet, or waiting for its
+    commit), the state holds the restored mark; declared durable once the partition had started below it, the
+    mark was committed, although the rows of the records before it, left by a predecessor killed in its
+    commit, were not cleared yet (their re-reads come after the cut). A trainer killed before its next
+    checkpoint left a successor that started at the mark, and those rows stayed in TQ for good (the window
+    the fixes of seeds 832 and 1169 left open)."""
+    pipe = Pipeline()
+    s1 = _trained_three_of_four_then_killed(pipe)
+    second = pipe.consumer(checkpointed=True)
+    second.load_state_dict(s1)
+    if waiting:
+        pipe.broker.faults.committed = 1_000  # the coordinator does not answer
+        assert _drain(pipe, second, rounds=3) == []  # assigned, waiting for its commit
+    s2 = second.state_dict()  # the restored mark
+    pipe.broker.faults.committed = 0
+    assert _drain(pipe, second) == ["g3"] and second.counts.reread == 3  # started below the mark
+    second.checkpoint_durable(s2)  # its save done
+    second.close()  # killed before its next checkpoint
+    third = pipe.consumer(checkpointed=True)
+    third.load_state_dict(s2)
+    assert _drain(pipe, third) == ["g3"] and _handed_back(pipe) == []  # acked after s2: trained again
+    third.checkpoint_durable(third.state_dict())
+    assert not pipe.present([group(f"g{i}") for i in range(4)])
+    assert third.counts.reread == 3
