@@ -23,6 +23,12 @@ held when it was started, valid only while the worker still holds them:
   groups claim is read only for the group its tags name (`staging_read.owned_keys`). Each row read is
   checked to be its key's as it arrives (`streams.tq.TQStore`), as in a step's own read.
 
+Groups that closed after the read started (completed by a receipt the next step's own poll took)
+are not held for the step after: the next step takes them too, while it has room, and reads their
+rows itself beside the prefetched ones (`just_closed`, `rows`). A group left out of that read is one
+whose receipts name a key a prefetched group of the step names: it waits for a later read, so one
+step's two reads never hold the same key.
+
 A prefetch whose read failed (a TQ call past its deadline, rows that kept vanishing) raises when the
 step takes it, inside the step, which then aborts as it would have had it read the rows itself.
 """
@@ -38,7 +44,7 @@ from dataclasses import dataclass
 from schemas.request import RolloutReassemblerActorConfig
 from streams.tq import KVStore
 from workers.reassembler.groups import OpenGroup
-from workers.reassembler.staging_read import Staged, read_claims, read_staged, staging_claims
+from workers.reassembler.staging_read import Fetched, Staged, read_claims, read_staged, staging_claims
 from workers.reassembler.task_manager import TaskManager
 from workers.runtime import Runtime
 
@@ -96,12 +102,18 @@ class StagingPrefetch:
             return None
         return groups, started.read
 
-    def rows(self, groups: Sequence[OpenGroup], taken: Future | None) -> Staged:
-        """A step's staged rows: those of the read `take` handed it (waited for), else read now."""
+    def rows(self, groups: Sequence[OpenGroup], taken: Future | None, late: Sequence[OpenGroup] = ()) -> Staged:
+        """A step's staged rows: those of the read `take` handed it (waited for) with those of `late`
+        read now (`just_closed`), else all of `groups` read now."""
         if taken is None:
             return read_staged(self._store, groups, self._config)
         t0 = time.perf_counter()  # metrics only: how long the step still waited for its rows
-        return dataclasses.replace(taken.result(), fetch_ms=(time.perf_counter() - t0) * 1000.0)
+        # The late groups' read first: it runs while the prefetch may still be reading.
+        fresh = read_staged(self._store, late, self._config) if late else None
+        staged = taken.result()
+        if fresh is not None:
+            staged = merged(staged, fresh, {k for g in late for k in g.staging_keys()})
+        return dataclasses.replace(staged, fetch_ms=(time.perf_counter() - t0) * 1000.0)
 
     def discard(self) -> None:
         """Drop the read started, if any (an aborted step's): nothing of it is used. A read has nothing to undo."""
@@ -114,3 +126,45 @@ class StagingPrefetch:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
+
+
+def just_closed(taken: Sequence[OpenGroup], ready: Sequence[OpenGroup], room: int) -> list[OpenGroup]:
+    """The ready groups a step that took `taken` from a prefetch also finalizes: those not taken, in
+    order, up to `room`, except any naming a staging key a taken group names (see the module doc).
+
+    Left for the next prefetch instead, a group completed just after the overlapped poll would wait
+    for this whole step and the next one's build: the longest part of a group's latency (bench/dataplane).
+    """
+    if room <= 0:
+        return []
+    chosen = {g.group_id for g in taken}
+    held = {k for g in taken for k in g.staging_keys()}
+    late: list[OpenGroup] = []
+    for g in ready:
+        if len(late) >= room:
+            break
+        keys = set(g.staging_keys())
+        if g.group_id in chosen or not keys.isdisjoint(held):
+            continue
+        late.append(g)
+        held |= keys  # two late groups naming one key are read together, as in any step's own read
+    return late
+
+
+def merged(prefetched: Staged, fresh: Staged, looked_up: set[str]) -> Staged:
+    """A prefetched read and a fresh read of other groups (of keys `looked_up`), as one: the fresh one
+    wins for its own groups and keys.
+
+    A group the prefetch also read (dropped from it since, having taken a receipt) is read again in
+    `fresh`; what the prefetch saw of its keys then is stale, present or not, and is replaced.
+    """
+    return Staged(
+        {**prefetched.owned, **fresh.owned},
+        {**{k: v for k, v in prefetched.tags.items() if k not in looked_up}, **fresh.tags},
+        Fetched(
+            {**{k: v for k, v in prefetched.fetched.segments.items() if k not in looked_up}, **fresh.fetched.segments},
+            {**{k: v for k, v in prefetched.fetched.gym_rows.items() if k not in looked_up}, **fresh.fetched.gym_rows},
+            (prefetched.fetched.unread - looked_up) | fresh.fetched.unread,
+        ),
+        prefetched.fetch_ms + fresh.fetch_ms,
+    )

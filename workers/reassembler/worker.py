@@ -13,7 +13,8 @@ aborted step leaves them closed in memory, which is safe only because every abor
 `TaskManager.rebuild`, which replaces every task with one restored from what was committed.
 
 The step is pipelined: once its own rows are read it polls again, and the staging read of the
-groups ready then runs in the background (`prefetch.py`) while it builds, puts and commits. An
+groups ready then runs in the background (`prefetch.py`) while it builds, puts and commits; the
+next step also takes the groups its own poll completed, reading their rows itself. An
 abort, or any change of tasks, drops that read: no step commits on what an abort threw away.
 """
 
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 
 from confluent_kafka import KafkaException
@@ -43,7 +44,7 @@ from workers.reassembler.finalize import finalize_groups
 from workers.reassembler.groups import OpenGroup
 from workers.reassembler.lease import Lease, call_budget_s
 from workers.reassembler.poll_errors import PollWarnings, check_poll_error
-from workers.reassembler.prefetch import StagingPrefetch
+from workers.reassembler.prefetch import StagingPrefetch, just_closed
 from workers.reassembler.retry import retrying
 from workers.reassembler.stepsize import StepSize
 from workers.reassembler.sweeper import StagingSweeper
@@ -163,9 +164,17 @@ class ReassemblerWorker:
         # The groups whose rows the previous step started reading, if this worker still holds them;
         # else what is ready. What does not fit stays ready for the next step (`PartitionTask.prepare`).
         taken = self._prefetch.take(self._tasks)
-        groups, prefetched = taken if taken is not None else (self._tasks.ready(now_ms)[: self._step.groups], None)
+        late: list[OpenGroup] = []
+        if taken is None:
+            groups, prefetched = self._tasks.ready(now_ms)[: self._step.groups], None
+        else:
+            # Groups this poll completed join the step, read beside the prefetched ones: left for
+            # the next prefetch they would wait for this whole step too (`prefetch.just_closed`).
+            groups, prefetched = taken
+            late = just_closed(groups, self._tasks.ready(now_ms), self._step.groups - len(groups))
+            groups = groups + late
         if groups or self._tasks.has_work:
-            self._commit_step(groups, now_ms, prefetched)
+            self._commit_step(groups, now_ms, prefetched, late)
         self._tasks.apply_backpressure()
         self._sweep()
         self.sensor.on_lag(self.config.receipts_topic, self._tasks.lags())
@@ -220,7 +229,9 @@ class ReassemblerWorker:
         self._prefetch.start(following[: self._step.groups], epoch)
         return ready
 
-    def _commit_step(self, ready: list[OpenGroup], now_ms: int, prefetched: Future | None = None) -> None:
+    def _commit_step(
+        self, ready: list[OpenGroup], now_ms: int, prefetched: Future | None = None, late: Sequence[OpenGroup] = ()
+    ) -> None:
         t0 = self._clock()
         tasks = list(self._tasks.values())
         try:
@@ -228,7 +239,7 @@ class ReassemblerWorker:
             if (ready or restored) and self._lease.unconfirmed:
                 self._confirm_membership(tasks)
             # This step's rows first (read now, or waited for), then the next step's poll and read.
-            staged = self._prefetch.rows(ready, prefetched) if ready else None
+            staged = self._prefetch.rows(ready, prefetched, late) if ready else None
             if (ready := self._overlap(ready, now_ms)) is None:
                 return  # uncommitted, nothing written: the next step chooses again from the tasks it has
             outcomes = (

@@ -316,3 +316,61 @@ def test_a_step_that_ran_out_of_the_poll_interval_in_its_read_finalizes_fewer_gr
     assert w._step.groups == 2, "a step of 4 groups that ran out of time: the next ones take half"
     assert any("a step of 4 group(s) ran past 75% of max_poll_interval_ms" in r.getMessage() for r in caplog.records)
     _finalized_once(broker, w, [f"g{i}" for i in range(4)])
+
+
+def test_a_group_the_next_steps_poll_completes_is_finalized_by_that_step_not_held_for_the_one_after():
+    """Latency (issue 33 item 3): a receipt that completes a group during a step's commit is taken by
+    the next step's poll; that step finalizes it with its prefetched groups instead of only
+    starting its read, which would hold it for the whole step."""
+    broker, store, runtime = make_broker(), ReadingStore(), Clock(deferred=True)
+    g1 = publish(broker, store, "g1")
+    g2, g3 = [], []
+    store.when_read(g1, lambda: g2.extend(publish(broker, store, "g2")))  # before the overlapped poll
+    w = worker(
+        broker,
+        store,
+        clock=runtime,
+        faults=AtCommit(lambda: g3 or (runtime.run_background(), g3.extend(publish(broker, store, "g3")))),
+    )
+    w.step()
+    assert finalized(broker) == ["g1"]
+    assert store.reads_of(g2) == 1 and store.reads_of(g3) == 0, "g2 prefetched; g3 came after the overlapped poll"
+    w.step()
+    assert sorted(finalized(broker)) == ["g1", "g2", "g3"], "g3, completed by this step's poll, is not held for the next"
+    assert store.reads_of(g2) == 1, "g2's rows came from the prefetch"
+    assert store.reads_of(g3) == 1, "g3's rows were read by the step itself"
+    w.step()
+    assert sorted(finalized(broker)) == ["g1", "g2", "g3"], "each group finalized once"
+
+
+def test_a_prefetched_group_that_took_a_receipt_since_is_read_again_whole_beside_the_prefetch():
+    """The prefetch still serves one group; another, due by its deadline when the read started, took its
+    last receipt since: the step reads that one again itself and builds it from all its rows, not
+    from what the prefetch saw of it."""
+    broker, store = make_broker(), ReadingStore()
+    runtime = Clock(deferred=True, wall_now_ms=1_000_000)
+    from workers.rollout.publisher import stage_rollouts
+
+    due = make_group(_on_partition(0), 0, 1, shape=TINY)
+    stage_rollouts(store, due)
+    _append(broker, due[:1], runtime.wall_now_ms)
+    w = worker(broker, store, clock=runtime, group_timeout_s=1.0)
+    w.step()  # opened, not due yet
+    runtime.wall_now_ms += 2_000
+    other = publish(broker, store, _on_partition(1, skip={due[0].receipt.group_id}))
+    w._poll(0.0)
+    ready = w._tasks.ready(runtime.wall_now_ms)
+    assert len(ready) == 2
+    w._prefetch.start(ready, w._tasks.epoch)
+    runtime.run_background()  # read with one receipt of the due group's two
+    _append(broker, due[1:], runtime.wall_now_ms)
+    w.step()
+    records = {
+        FinalizedGroup.from_bytes(m.value()).group_id: FinalizedGroup.from_bytes(m.value())
+        for m in broker.records(NAMES.finalized)
+    }
+    assert set(records) == {due[0].receipt.group_id, other[0].receipt.group_id}
+    assert store.reads_of(other) == 1, "the other group's rows came from the prefetch"
+    assert store.reads_of(due) == 2, "the changed group was read again"
+    record = records[due[0].receipt.group_id]
+    assert record.valid_row_count == 2 and record.rejection_reasons == (None, None)
