@@ -109,7 +109,11 @@ class StagingPrefetch:
             return read_staged(self._store, groups, self._config)
         t0 = time.perf_counter()  # metrics only: how long the step still waited for its rows
         # The late groups' read first: it runs while the prefetch may still be reading.
-        fresh = read_staged(self._store, late, self._config) if late else None
+        try:
+            fresh = read_staged(self._store, late, self._config) if late else None
+        except BaseException:
+            taken.cancel()  # the step aborts: its prefetched read is never used, and need not hold the thread
+            raise
         staged = taken.result()
         if fresh is not None:
             staged = merged(staged, fresh, {k for g in late for k in g.staging_keys()})
@@ -147,7 +151,7 @@ def just_closed(taken: Sequence[OpenGroup], ready: Sequence[OpenGroup], room: in
         if g.group_id in chosen or not keys.isdisjoint(held):
             continue
         late.append(g)
-        held |= keys  # two late groups naming one key are read together, as in any step's own read
+        held |= keys  # a later ready group naming one of these keys waits too: one read per key per step
     return late
 
 

@@ -336,7 +336,8 @@ def test_a_group_the_next_steps_poll_completes_is_finalized_by_that_step_not_hel
     assert finalized(broker) == ["g1"]
     assert store.reads_of(g2) == 1 and store.reads_of(g3) == 0, "g2 prefetched; g3 came after the overlapped poll"
     w.step()
-    assert sorted(finalized(broker)) == ["g1", "g2", "g3"], "g3, completed by this step's poll, is not held for the next"
+    late = "g3, completed by this step's poll, is not held for the next"
+    assert sorted(finalized(broker)) == ["g1", "g2", "g3"], late
     assert store.reads_of(g2) == 1, "g2's rows came from the prefetch"
     assert store.reads_of(g3) == 1, "g3's rows were read by the step itself"
     w.step()

@@ -38,7 +38,7 @@ def test_a_group_naming_a_key_a_prefetched_group_names_waits_for_a_later_read():
     assert _ids(just_closed([a], [a, b, c], room=5)) == ["c"]
 
 
-def test_late_groups_naming_one_key_between_them_are_read_together():
+def test_of_two_late_groups_naming_one_key_the_second_waits():
     a, b, c = G("a", ("a/0",)), G("b", ("y",)), G("c", ("y", "c/0"))
     assert _ids(just_closed([a], [b, c], room=5)) == ["b"], "the key went to the first group that named it"
 
