@@ -70,18 +70,26 @@ def test_a_group_whose_one_received_rollouts_row_a_stale_clear_destroyed_is_hand
     assert commit.state[-1].outcome == HANDED_BACK
 
 
+def _staged_group():
+    """A store holding group "g" staged whole, a task reading it, its rollouts and their staging keys."""
+    store = InMemoryStore()
+    rollouts = make_group("g", 0, 1, shape=ONE_CALL)
+    stage_rollouts(store, rollouts)
+    return store, make_task(store), rollouts, [c.staging_key for r in rollouts for c in r.receipt.manifest]
+
+
+def _receive(task, rollouts) -> None:
+    for offset, r in enumerate(rollouts, start=10):
+        task.intake(record(offset, r.receipt.to_bytes()), 5_000)
+
+
 def test_a_complete_group_whose_rows_read_as_missing_under_their_own_keys_is_handed_back():
     # Rows TQ still maps under the group's own keys but reports missing on the read (cleared or being
     # cleared by someone else's request): lost, whatever the count of keys still mapped.
-    store = InMemoryStore()
-    task = make_task(store)
-    rollouts = make_group("g", 0, 1, shape=ONE_CALL)
-    stage_rollouts(store, rollouts)
-    keys = [c.staging_key for r in rollouts for c in r.receipt.manifest]
+    store, task, rollouts, keys = _staged_group()
     store.mid_clear.keys.update(keys)
     assert set(store.tags(STAGING, keys)) == set(keys)
-    for offset, r in enumerate(rollouts, start=10):
-        task.intake(record(offset, r.receipt.to_bytes()), 5_000)
+    _receive(task, rollouts)
     commit = step(task, store)
     assert [r.group_id for r in commit.regenerate] == ["g"] and commit.dead_letters == ()
 
@@ -89,16 +97,11 @@ def test_a_complete_group_whose_rows_read_as_missing_under_their_own_keys_is_han
 def test_a_group_whose_own_rows_were_read_but_are_not_rlstream_rows_is_still_dead_lettered():
     # The rows are there and were read: lacking a field every staged call has, they are the group's
     # input, not a loss. Handing the group back would regenerate it for a fault of its publisher.
-    store = InMemoryStore()
-    task = make_task(store)
-    rollouts = make_group("g", 0, 1, shape=ONE_CALL)
-    stage_rollouts(store, rollouts)
-    keys = [c.staging_key for r in rollouts for c in r.receipt.manifest]
+    store, task, rollouts, keys = _staged_group()
     tags = store.tags(STAGING, keys)
     for k in keys:
         store.put(STAGING, [k], _row(), [tags[k]])
-    for offset, r in enumerate(rollouts, start=10):
-        task.intake(record(offset, r.receipt.to_bytes()), 5_000)
+    _receive(task, rollouts)
     commit = step(task, store)
     assert commit.regenerate == ()
     assert {d.error_kind for d in commit.dead_letters} == {dl.INCONSISTENT_GROUP}
