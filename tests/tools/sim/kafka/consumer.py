@@ -93,7 +93,8 @@ class Consumer:
     def consumer_group_metadata(self) -> GroupMetadata:
         m = self._membership
         if m is None or m.member is None:
-            return GroupMetadata(self.group_id, -1, "", None)
+            # As librdkafka: no generation and no member id, but the instance id is the configured one.
+            return GroupMetadata(self.group_id, -1, "", self._conf.get("group.instance.id"))
         return GroupMetadata(self.group_id, m.generation, m.member.member_id, m.instance_id)
 
     def _serve_events(self) -> list[Message]:

@@ -294,9 +294,15 @@ class GroupCoordinator:
 
     # ----- offsets ---------------------------------------------------------------------------------
 
-    def _validate(self, g: Group, member_id: str, generation: int, instance_id: str | None) -> None:
+    def _validate(
+        self, g: Group, member_id: str, generation: int, instance_id: str | None, *, transactional: bool = False
+    ) -> None:
         if generation < 0 and not g.members:
             return  # a standalone commit, allowed while the group has no members
+        if generation < 0 and not member_id and instance_id is None:
+            if transactional:
+                return  # not checked at all: TxnOffsetCommit before KIP-447 carried no member
+            raise GroupRefused(KafkaError.UNKNOWN_MEMBER_ID)
         if instance_id is not None and g.static.get(instance_id, member_id) != member_id:
             raise GroupRefused(KafkaError.FENCED_INSTANCE_ID)
         if member_id not in g.members:
@@ -319,7 +325,7 @@ class GroupCoordinator:
 
     def txn_commit(self, group_id: str, producer_id: int, md: Any, offsets) -> None:
         g = self.group(group_id)
-        self._validate(g, md.member_id, md.generation, md.instance_id)
+        self._validate(g, md.member_id, md.generation, md.instance_id, transactional=True)
         self._check_metadata(offsets)
         pending = g.pending.setdefault(producer_id, {})
         for tp, offset, metadata in offsets:

@@ -49,6 +49,9 @@ def offsets_in_transactions(seen) -> None:
     assert seen["after_abortable"]["produce"] == ("_STATE", False, False, False)
     assert seen["after_abortable"]["abort"] == ("ok", None) and seen["after_abort_commit"] == ("ok", None)
     assert seen["send_member_gone"] == ("UNKNOWN_MEMBER_ID", False, False, True)
+    # No member id, no generation, no instance id: taken in a live group's transaction unchecked.
+    assert seen["non_member_metadata_differs"] and seen["send_non_member"] == ("ok", None)
+    assert seen["send_non_member_static"] == ("UNKNOWN_MEMBER_ID", False, False, True)
     assert seen["send_replaced_static"] == ("FENCED_INSTANCE_ID", False, False, True)
     assert seen["commit_static_current"] == ("ok", None)
 

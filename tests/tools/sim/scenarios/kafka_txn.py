@@ -200,6 +200,12 @@ def offsets_in_transactions(w) -> dict:
     md_b = b.consumer_group_metadata()
     b.close()
     _, obs["send_member_gone"], _ = txn(md_b, 3, None)
+    # What a consumer that is no member sends: one never subscribed, or one a heartbeat has just told
+    # it was removed (librdkafka resets its member id and generation before the loss is served).
+    outsider = w.consumer(group, **conf)
+    obs["non_member_metadata_differs"] = outsider.consumer_group_metadata() != a.consumer_group_metadata()
+    _, obs["send_non_member"], obs["abort_non_member"] = txn(outsider.consumer_group_metadata(), 4, None, commit=False)
+    outsider.close()
     a.close()
     obs["committed_end"] = _committed(w.consumer(group), t, 0)
     # A static member replaced by another consumer under its instance id.
@@ -214,6 +220,9 @@ def offsets_in_transactions(w) -> dict:
     s2.subscribe([t])
     settled({"s2": s2}, 2, w)
     _, obs["send_replaced_static"], _ = txn(md_s1, 1, None)
+    ghost = w.consumer(sgroup, **{**sconf, "group.instance.id": "ghost"})
+    _, obs["send_non_member_static"], _ = txn(ghost.consumer_group_metadata(), 1, None, commit=False)
+    ghost.close()
     _, obs["send_static_current"], obs["commit_static_current"] = txn(s2.consumer_group_metadata(), 1, None)
     s2.close()
     return obs
