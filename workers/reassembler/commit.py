@@ -18,6 +18,7 @@ from schemas.finalized import FinalizedGroup
 from schemas.regenerate import Regenerate
 from schemas.state import PROGRESS_KEY, GroupState, PartitionProgress
 from streams.producer import Outgoing, TransactionalProducer
+from workers.reassembler.errors import LeaseRefused
 from workers.telemetry.sensors import ReassemblerSensor
 from workers.topics import TopicNames
 
@@ -122,6 +123,26 @@ def commit_transaction(
     # The commit flushed every record; their delivery reports are served here.
     producer.poll(0)
     return writes
+
+
+def member_metadata(consumer, *, worker_id: str, consumer_group: str):
+    """The consumer-group metadata to send offsets with, only while the consumer is a member (else LeaseRefused).
+
+    A member the coordinator removed (its session ran out in a freeze, or its heartbeats were lost on
+    the way) learns it from a heartbeat, which resets its member id and generation at once; the loss
+    of its partitions waits for the application's next poll. Metadata taken in between carries
+    generation -1 and no member id, and the coordinator takes a transactional offset commit of that
+    with no membership check at all (`tests/tools/sim/scenarios/kafka_txn.py`, on the real broker):
+    the worker would commit, on its stale tasks, for partitions a successor owns. Taken before the
+    check, so a reset that lands between the two is caught too.
+    """
+    metadata = consumer.consumer_group_metadata()
+    if not consumer.memberid():
+        raise LeaseRefused(
+            f"{worker_id} is not a member of consumer group {consumer_group} now (the coordinator removed it;"
+            " its next poll serves the loss): it may not own its partitions"
+        )
+    return metadata
 
 
 def confirm_membership(

@@ -35,7 +35,7 @@ from streams.producer import TransactionalProducer, is_fatal, is_fenced
 from streams.tq import KVStore, with_call_deadline, with_clear_guard
 from workers.reassembler.clearing import StagingClearer
 from workers.reassembler.clients import KafkaClients, WorkerClients, consumer_settings
-from workers.reassembler.commit import commit_transaction, confirm_membership, report_commit
+from workers.reassembler.commit import commit_transaction, confirm_membership, member_metadata, report_commit
 from workers.reassembler.config import ReassemblerConfig
 from workers.reassembler.errors import LeaseRefused, MemberFenced, StepAborted
 from workers.reassembler.faults import NO_FAULTS, Faults
@@ -236,8 +236,10 @@ class ReassemblerWorker:
         tasks = list(self._tasks.values())
         try:
             restored = self._tasks.restored_staging
-            if (ready or restored) and self._lease.unconfirmed:
-                self._confirm_membership(tasks)
+            if ready or restored:  # a removed member writes nothing, with no freeze for the lease to see
+                self._member_metadata()
+                if self._lease.unconfirmed:
+                    self._confirm_membership(tasks)
             # This step's rows first (read now, or waited for), then the next step's poll and read.
             staged = self._prefetch.rows(ready, prefetched, late) if ready else None
             if (ready := self._overlap(ready, now_ms)) is None:
@@ -273,7 +275,7 @@ class ReassemblerWorker:
                 [c for c in commits if not c.empty],
                 topics=self.config.topics,
                 receipts_topic=self.config.receipts_topic,
-                consumer_group_metadata=self._consumer.consumer_group_metadata(),
+                consumer_group_metadata=self._member_metadata(),
                 before_commit=self.faults.before_commit,
             )
         except KafkaException as exc:
@@ -307,21 +309,26 @@ class ReassemblerWorker:
 
         A transaction that sends the committed offsets again is refused from an older generation
         (KIP-447), so it fails for a worker whose partitions moved while it was frozen; then the
-        step aborts and the next poll hands the consumer its rebalance. Puts resume only if no new
-        freeze was seen while the confirmation ran.
+        step aborts and the next poll hands the consumer its rebalance. A consumer already told it was
+        removed has no generation to prove, and is refused before it asks (`member_metadata`). Puts
+        resume only if no new freeze was seen while the confirmation ran.
         """
-        mark = self._lease.freezes()
+        mark, metadata = self._lease.freezes(), self._member_metadata()
         self._txn_began = self._clock()
         confirm_membership(
             self._producer,
             {t.partition: t.committed_offset for t in tasks},
             receipts_topic=self.config.receipts_topic,
-            consumer_group_metadata=self._consumer.consumer_group_metadata(),
+            consumer_group_metadata=metadata,
         )
         self._txn_began = None
         if not self._lease.confirmed(mark):
             raise LeaseRefused("frozen again while confirming consumer-group membership")
         log.info("%s: consumer-group membership confirmed after a freeze; puts resume", self.config.worker_id)
+
+    def _member_metadata(self):
+        config = self.config
+        return member_metadata(self._consumer, worker_id=config.worker_id, consumer_group=config.consumer_group)
 
     def _abort(self, exc: StepAborted, groups: int) -> None:
         log.warning("%s: %s; rebuilding from committed state", self.config.worker_id, exc)

@@ -74,6 +74,9 @@ class FakeBroker:
     fenced_members: set = field(default_factory=set)
     # Partitions a cooperative rebalance takes from a consumer group's member at its next poll.
     revocations: dict[str, set[int]] = field(default_factory=dict)
+    # Groups whose member a heartbeat told it was removed (UNKNOWN_MEMBER_ID): its member id and
+    # generation are reset at once, the loss is served by a later poll (once `members_notice`).
+    removed_members: set = field(default_factory=set)
     _ts: Any = field(default_factory=lambda: itertools.count(1_000))
 
     def create(self, topic: str, partitions: int = 1) -> None:
@@ -97,6 +100,12 @@ class FakeBroker:
         """A cooperative rebalance: the member's next poll gives `partitions` up (on_revoke) and keeps
         the rest under a new generation; they are assigned to nobody here."""
         self.revocations.setdefault(consumer_group, set()).update(partitions)
+
+    def remove(self, consumer_group: str) -> None:
+        """The coordinator removed the group's member and its heartbeat has heard so: until its poll
+        serves the loss, it holds its old assignment with no member id and generation -1."""
+        self.kick(consumer_group)
+        self.removed_members.add(consumer_group)
 
     def clients(self) -> FakeClients:
         return FakeClients(self)
@@ -160,6 +169,7 @@ class FakeConsumer:
         if self.generation is not None and self.positions:
             self.callbacks["lost"](self, [TopicPartition(self.topic, p) for p in sorted(self.positions)])
             self.positions = {}
+        self.broker.removed_members.discard(self.group)  # joined again, as a new member
         self.generation = current
         everything = [TopicPartition(self.topic, p) for p in range(self.broker.partitions[self.topic])]
         self.callbacks["assign"](self, everything)
@@ -215,8 +225,14 @@ class FakeConsumer:
     def get_watermark_offsets(self, tp: TopicPartition, cached: bool = False, timeout: float = -1):
         return 0, len(self.broker.logs[(tp.topic, tp.partition)])
 
+    def _removed(self) -> bool:
+        return self.group in self.broker.removed_members
+
+    def memberid(self) -> str | None:
+        return None if self.generation is None or self._removed() else f"{self.group}-member-{self.generation}"
+
     def consumer_group_metadata(self) -> tuple[str, int | None]:
-        return (self.group, self.generation)
+        return (self.group, -1 if self._removed() else self.generation)
 
     def list_topics(self, topic: str, timeout: float = -1):
         partitions = {p: None for p in range(self.broker.partitions[topic])}
@@ -272,7 +288,9 @@ class FakeProducer:
     def send_offsets(self, offsets, group_metadata, *, timeout_s: float = 30.0) -> None:
         self._check_epoch()
         group, generation = group_metadata
-        if generation != self.broker.generations.get(group, 0):
+        # Generation -1 is not checked at all: the coordinator takes a transactional offset commit
+        # without a member id as a standalone one, in any group state (`offsets_in_transactions`).
+        if generation != -1 and generation != self.broker.generations.get(group, 0):
             raise _error(KafkaError.ILLEGAL_GENERATION, "stale generation", txn_requires_abort=True)
         self._offsets.extend((tp, group_metadata) for tp in offsets)
 
