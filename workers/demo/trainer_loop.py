@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from confluent_kafka import Consumer, TopicPartition
 
-from schemas.deadletter import ALL_ROLLOUTS_FAILED, INCONSISTENT_GROUP, DeadLetter
+from schemas.deadletter import ALL_ROLLOUTS_FAILED, GROUP_TIMEOUT, INCONSISTENT_GROUP, DeadLetter
 from schemas.finalized import FinalizedGroup
 from streams.config import KafkaConfig
 from streams.tq import TQStore
@@ -30,7 +30,7 @@ from workers.trainer.policies import policy_by_name
 from workers.trainer.version_topic import VersionPublisher
 
 # Dead letters that stand for a whole prompt group; any other kind is a single bad receipt.
-GROUP_DEAD_LETTER_KINDS = (ALL_ROLLOUTS_FAILED, INCONSISTENT_GROUP)
+GROUP_DEAD_LETTER_KINDS = (ALL_ROLLOUTS_FAILED, GROUP_TIMEOUT, INCONSISTENT_GROUP)
 
 
 class DeadLetterWatch:

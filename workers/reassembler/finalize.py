@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from tensordict import TensorDict
 
-from schemas.deadletter import ALL_ROLLOUTS_FAILED, INCONSISTENT_GROUP
+from schemas.deadletter import ALL_ROLLOUTS_FAILED, GROUP_TIMEOUT, INCONSISTENT_GROUP
 from schemas.finalized import FinalizedGroup, SourceRange
 from schemas.group_build import GroupBuild, build_group
 from schemas.jagged import concat_batches
@@ -22,7 +22,7 @@ from workers.reassembler.abandoned import ATTEMPT_TAG, attempt_of, clear_abandon
 from workers.reassembler.errors import LeaseRefused
 from workers.reassembler.groups import OpenGroup
 from workers.reassembler.staged_fetch import Segments
-from workers.reassembler.staging_lost import staging_lost
+from workers.reassembler.staging_lost import MISSING_RECEIPT, ROLLOUT_FAILED, staging_lost
 from workers.reassembler.staging_read import Fetched, Owned, Staged, read_staged
 from workers.runtime import REAL_RUNTIME, Runtime
 
@@ -207,7 +207,16 @@ def _build_or_letter(
                 " handed back for regeneration"
             )
             return GroupOutcome(group, None, None, message, staging, handed_back=True)
-        kind = ALL_ROLLOUTS_FAILED if reasons == ["rollout_failed"] else INCONSISTENT_GROUP
+        kind = ALL_ROLLOUTS_FAILED if reasons == [ROLLOUT_FAILED] else INCONSISTENT_GROUP
+        if not group.complete and set(reasons) <= {ROLLOUT_FAILED, MISSING_RECEIPT}:
+            # Slow, not hostile: its other rollouts did not arrive within group_timeout_s (they are
+            # dead-lettered late_receipt if they come), and those that did had failed.
+            kind = GROUP_TIMEOUT
+            message = (
+                f"group {group.group_id}: closed at its timeout with {len(group.receipts)} of {group.group_size}"
+                f" rollouts, none valid ({', '.join(reasons)})"
+            )
+            return GroupOutcome(group, None, kind, message, staging)
         return GroupOutcome(group, None, kind, f"group {group.group_id}: no valid row ({', '.join(reasons)})", staging)
     return group, build, staging, (time.perf_counter() - t1) * 1000.0
 

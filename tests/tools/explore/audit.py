@@ -9,7 +9,9 @@ For every prompt group a rollout worker published (originals and regenerations):
 
 - trained at most once, and never both trained and handed back (its regeneration would be trained too);
 - dead-lettered whole only for a reason its input earns: every rollout failed (`all_rollouts_failed`
-  of an `all_failed` group), or a group regenerated `MAX_REGENERATIONS` times losing its rows again;
+  of an `all_failed` group), a group regenerated `MAX_REGENERATIONS` times losing its rows again, or
+  (`group_timeout`) a group whose receipts did not all land within `group_timeout_s` of its first,
+  by the receipts topic's own timestamps;
 - a `poison` group's receipts each dead-lettered (no group ever opens);
 - trained on its own rows: every valid row's tokens are the ones its rollout staged (digests);
 - and by the end it has an outcome (trained, handed back with its regeneration published, dead-lettered).
@@ -25,19 +27,23 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from schemas.deadletter import ALL_ROLLOUTS_FAILED, DECODE_ERROR, INCONSISTENT_GROUP, DeadLetter
+from schemas.deadletter import ALL_ROLLOUTS_FAILED, DECODE_ERROR, GROUP_TIMEOUT, INCONSISTENT_GROUP, DeadLetter
 from schemas.errors import SchemaError
 from schemas.finalized import FinalizedGroup
+from schemas.receipt import Receipt
 from schemas.regenerate import MAX_REGENERATIONS, Regenerate, regeneration_of
 from streams.tq import STAGING, TRAIN
-from tests.tools.explore.components import NAMES
+from tests.tools.explore.components import NAMES, reassembler_config
 from tests.tools.explore.workload import expected_rows
 from workers.trainer.deadletters import MISSING_ROWS
 
 if TYPE_CHECKING:
     from tests.tools.explore.world import World
 
-GROUP_LETTERS = (ALL_ROLLOUTS_FAILED, INCONSISTENT_GROUP, MISSING_ROWS)
+GROUP_LETTERS = (ALL_ROLLOUTS_FAILED, GROUP_TIMEOUT, INCONSISTENT_GROUP, MISSING_ROWS)
+GROUP_TIMEOUT_MS = int(reassembler_config(0, False).group_timeout_s * 1000)
+# A receipt stamped just inside the timeout may land just after a caught-up reassembler's deadline.
+_LANDING_SLACK_MS = 1000
 
 
 @dataclass
@@ -48,6 +54,15 @@ class Seen:
     handed_back: dict[str, set[str]] = field(default_factory=dict)  # group id -> new group ids
     letters: dict[str, set[str]] = field(default_factory=dict)  # group id -> group-level letter kinds
     receipt_letters: Counter = field(default_factory=Counter)  # (group id, kind) of receipt letters
+    # group id -> rollout index -> when its receipt first landed (the receipts log's timestamp, ms)
+    landed: dict[str, dict[int, int]] = field(default_factory=dict)
+
+    def late(self, gid: str, group_size: int) -> bool:
+        """Whether some receipt of `gid` landed `group_timeout_s` or more after its first one, or never."""
+        times = self.landed.get(gid, {})
+        if len(times) < group_size:
+            return True
+        return max(times.values()) - min(times.values()) >= GROUP_TIMEOUT_MS - _LANDING_SLACK_MS
 
 
 def _records(world: World, topic: str) -> list:
@@ -59,6 +74,13 @@ def _records(world: World, topic: str) -> list:
 
 def seen(world: World) -> Seen:
     out = Seen()
+    for e in _records(world, NAMES.receipts):
+        try:
+            r = Receipt.from_bytes(e.value)
+        except SchemaError:
+            continue
+        times = out.landed.setdefault(r.group_id, {})
+        times[r.rollout_index] = min(times.get(r.rollout_index, e.timestamp_ms), e.timestamp_ms)
     for e in _records(world, NAMES.finalized):
         try:
             out.finalized[FinalizedGroup.from_bytes(e.value).group_id] += 1
@@ -84,9 +106,11 @@ def seen(world: World) -> Seen:
     return out
 
 
-def _earned(kind: str, gid: str, letter: str) -> bool:
+def _earned(kind: str, gid: str, letter: str, s: Seen, group_size: int) -> bool:
     if letter == ALL_ROLLOUTS_FAILED:
         return kind == "all_failed"
+    if letter == GROUP_TIMEOUT:
+        return s.late(gid, group_size)
     # A group regenerated as often as allowed whose rows are lost again is dead-lettered, not handed back.
     return regeneration_of(gid)[1] >= MAX_REGENERATIONS
 
@@ -165,7 +189,7 @@ def violations(world: World, ended: str) -> list[str]:
         if trained[gid] and gid in s.handed_back and not _at_least_once(world, gid):
             out.append(f"trained and handed back: {gid} (regenerated as {', '.join(sorted(s.handed_back[gid]))})")
         for letter in sorted(s.letters.get(gid, ())):
-            if not _earned(p.kind, gid, letter):
+            if not _earned(p.kind, gid, letter, s, world.workload.group_size):
                 out.append(f"dead-lettered without cause: {gid} ({p.kind}) as {letter}")
         evicted = world.model.evicted.count(gid) if world.model is not None else 0
         if evicted and (trained[gid] or evicted > 1):

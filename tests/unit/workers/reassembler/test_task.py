@@ -16,6 +16,7 @@ from workers.reassembler.finalize import GroupOutcome, finalize_groups
 from workers.reassembler.groups import Intake
 from workers.reassembler.restore import restore_partition
 from workers.reassembler.task import PartitionTask
+from workers.rollout.convert import failed_rollout
 from workers.rollout.publisher import stage_rollouts
 from workers.rollout.synthetic import SyntheticShape, make_group
 
@@ -629,3 +630,22 @@ def test_a_group_whose_lost_staging_a_spill_put_back_in_part_is_handed_back_not_
     commit = step(task, store)
     assert [r.group_id for r in commit.regenerate] == ["g"] and commit.dead_letters == ()
     assert commit.state[-1].outcome == HANDED_BACK
+
+
+def test_a_group_closed_at_its_timeout_with_no_valid_row_is_dead_lettered_as_timed_out_not_inconsistent():
+    """Explorer seed 91: the rollout worker stalled past group_timeout_s between the receipt of a failed
+    rollout and that of its good sibling. The group closed with nothing to train; its letter says so,
+    rather than calling a slow, well-formed group inconsistent (hostile) input."""
+    store = InMemoryStore()
+    task = make_task(store)
+    rollouts = make_group("g", 0, 1, shape=TINY)
+    first = failed_rollout(
+        rollout_id=rollouts[0].receipt.rollout_id, group_id="g", prompt_idx=0, rollout_index=0, group_size=2,
+        environment="synthetic", failure_reason="env_crashed",
+    )  # fmt: skip
+    task.intake(record(10, first.receipt.to_bytes(), ts=1_000), 1_000)
+    commit = step(task, store, now_ms=1_000 + TIMEOUT_MS, clock_ms=1_000 + TIMEOUT_MS)
+    assert [d.error_kind for d in commit.dead_letters] == [dl.GROUP_TIMEOUT]
+    assert "timeout" in commit.dead_letters[0].message
+    assert commit.finalized == () and commit.state[-1].outcome == DEAD_LETTERED
+
