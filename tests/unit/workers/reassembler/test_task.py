@@ -648,4 +648,3 @@ def test_a_group_closed_at_its_timeout_with_no_valid_row_is_dead_lettered_as_tim
     assert [d.error_kind for d in commit.dead_letters] == [dl.GROUP_TIMEOUT]
     assert "timeout" in commit.dead_letters[0].message
     assert commit.finalized == () and commit.state[-1].outcome == DEAD_LETTERED
-
