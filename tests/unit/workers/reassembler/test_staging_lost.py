@@ -105,3 +105,21 @@ def test_a_group_whose_own_rows_were_read_but_are_not_rlstream_rows_is_still_dea
     commit = step(task, store)
     assert commit.regenerate == ()
     assert {d.error_kind for d in commit.dead_letters} == {dl.INCONSISTENT_GROUP}
+
+
+def test_a_group_whose_rows_a_stale_mark_left_being_cleared_is_handed_back_not_fetched_again_forever():
+    # Seeds 47, 390 and 174 (zombie mix): a restored-staging clear frozen at its clearing mark woke
+    # after the keys' next owner had released their indexes and a later group's rows took them; the
+    # mark made those rows not ready for good. TQ named one such row per get, the fetch gave up after
+    # three gets (`StagingUnstable`), and every rebuilt step fetched the same rows again.
+    tq, store = _tq_store()
+    task = make_task(store)
+    rollouts = make_group("g", 0, 1, shape=dataclasses.replace(TINY, calls=(2, 2)))
+    stage_rollouts(store, rollouts)
+    keys = [c.staging_key for r in rollouts for c in r.receipt.manifest]
+    assert len(keys) >= 3
+    _drive(tq._mark_clearing_in_controller(tq.kv_retrieve_meta(keys, STAGING)))
+    for offset, r in enumerate(rollouts, start=10):
+        task.intake(record(offset, r.receipt.to_bytes()), 5_000)
+    commit = step(task, store)
+    assert [r.group_id for r in commit.regenerate] == ["g"] and commit.dead_letters == ()
