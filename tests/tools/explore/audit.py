@@ -56,13 +56,18 @@ class Seen:
     receipt_letters: Counter = field(default_factory=Counter)  # (group id, kind) of receipt letters
     # group id -> rollout index -> when its receipt first landed (the receipts log's timestamp, ms)
     landed: dict[str, dict[int, int]] = field(default_factory=dict)
+    # group id -> the rollout indexes its `group_timeout` letters hold (what it had when it closed)
+    timed_out_with: dict[str, set[int]] = field(default_factory=dict)
 
     def late(self, gid: str, group_size: int) -> bool:
-        """Whether some receipt of `gid` landed `group_timeout_s` or more after its first one, or never."""
-        times = self.landed.get(gid, {})
-        if len(times) < group_size:
-            return True
-        return max(times.values()) - min(times.values()) >= GROUP_TIMEOUT_MS - _LANDING_SLACK_MS
+        """Whether every rollout `gid` closed without landed `group_timeout_s` or more after its first
+        receipt. One that never landed is no excuse: the rollout worker publishes every receipt."""
+        times, had = self.landed.get(gid, {}), self.timed_out_with.get(gid, set())
+        missing = set(range(group_size)) - had
+        if not had or not missing or not missing <= set(times):
+            return False
+        first = min(times[i] for i in had if i in times)
+        return all(times[i] - first >= GROUP_TIMEOUT_MS - _LANDING_SLACK_MS for i in missing)
 
 
 def _records(world: World, topic: str) -> list:
@@ -99,6 +104,13 @@ def seen(world: World) -> Seen:
             except SchemaError:
                 continue
             key = letter.source_key.decode(errors="replace")
+            if letter.error_kind == GROUP_TIMEOUT:
+                try:
+                    had = Receipt.from_bytes(letter.original).rollout_index
+                except SchemaError:
+                    had = None  # not a receipt the group held: no excuse for its timeout (`Seen.late`)
+                if had is not None:
+                    out.timed_out_with.setdefault(key, set()).add(had)
             if letter.error_kind in GROUP_LETTERS:
                 out.letters.setdefault(key, set()).add(letter.error_kind)
             else:
