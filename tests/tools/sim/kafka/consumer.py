@@ -88,14 +88,19 @@ class Consumer:
 
     def memberid(self) -> str | None:
         m = self._membership
-        return m.member.member_id if m is not None and m.member is not None else None
+        member = None if m is None else m.member or m.gone
+        return member.member_id if member is not None else None
 
     def consumer_group_metadata(self) -> GroupMetadata:
         m = self._membership
-        if m is None or m.member is None:
-            # As librdkafka: no generation and no member id, but the instance id is the configured one.
-            return GroupMetadata(self.group_id, -1, "", self._conf.get("group.instance.id"))
-        return GroupMetadata(self.group_id, m.generation, m.member.member_id, m.instance_id)
+        instance = self._conf.get("group.instance.id")  # as librdkafka: the configured one, member or not
+        if m is None:
+            return GroupMetadata(self.group_id, -1, "", instance)
+        if m.member is not None:
+            return GroupMetadata(self.group_id, m.generation, m.member.member_id, m.instance_id)
+        if m.gone is not None:  # removed, not told yet
+            return GroupMetadata(self.group_id, m.gone.generation, m.gone.member_id, instance)
+        return GroupMetadata(self.group_id, m.last_generation, "", instance)
 
     def _serve_events(self) -> list[Message]:
         """Run the rebalance callbacks due; return the error events, as messages."""

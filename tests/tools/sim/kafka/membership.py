@@ -10,8 +10,11 @@ queued and served by its next consume or poll, in librdkafka's order:
 - eager (range, roundrobin): at a round's start the revocation of everything held (the member
   rejoins once it is served), then the whole new assignment.
 - lost: the member was removed (its session expired while its process was frozen, or the round
-  timed out without it): the partitions held are lost (`on_lost`, else `on_revoke`) and it joins
-  again as a new member.
+  timed out without it): the partitions held are lost (`on_lost`, else `on_revoke`) and, once the
+  application has served that, it joins again as a new member. Until its heartbeat learns of the
+  removal it sends its old id; from then until the rejoin, no id and its last generation
+  (`consumer_group_metadata`; a real consumer frozen past its session shows both,
+  tests/integration/sim/test_kafka_frozen_member.py).
 - max.poll.interval.ms without a poll: a dynamic member leaves the group at once, a static one only
   stops heartbeating (removed after its session timeout); the next consume serves the loss, then a
   `_MAX_POLL_EXCEEDED` error, and joins again.
@@ -55,6 +58,11 @@ class Membership:
         self._joining = False
         # Removed by the coordinator and not told yet (its next heartbeat will be).
         self._removed = False
+        # That removed member until it is told: the client still sends its id and generation.
+        self.gone: Member | None = None
+        # librdkafka resets a removed or departed member's id but keeps its generation (only an
+        # ILLEGAL_GENERATION answer resets that), so its metadata then is ("", last generation).
+        self.last_generation = -1
 
     @property
     def client_id(self) -> str:
@@ -105,13 +113,14 @@ class Membership:
         if isinstance(request.error, GroupRefused):
             self.events.append(("error", errors.inconsistent_protocol()))
             return
-        self.member = request.reply()
+        self.member, self.gone = request.reply(), None
         if self.c._frozen:
             self.cluster.groups.silent(self.group_id, self.member.member_id)
 
     def leave(self) -> None:
         member, self.member = self.member, None
         if member is not None:
+            self.last_generation = member.generation
             self._send("kafka.broker.leave_group", lambda: self._locked(self.cluster.groups.leave, member.member_id))
 
     def _locked(self, fn, *args):
@@ -140,17 +149,25 @@ class Membership:
         self.events.append(("fenced",))
 
     def removed(self) -> None:
-        self.member = None
+        self._forget_member()
         self._removed = True
         if self.alive():
             # Its next heartbeat is refused: the assignment is lost and it joins again.
             self.env.call_at(self.env.now() + self.heartbeat_s, self._learn_removed)
 
+    def _forget_member(self) -> None:
+        """The coordinator dropped this member; the client goes on sending its old id until told."""
+        if self.member is not None:
+            self.gone, self.last_generation = self.member, self.member.generation
+        self.member = None
+
     def _learn_removed(self) -> None:
         if self._removed and self.member is None and not self.dead and self.alive() and self._exceeded_at is None:
-            self._removed = False
+            self._removed, self.gone = False, None
+            # As librdkafka with rebalance callbacks: it joins again only once the application has
+            # served the loss, its id reset and its generation kept until then.
             self.events.append(("lost",))
-            self.join()
+            self.events.append(("rejoin",))
 
     # ----- served by the application's consume ---------------------------------------------------------------
 
@@ -189,7 +206,7 @@ class Membership:
             self.leave()
         else:
             member = self.member
-            self.member = None
+            self.member, self.last_generation = None, member.generation
             self._send(
                 "kafka.broker.heartbeats_stop", lambda: self._locked(self.cluster.groups.silent, member.member_id)
             )
@@ -217,7 +234,8 @@ class Membership:
                 ):
                     self.cluster.groups.rejoin(self.group_id, self.member.member_id, self.member.owned)
             if not still:
-                self.member, self._removed = None, True
+                self._forget_member()
+                self._removed = True
                 self.env.call_at(self.env.now() + self.heartbeat_s, self._learn_removed)
         if not self._poll_timer:
             self._poll_timer = True

@@ -78,6 +78,33 @@ def test_a_frozen_member_is_removed_at_its_session_timeout_and_learns_it_after_t
     assert _owned(a) and _owned(a) | _owned(b) == {0, 1, 2, 3} and not _owned(a) & _owned(b)
 
 
+def test_a_thawed_member_told_of_its_removal_keeps_its_generation_and_joins_only_after_serving_the_loss(cluster):
+    """What a real consumer frozen past its session shows (tests/integration/sim/test_kafka_frozen_member.py):
+    its member id reset, its generation kept, its offsets refused, no new membership before the loss."""
+    env, events = cluster.env, []
+    a, b = _member(cluster, "a", events), _member(cluster, "b", events)
+    _poll(a, b)
+    held, generation = _owned(a), a.consumer_group_metadata().generation
+    cluster.freeze("a")
+    env.advance(6.5)
+    _poll(b)
+    cluster.thaw("a")
+    env.advance(3.0)  # its heartbeat has been refused; no poll yet
+    md = a.consumer_group_metadata()
+    assert a.memberid() is None and (md.generation, md.member_id) == (generation, "")
+    assert _owned(a) == held and not any(e[:2] == ("a", "lost") for e in events)
+    p = SimKafka(cluster, "a").Producer({"transactional.id": "a"})
+    p.init_transactions(5)
+    p.begin_transaction()
+    with pytest.raises(KafkaException) as refused:
+        p.send_offsets_to_transaction([TopicPartition("t", min(held), 0)], md, 5)
+    assert refused.value.args[0].code() == KafkaError.UNKNOWN_MEMBER_ID
+    a.consume(10, 0.1)
+    assert ("a", "lost", sorted(held)) in events
+    _poll(a, b, rounds=10)
+    assert a.memberid() is not None and _owned(a)
+
+
 def test_a_static_member_killed_is_replaced_by_its_successor_without_a_rebalance(cluster):
     env, events = cluster.env, []
     a = _member(cluster, "a", events, **{"group.instance.id": "w0"})
