@@ -125,22 +125,28 @@ def commit_transaction(
     return writes
 
 
-def member_metadata(consumer, *, worker_id: str, consumer_group: str):
-    """The consumer-group metadata to send offsets with, only while the consumer is a member (else LeaseRefused).
+def member_metadata(consumer, tasks_member: str | None, *, worker_id: str, consumer_group: str):
+    """The consumer-group metadata to send offsets with, only while the consumer is the member its tasks
+    belong to: `tasks_member`, its id when its last rebalance callback was served (else LeaseRefused).
 
-    A member the coordinator removed (its session ran out in a freeze, or its heartbeats were lost on
-    the way) learns it from a heartbeat, which resets its member id and generation at once; the loss
-    of its partitions waits for the application's next poll. Metadata taken in between carries
-    generation -1 and no member id, and the coordinator takes a transactional offset commit of that
-    with no membership check at all (`tests/tools/sim/scenarios/kafka_txn.py`, on the real broker):
-    the worker would commit, on its stale tasks, for partitions a successor owns. Taken before the
-    check, so a reset that lands between the two is caught too.
+    A member the coordinator removed (its session ran out in a freeze, its heartbeats were lost, an
+    ILLEGAL_GENERATION before) has its member id reset by librdkafka as soon as it learns so; the loss
+    of its partitions waits for the application's next poll. Its generation is kept, so the
+    coordinator refuses its offsets, except after an ILLEGAL_GENERATION, which resets that too:
+    metadata of generation -1 and no member id is taken in a transaction with no membership check
+    at all (`offsets_in_transactions`, on the real broker). And a member that joined again under a
+    new id (a static member's rejoin) has a current generation before it has served what the rejoin
+    did to its partitions. Either way the worker's tasks are stale: nothing is put or committed for
+    them until the next poll has served the callbacks. Taken before the check, so a reset that lands
+    between the two is caught too.
     """
     metadata = consumer.consumer_group_metadata()
-    if not consumer.memberid():
+    member = consumer.memberid()
+    if not member or member != tasks_member:
         raise LeaseRefused(
-            f"{worker_id} is not a member of consumer group {consumer_group} now (the coordinator removed it;"
-            " its next poll serves the loss): it may not own its partitions"
+            f"{worker_id} is not the member of consumer group {consumer_group} its tasks were assigned to"
+            f" ({'no member id' if not member else 'joined again as ' + member}; the next poll serves"
+            " what that did to its partitions): it may not own them"
         )
     return metadata
 

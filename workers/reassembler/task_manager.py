@@ -71,6 +71,10 @@ class TaskManager(Mapping[int, PartitionTask]):
         # each one after the first waits longer before its records are taken in again (`rebuild`).
         self._idle_rebuilds = 0
         self._rebuilt_at: list[tuple[int, int]] | None = None
+        # The consumer's member id when its last rebalance callback was served: the membership the
+        # tasks belong to. A consumer that joined again under a new id before serving what that
+        # did to its partitions holds tasks of an old membership (`commit.member_metadata`).
+        self.member_id: str | None = None
 
     # ----- the tasks, by partition -------------------------------------------------------------
 
@@ -91,6 +95,7 @@ class TaskManager(Mapping[int, PartitionTask]):
             # partitions now is wasted, and the client refuses calls made from it once destroyed.
             return
         self.epoch += 1
+        self.member_id = consumer.memberid()
         for tp in partitions:
             self._tasks[tp.partition] = self.restore_task(tp.partition)
         # librdkafka keeps a partition's paused state across revoke and re-assign: assign (what the
@@ -109,6 +114,7 @@ class TaskManager(Mapping[int, PartitionTask]):
         # record cleared, and two clears of one key must never overlap (`settle_clear`).
         self.settle_clear()
         self.epoch += 1
+        self.member_id = consumer.memberid()
         for tp in partitions:
             self._tasks.pop(tp.partition, None)
         log.info("%s revoked %s", self.config.worker_id, sorted(tp.partition for tp in partitions))
@@ -124,6 +130,7 @@ class TaskManager(Mapping[int, PartitionTask]):
         self.epoch += 1
         self._tasks = {}
         self.paused = False
+        self.member_id = None
 
     def restore_task(self, partition: int) -> PartitionTask:
         """A task rebuilt from the partition's state changelog; the next step clears its predecessor's leftovers."""

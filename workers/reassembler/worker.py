@@ -327,8 +327,8 @@ class ReassemblerWorker:
         log.info("%s: consumer-group membership confirmed after a freeze; puts resume", self.config.worker_id)
 
     def _member_metadata(self):
-        config = self.config
-        return member_metadata(self._consumer, worker_id=config.worker_id, consumer_group=config.consumer_group)
+        config, member = self.config, self._tasks.member_id
+        return member_metadata(self._consumer, member, worker_id=config.worker_id, consumer_group=config.consumer_group)
 
     def _abort(self, exc: StepAborted, groups: int) -> None:
         log.warning("%s: %s; rebuilding from committed state", self.config.worker_id, exc)

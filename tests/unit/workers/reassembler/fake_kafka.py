@@ -74,9 +74,12 @@ class FakeBroker:
     fenced_members: set = field(default_factory=set)
     # Partitions a cooperative rebalance takes from a consumer group's member at its next poll.
     revocations: dict[str, set[int]] = field(default_factory=dict)
-    # Groups whose member a heartbeat told it was removed (UNKNOWN_MEMBER_ID): its member id and
-    # generation are reset at once, the loss is served by a later poll (once `members_notice`).
+    # Groups whose member was removed after an ILLEGAL_GENERATION: its member id and generation are
+    # reset at once, the loss is served by a later poll (once `members_notice`).
     removed_members: set = field(default_factory=set)
+    # Groups whose member joined again under a new member id and a current generation, what that did
+    # to its partitions not served yet (a callback at a later poll, once `members_notice`).
+    rejoined_members: set = field(default_factory=set)
     _ts: Any = field(default_factory=lambda: itertools.count(1_000))
 
     def create(self, topic: str, partitions: int = 1) -> None:
@@ -102,10 +105,16 @@ class FakeBroker:
         self.revocations.setdefault(consumer_group, set()).update(partitions)
 
     def remove(self, consumer_group: str) -> None:
-        """The coordinator removed the group's member and its heartbeat has heard so: until its poll
-        serves the loss, it holds its old assignment with no member id and generation -1."""
+        """The coordinator removed the group's member, after an ILLEGAL_GENERATION: until its poll serves
+        the loss, it holds its old assignment with no member id and generation -1."""
         self.kick(consumer_group)
         self.removed_members.add(consumer_group)
+
+    def rejoin(self, consumer_group: str) -> None:
+        """The group's member joined again as a new member (a static member's rejoin), its callback not
+        served yet: a current generation and member id, the tasks of the old membership."""
+        self.kick(consumer_group)
+        self.rejoined_members.add(consumer_group)
 
     def clients(self) -> FakeClients:
         return FakeClients(self)
@@ -145,6 +154,7 @@ class FakeConsumer:
         self.topic: str | None = None
         self.callbacks: dict[str, Callable] = {}
         self.generation: int | None = None
+        self.joins = 0  # a new member id with each join as a new member
         self.positions: dict[int, int] = {}
         self.paused: set[int] = set()
         self.closed = False
@@ -155,6 +165,14 @@ class FakeConsumer:
         self.callbacks = {"assign": on_assign, "revoke": on_revoke, "lost": on_lost}
 
     def _rebalance(self) -> None:
+        if self.group in self.broker.rejoined_members:
+            if self.generation is not None and self.generation != self.broker.generations[self.group]:
+                self.generation, self.joins = self.broker.generations[self.group], self.joins + 1
+            if not self.broker.members_notice:
+                return
+            self.broker.rejoined_members.discard(self.group)
+            self.callbacks["assign"](self, [])  # the round served: nothing moved
+            return
         revoked = sorted(self.broker.revocations.pop(self.group, set()) & set(self.positions))
         if revoked:
             self.callbacks["revoke"](self, [TopicPartition(self.topic, p) for p in revoked])
@@ -170,7 +188,7 @@ class FakeConsumer:
             self.callbacks["lost"](self, [TopicPartition(self.topic, p) for p in sorted(self.positions)])
             self.positions = {}
         self.broker.removed_members.discard(self.group)  # joined again, as a new member
-        self.generation = current
+        self.generation, self.joins = current, self.joins + 1
         everything = [TopicPartition(self.topic, p) for p in range(self.broker.partitions[self.topic])]
         self.callbacks["assign"](self, everything)
 
@@ -229,7 +247,7 @@ class FakeConsumer:
         return self.group in self.broker.removed_members
 
     def memberid(self) -> str | None:
-        return None if self.generation is None or self._removed() else f"{self.group}-member-{self.generation}"
+        return None if self.generation is None or self._removed() else f"{self.group}-member-{self.joins}"
 
     def consumer_group_metadata(self) -> tuple[str, int | None]:
         return (self.group, -1 if self._removed() else self.generation)
