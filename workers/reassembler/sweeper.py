@@ -14,6 +14,14 @@ that owns that partition can judge the row. It clears a row only when all of the
 
 A receipt published later than that age after its rows were staged finds them gone, and its row
 is rejected as a missing staging row: a bounded age, as the horizon's retention is.
+
+The same sweep clears train rows no record will name: keys of the train partition that TQ maps with
+no tags at all, seen so for that age. A put registers its keys at its first request (the index
+lookup) and tags them only at its end, and a put given up in between (its deadline passed while
+the process was frozen inside it, past its lease check: DESIGN, "Zombies") leaves them so. A put
+that completed tags every row, so no committed record's row is ever untagged; the keys are the
+group's sample ids (`{group_id}_g{i}`), which name the partition whose owner judges them, and none
+of a group open there is cleared (its owner's own put will tag them).
 """
 
 from __future__ import annotations
@@ -37,6 +45,7 @@ class StagingSweeper:
     def __init__(self, store: KVStore, config: ReassemblerConfig, *, runtime: Runtime = REAL_RUNTIME):
         self._store = store
         self._partition = config.actor.staging_partition
+        self._train = config.actor.partition_id
         self._age_ms = int(config.staging_sweep_age_s * 1000)
         self._interval_s = config.staging_sweep_interval_s
         self._enabled = config.clear_staging
@@ -45,12 +54,15 @@ class StagingSweeper:
         # Rows listed without a staging time, and when this sweeper first saw each (bounded by
         # what the partition holds: keys no longer listed are dropped at each sweep).
         self._first_seen: dict[str, int] = {}
+        # Untagged train keys, and when this sweeper first saw each untagged (the same bound).
+        self._untagged_since: dict[str, int] = {}
 
     def due(self) -> bool:
         return self._enabled and self._clock() >= self._next
 
     def sweep(self, tasks: Mapping[int, Any], *, caught_up: Mapping[int, bool], partitions: int) -> int:
-        """Clear the rows of `tasks`' partitions that no receipt will use; returns how many.
+        """Clear the rows of `tasks`' partitions that no receipt will use, and their train rows no record
+        will name; returns how many.
 
         `tasks` maps each owned receipts partition to its `PartitionTask`; `partitions` is the
         receipts topic's partition count, which places a row's group.
@@ -89,7 +101,43 @@ class StagingSweeper:
                 self._age_ms / 1000,
                 ", ".join(stale[:3]),
             )
+        return len(stale) + self._sweep_untagged_train(tasks, in_use, partitions, now)
+
+    def _sweep_untagged_train(
+        self, tasks: Mapping[int, Any], in_use: Mapping[int, tuple[set[str], set[str]]], partitions: int, now: int
+    ) -> int:
+        listed = self._store.list(self._train)
+        untagged = [key for key, tags in listed.items() if not tags]
+        self._untagged_since = {k: self._untagged_since.get(k, now) for k in untagged}
+        stale = []
+        for key in untagged:
+            group_id = _group_of_sample(key)
+            if group_id is None:
+                continue  # not a sample id of rlstream's: not ours to judge
+            part = partition_of(group_id.encode(), partitions)
+            if part not in tasks or group_id in in_use[part][0]:
+                continue
+            if now - self._untagged_since[key] >= self._age_ms:
+                stale.append(key)
+        if stale:
+            self._store.clear(self._train, stale)
+            for key in stale:
+                self._untagged_since.pop(key, None)
+            log.warning(
+                "swept %d untagged train row(s) from %r that no record will name (a put given up after its"
+                " index lookup, untagged for over %.0fs, e.g. %s)",
+                len(stale),
+                self._train,
+                self._age_ms / 1000,
+                ", ".join(stale[:3]),
+            )
         return len(stale)
+
+
+def _group_of_sample(key: str) -> str | None:
+    """The group id of a train row's sample id (`schemas.payload.group_sample_ids`), else None."""
+    group_id, sep, index = key.rpartition("_g")
+    return group_id if sep and group_id and index.isdigit() else None
 
 
 def _open_keys(task: Any) -> tuple[set[str], set[str]]:

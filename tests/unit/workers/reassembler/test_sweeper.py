@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
+from schemas.payload import group_sample_ids
 from streams.partitioner import partition_of
-from streams.tq import STAGING
+from streams.tq import STAGING, TRAIN
 from tests.unit.manual_runtime import ManualRuntime
 from tests.unit.memory_store import InMemoryStore
 from workers.reassembler.config import ReassemblerConfig
@@ -96,3 +98,47 @@ def test_the_sweep_age_must_stay_above_the_group_timeout():
 
     with pytest.raises(ConfigError, match="staging_sweep_age_s"):
         ReassemblerConfig(group_timeout_s=30.0, staging_sweep_age_s=30.0)
+
+
+def _train_rows(store, group_id, tags):
+    """Train rows of `group_id` as a put leaves them: `tags` None for a put cut off after its index
+    lookup (TQ registered its keys, untagged, and it never set their custom meta), else tagged."""
+    from tensordict import TensorDict
+
+    keys = group_sample_ids(group_id, 2)
+    fields = TensorDict({"x": torch.zeros(2, 1)}, batch_size=[2])
+    store.put(TRAIN, keys, fields, [{} if tags is None else {**tags, "group_id": group_id}] * 2)
+    return keys
+
+
+def test_train_rows_a_put_cut_off_after_its_index_lookup_left_are_swept_once_old():
+    # A zombie frozen inside its put (past its lease check) woke after its successor had finalized the
+    # group and the trainer had trained and cleared it: its put registered the keys again and was given
+    # up at its deadline before tagging them. No record names them; nothing else would clear them
+    # (the explorer's seed 9881).
+    store, runtime = InMemoryStore(), _runtime()
+    orphan = _train_rows(store, _group_in(0), tags=None)
+    sweeper = StagingSweeper(store, CONFIG, runtime=runtime)
+    tasks = {0: _task(store, 0)}
+    assert sweeper.sweep(tasks, caught_up={0: True}, partitions=PARTS) == 0  # first seen now: a put may be on its way
+    runtime.wall_now_ms += 600_000
+    assert sweeper.sweep(tasks, caught_up={0: True}, partitions=PARTS) == len(orphan)
+    assert store.list(TRAIN) == {}
+
+
+def test_tagged_train_rows_and_untagged_ones_of_others_or_of_open_groups_are_kept():
+    store, runtime = InMemoryStore(), _runtime()
+    committed = _train_rows(store, _group_in(0), tags={"attempt": [0, 0]})  # a record names them: the trainer's
+    elsewhere = _train_rows(store, _group_in(1), tags=None)  # another worker's partition
+    open_gid = _group_in(0, 5_000)
+    rollouts = _stage(store, open_gid, staged_at_ms=HOUR_MS)
+    opened = _train_rows(store, open_gid, tags=None)  # its owner's own put will set them
+    foreign = "not-a-sample-id"
+    store._rows[TRAIN][foreign] = ({}, {})
+    task = _task(store, 0)
+    task.intake(record(0, rollouts[0].receipt.to_bytes()), HOUR_MS)
+    sweeper = StagingSweeper(store, CONFIG, runtime=runtime)
+    for _ in range(3):
+        assert sweeper.sweep({0: task}, caught_up={0: True}, partitions=PARTS) == 0
+        runtime.wall_now_ms += 600_000
+    assert set(store.list(TRAIN)) == {*committed, *elsewhere, *opened, foreign}
