@@ -19,7 +19,8 @@ The same sweep clears train rows no record will name: keys of the train partitio
 no tags at all, seen so for that age. A put registers its keys at its first request (the index
 lookup) and tags them only at its end, and a put given up in between (its deadline passed while
 the process was frozen inside it, past its lease check: DESIGN, "Zombies") leaves them so. A put
-that completed tags every row, so no committed record's row is ever untagged; the keys are the
+that completed tags every row, and resume puts a spilled train row back tagged even if the spill
+caught it untagged (`spill_read.RESTORED_TAG`), so no committed record's row is untagged; the keys are the
 group's sample ids (`{group_id}_g{i}`), which name the partition whose owner judges them, and none
 of a group open there is cleared (its owner's own put will tag them).
 """

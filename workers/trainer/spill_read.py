@@ -34,6 +34,14 @@ class _Kind(msgspec.Struct):
 
 
 _KIND = msgspec.msgpack.Decoder(_Kind)
+# The tag of a row put back with none: a train row the spill caught mid-put and kept (its record may be
+# committed). Untagged, it would read as the keys of a put given up after its index lookup, which the
+# reassembler's sweep clears (`workers/reassembler/sweeper.py`).
+RESTORED_TAG = "rlstream_restored"
+
+
+def _tags(tags: dict) -> dict:
+    return tags or {RESTORED_TAG: 1}
 _BY_KIND = {cls.kind(): cls for cls in (SpillHeader, SpillChunk, SpillRowPart, SpillIndex, SpillEnd)}
 
 
@@ -168,7 +176,7 @@ def _put_chunk(store: KVStore, partition: str, chunk: SpillChunk, want: set[str]
         for r, piece in zip(rows, pieces):
             _put_row(store, partition, bytearray(piece), chunk.keys[r], chunk.tags[r])
         return len(rows)
-    store.put(partition, keys, TensorDict(fields, batch_size=[len(rows)]), [chunk.tags[r] for r in rows])
+    store.put(partition, keys, TensorDict(fields, batch_size=[len(rows)]), [_tags(chunk.tags[r]) for r in rows])
     return len(rows)
 
 
@@ -176,7 +184,7 @@ def _put_row(store: KVStore, partition: str, row: bytearray, key: str, tags: dic
     values = torch.frombuffer(row, dtype=torch.uint8)
     offsets = torch.tensor([0, len(row)], dtype=torch.int64)
     fields = unpack_rows(partition, [key], make_jagged(values, offsets)).fields
-    store.put(partition, [key], TensorDict(fields, batch_size=[1]), [tags])
+    store.put(partition, [key], TensorDict(fields, batch_size=[1]), [_tags(tags)])
 
 
 def _index_v2(file: _File, header: SpillHeader) -> dict[tuple[str, str], int]:

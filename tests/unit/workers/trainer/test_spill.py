@@ -107,6 +107,21 @@ def test_a_row_listed_before_its_tags_landed_is_spilled_with_them_or_left_out_if
     assert after.tags(STAGING, ["g2-r0/c0"]) == {"g2-r0/c0": {"group_id": "g2"}}
 
 
+def test_a_train_row_spilled_untagged_comes_back_tagged_so_no_sweep_takes_it_for_a_given_up_put(tmp_path):
+    # A train row caught mid-put whose tags could not be read after it is kept (its record may be
+    # committed: the trainer takes tags from the record). Put back with none, it would look like the
+    # keys a put given up after its index lookup leaves, which the reassembler's sweep clears
+    # (`sweeper._sweep_untagged_train`): the record's rows gone before the trainer reads them.
+    store = _ListedMidPut(mid_put={"g0_g1"}, untagged={"g0_g1"})
+    _stage(store)
+    spill_rows(store, tmp_path, binding="b")
+    after = InMemoryStore()
+    assert read_spill(tmp_path, binding="b").restore(after, TRAIN, ["g0_g0", "g0_g1"]) == 2
+    tags = after.tags(TRAIN, ["g0_g0", "g0_g1"])
+    assert tags["g0_g0"] == {"group_id": "g0", "row": 0}
+    assert tags["g0_g1"], "restored with no tags at all"
+
+
 def test_a_spill_cut_short_missing_or_of_another_checkpoint_is_refused(tmp_path):
     store = InMemoryStore()
     _stage(store)
