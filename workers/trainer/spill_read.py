@@ -42,6 +42,8 @@ RESTORED_TAG = "rlstream_restored"
 
 def _tags(tags: dict) -> dict:
     return tags or {RESTORED_TAG: 1}
+
+
 _BY_KIND = {cls.kind(): cls for cls in (SpillHeader, SpillChunk, SpillRowPart, SpillIndex, SpillEnd)}
 
 
