@@ -154,3 +154,17 @@ def work(clock: Clock, seconds: float, tick) -> None:
     for _ in range(int(seconds * 10)):
         clock.now += 0.1
         tick()
+
+
+def frozen_at_first_put(clock: Clock):
+    """A worker frozen past its session at its first put of g1 (refused, aborted), whose group has not
+    told it of its expulsion yet (`members_notice` False); returns the broker, the store and the worker."""
+    broker, store = make_broker(), RecordingStore()
+    broker.members_notice = False  # the heartbeat that would reveal the expulsion is not answered yet
+    faults = FreezeAtPut(clock, broker, seconds=10.0)
+    w = worker(broker, store, clock=clock, faults=faults)
+    faults.tick = w._lease.tick
+    publish(broker, store, "g1")
+    w.step()  # froze at its put: refused, aborted
+    assert faults.frozen and store.puts() == []
+    return broker, store, w

@@ -11,24 +11,12 @@ from __future__ import annotations
 
 from workers.reassembler.retry import MAX_REBUILD_DELAY_S, retry_delay
 
-from .steps import Clock, FreezeAtPut, RecordingStore, finalized, make_broker, publish, steps, worker
-
-
-def _refused_worker(clock: Clock):
-    broker, store = make_broker(), RecordingStore()
-    broker.members_notice = False  # the heartbeat that would reveal the expulsion is not answered yet
-    faults = FreezeAtPut(clock, broker, seconds=10.0)
-    w = worker(broker, store, clock=clock, faults=faults)
-    faults.tick = w._lease.tick
-    publish(broker, store, "g1")
-    w.step()  # froze at its put: refused, aborted
-    assert faults.frozen and store.puts() == []
-    return broker, store, w
+from .steps import Clock, finalized, frozen_at_first_put, steps
 
 
 def test_a_confirmation_refused_again_and_again_waits_longer_each_time_up_to_a_bound():
     clock = Clock()
-    broker, store, w = _refused_worker(clock)
+    broker, store, w = frozen_at_first_put(clock)
     clock.slept.clear()
     steps(w, 12)  # each step's confirmation refused: the same records, the same committed offsets
     assert store.puts() == [] and finalized(broker) == []
@@ -42,7 +30,7 @@ def test_a_confirmation_refused_again_and_again_waits_longer_each_time_up_to_a_b
 
 def test_a_rebuild_after_progress_is_not_delayed():
     clock = Clock()
-    broker, store, w = _refused_worker(clock)
+    broker, store, w = frozen_at_first_put(clock)
     steps(w, 3)  # refused, with waits
     broker.members_notice = True
     steps(w, 3)
